@@ -1,0 +1,1 @@
+"""Thin command-line front ends: parse flags, load configuration, wire objects, run."""
