@@ -1,0 +1,194 @@
+"""The model catalog: names, aliases, fallbacks, deployment profiles and their rules.
+
+Every rule about models lives here, once: the configuration loader, the admin API
+and the control plane all validate through :func:`check_models`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable, Sequence
+
+import attrs
+
+from llmgw.config import DeploymentProfile, ModelConfig
+
+ENGINES = ("vllm", "sglang", "sim", "llamacpp")
+
+
+@attrs.frozen
+class Shape:
+    """The GPU arithmetic of one deployment profile."""
+
+    total_gpus: int
+    gpus_per_node: int
+
+    @property
+    def nodes(self) -> int:
+        return self.total_gpus // self.gpus_per_node
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes > 1
+
+
+def shape(profile: DeploymentProfile) -> Shape:
+    total = profile.tensor_parallel * profile.pipeline_parallel
+    return Shape(total, profile.gpus_per_node or total)
+
+
+def _check_profile(profile: DeploymentProfile, key: str) -> list[str]:
+    problems: list[str] = []
+    if not profile.name:
+        problems.append(f"{key}.name: must not be empty")
+    if profile.engine not in ENGINES:
+        problems.append(
+            f"{key}.engine: unknown engine {profile.engine!r} (known: {', '.join(ENGINES)})"
+        )
+    if not profile.weights:
+        problems.append(f"{key}.weights: must name the model weights (a path or hub id)")
+    for dim in ("tensor_parallel", "pipeline_parallel"):
+        if getattr(profile, dim) < 1:
+            problems.append(f"{key}.{dim}: must be at least 1, got {getattr(profile, dim)}")
+    total = profile.tensor_parallel * profile.pipeline_parallel
+    per_node = profile.gpus_per_node
+    if per_node is not None and total >= 1:
+        if per_node < 1:
+            problems.append(f"{key}.gpus_per_node: must be at least 1, got {per_node}")
+        elif per_node > total or total % per_node:
+            problems.append(
+                f"{key}.gpus_per_node: tensor_parallel x pipeline_parallel = {total} GPUs "
+                f"must split into whole nodes of {per_node}"
+            )
+    if profile.gpu_name is not None:
+        try:
+            re.compile(profile.gpu_name)
+        except re.error as exc:
+            problems.append(f"{key}.gpu_name: not a valid regular expression: {exc}")
+    return problems
+
+
+def check_models(
+    models: Sequence[ModelConfig], routing_profiles: Collection[str], key: str = "models"
+) -> list[str]:
+    """Every rule of a catalog, as ``key: problem`` lines (empty when valid)."""
+    problems: list[str] = []
+    owner: dict[str, str] = {}  # every name and alias -> the model that owns it
+    for i, model in enumerate(models):
+        mkey = f"{key}[{i}]"
+        if not model.name:
+            problems.append(f"{mkey}.name: must not be empty")
+            continue
+        if model.name in owner:
+            problems.append(f"{mkey}.name: model {model.name!r} is defined twice")
+        owner.setdefault(model.name, model.name)
+    for i, model in enumerate(models):
+        mkey = f"{key}[{i}]"
+        for j, alias in enumerate(model.aliases):
+            if (alias in owner and owner[alias] != model.name) or alias == model.name:
+                what = "a model name" if alias in {m.name for m in models} else "an alias"
+                problems.append(
+                    f"{mkey}.aliases[{j}]: {alias!r} is already {what}"
+                    + (f" of {owner[alias]!r}" if what == "an alias" else "")
+                )
+            else:
+                owner[alias] = model.name
+        if model.replicas < 0:
+            problems.append(f"{mkey}.replicas: must be 0 or more, got {model.replicas}")
+        if model.routing_profile is not None and model.routing_profile not in routing_profiles:
+            problems.append(
+                f"{mkey}.routing_profile: no routing profile named {model.routing_profile!r} "
+                f"(have {', '.join(sorted(routing_profiles))})"
+            )
+        seen: set[str] = set()
+        for j, profile in enumerate(model.profiles):
+            pkey = f"{mkey}.profiles[{j}]"
+            if profile.name in seen:
+                problems.append(f"{pkey}.name: profile {profile.name!r} is defined twice")
+            seen.add(profile.name)
+            problems.extend(_check_profile(profile, pkey))
+
+    edges: dict[str, list[str]] = {}
+    for i, model in enumerate(models):
+        for j, fallback in enumerate(model.fallbacks):
+            target = owner.get(fallback)
+            if target is None:
+                problems.append(f"{key}[{i}].fallbacks[{j}]: no model named {fallback!r}")
+            elif target == model.name:
+                problems.append(f"{key}[{i}].fallbacks[{j}]: a model cannot fall back to itself")
+            else:
+                edges.setdefault(model.name, []).append(target)
+    cycle = _find_cycle(edges)
+    if cycle:
+        index = next(i for i, m in enumerate(models) if m.name == cycle[0])
+        problems.append(f"{key}[{index}].fallbacks: fallbacks form a cycle: {' -> '.join(cycle)}")
+    return problems
+
+
+def _find_cycle(edges: dict[str, list[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in edges.get(node, ()):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+@attrs.frozen
+class Catalog:
+    """An immutable, validated view of the models: lookups by name or alias.
+
+    A live catalog swaps whole Catalog values, so a reader never sees half a change.
+    """
+
+    models: tuple[ModelConfig, ...] = ()
+    _by_name: dict[str, ModelConfig] = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        index: dict[str, ModelConfig] = {}
+        for model in self.models:
+            index[model.name] = model
+            for alias in model.aliases:
+                index.setdefault(alias, model)
+        object.__setattr__(self, "_by_name", index)
+
+    def resolve(self, name: str) -> ModelConfig | None:
+        """The model that `name` (a name or an alias) refers to."""
+        return self._by_name.get(name)
+
+    def names(self) -> Iterable[str]:
+        """Every name and alias a client may ask for."""
+        return self._by_name.keys()
+
+    def candidates(self, name: str) -> list[ModelConfig]:
+        """The model for `name` followed by its fallbacks, in order, without repeats."""
+        first = self.resolve(name)
+        if first is None:
+            return []
+        chain = [first]
+        for fallback in first.fallbacks:
+            model = self.resolve(fallback)
+            if model is not None and model not in chain:
+                chain.append(model)
+        return chain
+
+    def with_model(self, model: ModelConfig) -> Catalog:
+        """A new catalog with `model` added or replaced (not validated here)."""
+        rest = tuple(m for m in self.models if m.name != model.name)
+        return Catalog((*rest, model))
+
+    def without(self, name: str) -> Catalog:
+        return Catalog(tuple(m for m in self.models if m.name != name))

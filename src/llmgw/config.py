@@ -1,0 +1,644 @@
+"""Configuration: the schema with its defaults, loading, overlays and validation.
+
+A configuration is built in layers, each a nested dict merged over the one
+before (tables merge key by key, arrays replace whole):
+
+1. the built-in defaults (the attrs defaults below, DESIGN §3),
+2. the TOML file,
+3. ``LLMGW_`` environment variables, ``__`` for nesting
+   (``LLMGW_ROUTER__RETRIES=3``; ``LLMGW_ROUTER__ADMISSION__BANDS__2__PRIORITY=5``
+   indexes into an array),
+4. command-line flags.
+
+The merged dict is structured by cattrs (types, unknown keys) and then checked by
+:func:`check`, a pure function that returns every problem with the exact key
+that has it. Anything that would fail confusingly at request time fails here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+import tomli_w
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+
+from llmgw import units
+
+__all__ = [
+    "AdmissionConfig",
+    "AffinityConfig",
+    "Band",
+    "Config",
+    "ConfigError",
+    "ControlConfig",
+    "DeploymentProfile",
+    "EndpointConfig",
+    "ModelConfig",
+    "RouterConfig",
+    "RoutingProfile",
+    "ScoringConfig",
+    "StoreConfig",
+    "Timeouts",
+    "TlsConfig",
+    "check",
+    "dump_toml",
+    "load",
+]
+
+ENV_PREFIX = "LLMGW_"
+
+# Marker types: a float field typed `Seconds` is written as a duration, an int
+# field typed `Bytes` as a size. Plain aliases keep mypy's view simple while the
+# converter dispatches on the alias object itself.
+Seconds = typing.NewType("Seconds", float)
+Bytes = typing.NewType("Bytes", int)
+
+
+@attrs.frozen
+class Timeouts:
+    """Per-phase deadlines of one proxied request."""
+
+    dial: Seconds = Seconds(5.0)
+    response_header: Seconds = Seconds(60.0)
+    first_token: Seconds = Seconds(120.0)
+    idle: Seconds = Seconds(60.0)
+    total: Seconds = Seconds(1800.0)
+
+
+@attrs.frozen
+class ScoringConfig:
+    """Normalisation points of the scorers: the load at which a replica counts as full."""
+
+    target_waiting: float = 4.0
+    target_inflight: float = 8.0
+    kv_ceiling: float = 0.9
+    session_load_factor: float = 1.25
+
+
+@attrs.frozen
+class RoutingProfile:
+    """Weights of the scorers that rank replicas for a model with this profile."""
+
+    queue: float = 1.0
+    inflight: float = 1.0
+    kv: float = 0.5
+    prefix: float = 0.5
+    staleness: float = 1.0
+
+
+def _default_profiles() -> dict[str, RoutingProfile]:
+    return {
+        # Latency first: queues and in-flight work dominate.
+        "chat": RoutingProfile(queue=1.0, inflight=1.0, kv=0.5, prefix=0.5, staleness=1.0),
+        # Throughput first: fill caches and reuse prefixes, tolerate some queueing.
+        "batch": RoutingProfile(queue=0.5, inflight=0.5, kv=1.0, prefix=1.0, staleness=1.0),
+    }
+
+
+@attrs.frozen
+class AffinityConfig:
+    """Session and prefix affinity tables (bounded, expiring)."""
+
+    session_ttl: Seconds = Seconds(1800.0)
+    session_table_size: int = 100_000
+    prefix_block_chars: int = 256
+    prefix_max_blocks: int = 64
+    prefix_table_size: int = 200_000
+    prefix_ttl: Seconds = Seconds(600.0)
+
+
+@attrs.frozen
+class Band:
+    name: str
+    priority: int
+    saturation_ceiling: float
+
+
+def _default_bands() -> tuple[Band, ...]:
+    return (
+        Band("platinum", 400, 1.00),
+        Band("gold", 300, 0.85),
+        Band("silver", 200, 0.60),
+        Band("bronze", 100, 0.30),
+    )
+
+
+@attrs.frozen
+class AdmissionConfig:
+    enabled: bool = True
+    band_header: str = "x-llmgw-band"
+    tenant_header: str = "x-llmgw-tenant"
+    default_band: str = "gold"
+    queue_ttl: Seconds = Seconds(30.0)
+    queue_capacity_per_band: int = 2000
+    interval: Seconds = Seconds(0.01)
+    bands: tuple[Band, ...] = attrs.field(factory=_default_bands)
+
+
+@attrs.frozen
+class RouterConfig:
+    scrape_interval: Seconds = Seconds(2.0)
+    scrape_timeout: Seconds = Seconds(1.0)
+    stale_after: Seconds = Seconds(10.0)
+    retries: int = 2
+    cooldown: Seconds = Seconds(15.0)
+    failure_threshold: int = 3
+    default_profile: str = "chat"
+    session_header: str = "x-session-id"
+    inject_usage: bool = True
+    max_body_bytes: Bytes = Bytes(32 * 1024 * 1024)
+    drain_timeout: Seconds = Seconds(30.0)
+    timeouts: Timeouts = Timeouts()
+    scoring: ScoringConfig = ScoringConfig()
+    affinity: AffinityConfig = AffinityConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    profiles: dict[str, RoutingProfile] = attrs.field(factory=_default_profiles)
+
+
+@attrs.frozen
+class ControlConfig:
+    interval: Seconds = Seconds(5.0)
+    base_backoff: Seconds = Seconds(10.0)
+    max_backoff: Seconds = Seconds(600.0)
+    unreachable_after: Seconds = Seconds(15.0)
+    lost_after: Seconds = Seconds(60.0)
+    port_range: tuple[int, int] = (20000, 20999)
+    mgmt_interface: str = "eth0"
+
+
+@attrs.frozen
+class EndpointConfig:
+    """A static engine replica (router-only mode)."""
+
+    id: str
+    url: str
+    models: tuple[str, ...]
+    pool: str = "default"
+    # Scales this endpoint's share among equally loaded peers.
+    weight: float = 1.0
+    # Lower tiers are used only while every higher tier is saturated or unusable;
+    # 0 is the highest.
+    priority: int = 0
+
+
+@attrs.frozen
+class DeploymentProfile:
+    """One way to run a model replica; a model lists them in order of preference."""
+
+    name: str
+    engine: str
+    weights: str
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    # None: all of the replica's GPUs on one node.
+    gpus_per_node: int | None = None
+    min_gpu_memory: Bytes | None = None
+    # A regular expression matched against the GPU's model name.
+    gpu_name: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ModelConfig:
+    name: str
+    aliases: tuple[str, ...] = ()
+    fallbacks: tuple[str, ...] = ()
+    routing_profile: str | None = None
+    replicas: int = 1
+    profiles: tuple[DeploymentProfile, ...] = ()
+
+
+@attrs.frozen
+class TlsConfig:
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+
+@attrs.frozen
+class StoreConfig:
+    # None: no store; endpoints that would persist something refuse instead.
+    url: str | None = None
+
+
+@attrs.frozen
+class Config:
+    listen: str = ":8080"
+    admin_listen: str = "127.0.0.1:9090"
+    agent_listen: str = ":7443"
+    router: RouterConfig = RouterConfig()
+    control: ControlConfig = ControlConfig()
+    store: StoreConfig = StoreConfig()
+    agent_tls: TlsConfig | None = None
+    endpoints: tuple[EndpointConfig, ...] = ()
+    models: tuple[ModelConfig, ...] = ()
+
+    @property
+    def control_plane(self) -> bool:
+        """Whether any model asks to be deployed (DESIGN §1: that turns the control plane on)."""
+        return any(m.profiles for m in self.models)
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; `problems` name each key and what is wrong."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("; ".join(self.problems))
+
+
+# -- conversion ---------------------------------------------------------------
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True, omit_if_default=False)
+    conv.register_structure_hook(Seconds, lambda v, _: Seconds(units.parse_duration(v)))
+    conv.register_unstructure_hook(Seconds, lambda v: units.format_duration(v))
+    conv.register_structure_hook(Bytes, lambda v, _: Bytes(units.parse_size(v)))
+    conv.register_unstructure_hook(Bytes, lambda v: units.format_size(v))
+
+    def strict(kind: type[Any]) -> Any:
+        # cattrs would happily turn "3" into 3 or 1.5 into 1; a config typo should not pass.
+        def hook(value: object, _: object) -> Any:
+            if isinstance(value, bool) and kind is not bool:
+                raise ValueError(f"expected {kind.__name__}, got {value!r}")
+            if kind is float and isinstance(value, int | float):
+                return float(value)
+            if not isinstance(value, kind):
+                raise ValueError(f"expected {kind.__name__}, got {value!r}")
+            return value
+
+        return hook
+
+    for kind in (int, float, str, bool):
+        conv.register_structure_hook(kind, strict(kind))
+    return conv
+
+
+converter = _make_converter()
+
+
+def _unstructure(config: object) -> Any:
+    """A nested dict without None values (TOML has no null)."""
+
+    def prune(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: prune(v) for k, v in value.items() if v is not None}
+        if isinstance(value, list | tuple):
+            return [prune(v) for v in value]
+        return value
+
+    return prune(converter.unstructure(config))
+
+
+def dump_toml(config: Config) -> str:
+    """The effective configuration as TOML that :func:`load` reads back unchanged."""
+    return tomli_w.dumps(_unstructure(config))
+
+
+# -- layering -----------------------------------------------------------------
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        merged = dict(base)
+        for key, value in over.items():
+            merged[key] = _merge(base[key], value) if key in base else value
+        return merged
+    return over
+
+
+def _field_type(cls: Any, key: str) -> Any:
+    if attrs.has(cls):
+        for field in attrs.fields(cls):
+            if field.name == key:
+                return typing.get_type_hints(cls)[field.name]
+    return None
+
+
+def _inner(tp: Any, key: str) -> Any:
+    """The type found one step below `tp` at `key` (a field, dict value or array item)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        tp = next((a for a in args if a is not type(None)), tp)
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is dict:
+        return args[1]
+    if origin is tuple and args:
+        return args[0]
+    return _field_type(tp, key)
+
+
+def _parse_env_value(tp: Any, raw: str, key: str) -> Any:
+    """Parse an environment string into what the field at `key` expects."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        origin = typing.get_origin(tp)
+    if tp is bool:
+        low = raw.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError([f"{key}: expected true or false, got {raw!r}"])
+    if tp is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError([f"{key}: expected an integer, got {raw!r}"]) from None
+    if tp is float:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError([f"{key}: expected a number, got {raw!r}"]) from None
+    if tp in (str, Seconds, Bytes):
+        return raw
+    # Arrays and tables: TOML syntax (`[20000, 20999]`, `{ a = "b" }`), or a
+    # comma-separated list for arrays of plain values.
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        if origin is tuple:
+            return [p.strip() for p in raw.split(",") if p.strip()]
+        raise ConfigError([f"{key}: cannot parse {raw!r} as a TOML value"]) from None
+
+
+def env_overlay(environ: Mapping[str, str], base: Any) -> dict[str, Any]:
+    """Apply ``LLMGW_A__B=value`` variables onto the merged dict `base`; returns a new dict."""
+    result: Any = base
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
+        result = _set_path(result, parts, environ[name], Config, name)
+    return typing.cast(dict[str, Any], result)
+
+
+def _set_path(node: Any, parts: list[str], raw: str, tp: Any, name: str) -> Any:
+    key, rest = parts[0], parts[1:]
+    if isinstance(node, list):
+        if not key.isdigit() or int(key) >= len(node):
+            raise ConfigError([f"{name}: no array element {key!r} to set"])
+        copy = list(node)
+        sub_tp = _inner(tp, key)
+        copy[int(key)] = (
+            _set_path(copy[int(key)], rest, raw, sub_tp, name)
+            if rest
+            else _parse_env_value(sub_tp, raw, name)
+        )
+        return copy
+    node = dict(node) if isinstance(node, dict) else {}
+    sub_tp = _inner(tp, key)
+    if sub_tp is None:
+        # Unknown: leave it for the structuring step, which names it and suggests.
+        node[key] = raw if not rest else _set_path({}, rest, raw, None, name)
+        return node
+    if rest:
+        node[key] = _set_path(node.get(key, {}), rest, raw, sub_tp, name)
+    else:
+        node[key] = _parse_env_value(sub_tp, raw, name)
+    return node
+
+
+# -- errors from structuring --------------------------------------------------
+
+
+def _structure_problems(exc: BaseException, path: str) -> list[str]:
+    problems: list[str] = []
+    if isinstance(exc, ClassValidationError | IterableValidationError):
+        with_notes, others = exc.group_exceptions()
+        for sub, note in with_notes:
+            step = getattr(note, "name", None) or getattr(note, "index", None)
+            if isinstance(step, int):
+                sub_path = f"{path}[{step}]"
+            else:
+                sub_path = f"{path}.{step}" if path else str(step)
+            problems.extend(_structure_problems(sub, sub_path))
+        for sub in others:
+            problems.extend(_structure_problems(sub, path))
+        return problems
+    if isinstance(exc, ForbiddenExtraKeysError):
+        known = [f.name for f in attrs.fields(exc.cl)] if exc.cl and attrs.has(exc.cl) else []
+        for extra in sorted(exc.extra_fields):
+            key = f"{path}.{extra}" if path else extra
+            close = difflib.get_close_matches(extra, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"{key}: unknown key{hint}")
+        return problems
+    if isinstance(exc, KeyError):
+        # cattrs notes the missing attribute, so `path` already ends with its name.
+        return [f"{path}: required key is missing"]
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, TypeError | AttributeError):
+        message = "has the wrong type"
+    return [f"{path or '<root>'}: {message}"]
+
+
+def structure(data: Mapping[str, Any]) -> Config:
+    """Build a Config from a merged dict; raises ConfigError naming every bad key."""
+    try:
+        return converter.structure(data, Config)
+    except Exception as exc:  # cattrs raises a tree of errors; flatten it into keys
+        raise ConfigError(_structure_problems(exc, "")) from None
+
+
+# -- semantic checks ----------------------------------------------------------
+
+
+def _between(
+    problems: list[str], key: str, value: float, lo: float, hi: float, *, lo_open: bool = False
+) -> None:
+    below = value <= lo if lo_open else value < lo
+    if below or value > hi:
+        left = "(" if lo_open else "["
+        problems.append(f"{key}: must be in {left}{lo:g}, {hi:g}], got {value:g}")
+
+
+def _positive(problems: list[str], key: str, value: float) -> None:
+    if value <= 0:
+        problems.append(f"{key}: must be greater than 0, got {value:g}")
+
+
+def check(config: Config) -> list[str]:
+    """Every rule a structured configuration must meet, as ``key: problem`` lines."""
+    from llmgw import catalog  # the catalog owns the rules about models
+
+    problems: list[str] = []
+    for key in ("listen", "admin_listen", "agent_listen"):
+        try:
+            units.parse_address(getattr(config, key))
+        except ValueError as exc:
+            problems.append(f"{key}: {exc}")
+
+    r = config.router
+    for key in ("scrape_interval", "scrape_timeout", "stale_after", "cooldown", "drain_timeout"):
+        _positive(problems, f"router.{key}", getattr(r, key))
+    if r.scrape_timeout > r.scrape_interval:
+        problems.append(
+            f"router.scrape_timeout: must not exceed router.scrape_interval "
+            f"({units.format_duration(r.scrape_interval)}), "
+            f"got {units.format_duration(r.scrape_timeout)}"
+        )
+    if r.retries < 0:
+        problems.append(f"router.retries: must be 0 or more, got {r.retries}")
+    if r.failure_threshold < 1:
+        problems.append(f"router.failure_threshold: must be at least 1, got {r.failure_threshold}")
+    _positive(problems, "router.max_body_bytes", r.max_body_bytes)
+    for f in attrs.fields(Timeouts):
+        _positive(problems, f"router.timeouts.{f.name}", getattr(r.timeouts, f.name))
+    s = r.scoring
+    _positive(problems, "router.scoring.target_waiting", s.target_waiting)
+    _positive(problems, "router.scoring.target_inflight", s.target_inflight)
+    _between(problems, "router.scoring.kv_ceiling", s.kv_ceiling, 0, 1, lo_open=True)
+    if s.session_load_factor < 1:
+        problems.append(
+            f"router.scoring.session_load_factor: must be at least 1, got {s.session_load_factor:g}"
+        )
+    a = r.affinity
+    for key in ("session_ttl", "prefix_ttl"):
+        _positive(problems, f"router.affinity.{key}", getattr(a, key))
+    for key in ("session_table_size", "prefix_block_chars", "prefix_max_blocks"):
+        if getattr(a, key) < 1:
+            problems.append(f"router.affinity.{key}: must be at least 1, got {getattr(a, key)}")
+    if a.prefix_table_size < 0:
+        problems.append("router.affinity.prefix_table_size: must be 0 or more (0 turns it off)")
+    if not r.profiles:
+        problems.append("router.profiles: at least one routing profile is needed")
+    for name, profile in r.profiles.items():
+        for f in attrs.fields(RoutingProfile):
+            if getattr(profile, f.name) < 0:
+                problems.append(
+                    f"router.profiles.{name}.{f.name}: weights must be 0 or more, "
+                    f"got {getattr(profile, f.name):g}"
+                )
+    if r.default_profile not in r.profiles:
+        problems.append(
+            f"router.default_profile: no routing profile named {r.default_profile!r} "
+            f"(have {', '.join(sorted(r.profiles))})"
+        )
+
+    ad = r.admission
+    _positive(problems, "router.admission.queue_ttl", ad.queue_ttl)
+    _positive(problems, "router.admission.interval", ad.interval)
+    if ad.queue_capacity_per_band < 0:
+        problems.append(
+            f"router.admission.queue_capacity_per_band: must be 0 or more, "
+            f"got {ad.queue_capacity_per_band}"
+        )
+    if not ad.bands:
+        problems.append("router.admission.bands: at least one band is needed")
+    seen_bands: set[str] = set()
+    for i, band in enumerate(ad.bands):
+        key = f"router.admission.bands[{i}]"
+        if not band.name:
+            problems.append(f"{key}.name: must not be empty")
+        elif band.name in seen_bands:
+            problems.append(f"{key}.name: band {band.name!r} is defined twice")
+        seen_bands.add(band.name)
+        _between(problems, f"{key}.saturation_ceiling", band.saturation_ceiling, 0, 1, lo_open=True)
+    if ad.bands and ad.default_band not in seen_bands:
+        problems.append(
+            f"router.admission.default_band: no band named {ad.default_band!r} "
+            f"(have {', '.join(b.name for b in ad.bands)})"
+        )
+
+    c = config.control
+    for key in ("interval", "base_backoff", "max_backoff", "unreachable_after", "lost_after"):
+        _positive(problems, f"control.{key}", getattr(c, key))
+    if c.base_backoff > c.max_backoff:
+        problems.append(
+            f"control.base_backoff: must not exceed control.max_backoff "
+            f"({units.format_duration(c.max_backoff)}), got {units.format_duration(c.base_backoff)}"
+        )
+    if c.unreachable_after >= c.lost_after:
+        problems.append(
+            f"control.unreachable_after: must be shorter than control.lost_after "
+            f"({units.format_duration(c.lost_after)}), "
+            f"got {units.format_duration(c.unreachable_after)}"
+        )
+    lo, hi = c.port_range
+    if not (1 <= lo <= hi <= 65535):
+        problems.append(
+            f"control.port_range: must be [low, high] within 1..65535, got [{lo}, {hi}]"
+        )
+
+    ids: set[str] = set()
+    for i, ep in enumerate(config.endpoints):
+        key = f"endpoints[{i}]"
+        if not ep.id:
+            problems.append(f"{key}.id: must not be empty")
+        elif ep.id in ids:
+            problems.append(f"{key}.id: endpoint id {ep.id!r} is used twice")
+        ids.add(ep.id)
+        if not ep.url.startswith(("http://", "https://")):
+            problems.append(f"{key}.url: must start with http:// or https://, got {ep.url!r}")
+        if not ep.models:
+            problems.append(f"{key}.models: must name at least one model")
+        _positive(problems, f"{key}.weight", ep.weight)
+        if ep.priority < 0:
+            problems.append(f"{key}.priority: must be 0 or more, got {ep.priority}")
+
+    problems.extend(catalog.check_models(config.models, set(r.profiles), "models"))
+    if config.agent_tls is not None:
+        for key in ("cert", "key", "client_ca"):
+            path = getattr(config.agent_tls, key)
+            if path is not None and not Path(path).is_file():
+                problems.append(f"agent_tls.{key}: no such file: {path}")
+    if config.store.url is not None and not config.store.url.startswith(
+        ("sqlite://", "postgresql://", "postgres://")
+    ):
+        problems.append(
+            f"store.url: must start with sqlite:// or postgresql://, got {config.store.url!r}"
+        )
+    return problems
+
+
+# -- entry point --------------------------------------------------------------
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError([f"config file {os.fspath(path)}: not found"]) from None
+    except OSError as exc:
+        raise ConfigError([f"config file {os.fspath(path)}: {exc.strerror}"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"config file {os.fspath(path)}: invalid TOML: {exc}"]) from None
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    data: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Defaults, then the file (or `data`), then `LLMGW_` variables, then `overrides`.
+
+    Raises ConfigError listing every problem with the key that has it.
+    """
+    merged: Any = _unstructure(Config())
+    if path is not None:
+        merged = _merge(merged, read_toml(path))
+    if data is not None:
+        merged = _merge(merged, dict(data))
+    merged = env_overlay(os.environ if environ is None else environ, merged)
+    if overrides:
+        merged = _merge(merged, dict(overrides))
+    config = structure(merged)
+    problems = check(config)
+    if problems:
+        raise ConfigError(problems)
+    return config

@@ -1,0 +1,464 @@
+"""Configuration: defaults, layering, validation messages, round-trip."""
+
+from __future__ import annotations
+
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from llmgw import config as cfg
+from llmgw import units
+
+from .procs import BIN
+
+
+def problems_of(data: dict[str, object], environ: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(cfg.ConfigError) as info:
+        cfg.load(data=data, environ=environ or {})
+    return list(info.value.problems)
+
+
+def test_defaults_match_the_design_table() -> None:
+    c = cfg.load(environ={})
+    assert (c.listen, c.admin_listen, c.agent_listen) == (":8080", "127.0.0.1:9090", ":7443")
+    assert c.control.interval == 5
+    assert (c.control.base_backoff, c.control.max_backoff) == (10, 600)
+    assert (c.control.unreachable_after, c.control.lost_after) == (15, 60)
+    assert c.control.port_range == (20000, 20999)
+    assert c.control.mgmt_interface == "eth0"
+    r = c.router
+    assert (r.scrape_interval, r.scrape_timeout, r.stale_after) == (2, 1, 10)
+    assert (r.retries, r.cooldown, r.failure_threshold) == (2, 15, 3)
+    assert (r.default_profile, r.session_header, r.inject_usage) == ("chat", "x-session-id", True)
+    assert r.max_body_bytes == 32 * 1024 * 1024
+    t = r.timeouts
+    assert (t.dial, t.response_header, t.first_token, t.idle, t.total) == (5, 60, 120, 60, 1800)
+    s = r.scoring
+    assert (s.target_waiting, s.target_inflight, s.kv_ceiling, s.session_load_factor) == (
+        4,
+        8,
+        0.9,
+        1.25,
+    )
+    a = r.admission
+    assert (a.enabled, a.band_header, a.default_band) == (True, "x-llmgw-band", "gold")
+    assert (a.queue_ttl, a.queue_capacity_per_band, a.interval) == (30, 2000, 0.01)
+    assert [(b.name, b.priority, b.saturation_ceiling) for b in a.bands] == [
+        ("platinum", 400, 1.0),
+        ("gold", 300, 0.85),
+        ("silver", 200, 0.6),
+        ("bronze", 100, 0.3),
+    ]
+    assert set(r.profiles) == {"chat", "batch"}
+    assert c.endpoints == () and c.models == () and c.store.url is None
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("250ms", 0.25), ("5s", 5), ("10m", 600), ("1h", 3600), ("1h30m", 5400), ("2.5", 2.5), (7, 7)],
+)
+def test_durations_parse(text: object, seconds: float) -> None:
+    assert units.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("seconds", [0.01, 0.25, 1, 5, 59, 60, 90, 600, 3600, 5400, 1.5])
+def test_durations_round_trip(seconds: float) -> None:
+    assert units.parse_duration(units.format_duration(seconds)) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("40GB", 40 * 10**9), ("32MiB", 32 * 2**20), (1024, 1024), ("1.5KB", 1500)]
+)
+def test_sizes_parse(text: object, size: int) -> None:
+    assert units.parse_size(text) == size
+
+
+def test_env_overrides_nested_list_and_duration_fields() -> None:
+    c = cfg.load(
+        environ={
+            "LLMGW_ROUTER__RETRIES": "3",
+            "LLMGW_ROUTER__TIMEOUTS__DIAL": "250ms",
+            "LLMGW_ROUTER__INJECT_USAGE": "false",
+            "LLMGW_ROUTER__ADMISSION__BANDS__2__SATURATION_CEILING": "0.5",
+            "LLMGW_CONTROL__PORT_RANGE": "[30000, 30099]",
+            "LLMGW_LISTEN": "127.0.0.1:18080",
+            "UNRELATED": "x",
+        }
+    )
+    assert c.router.retries == 3
+    assert c.router.timeouts.dial == 0.25
+    assert c.router.inject_usage is False
+    assert c.router.admission.bands[2].saturation_ceiling == 0.5
+    assert c.router.admission.bands[1].saturation_ceiling == 0.85
+    assert c.control.port_range == (30000, 30099)
+    assert c.listen == "127.0.0.1:18080"
+
+
+def test_env_beats_file_and_overrides_beat_env(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[router]\nretries = 1\ncooldown = '3s'\n")
+    c = cfg.load(path, environ={"LLMGW_ROUTER__RETRIES": "4"}, overrides={"listen": ":1"})
+    assert (c.router.retries, c.router.cooldown, c.listen) == (4, 3, ":1")
+
+
+def test_env_value_of_wrong_type_names_the_variable() -> None:
+    assert problems_of({}, {"LLMGW_ROUTER__RETRIES": "many"}) == [
+        "LLMGW_ROUTER__RETRIES: expected an integer, got 'many'"
+    ]
+
+
+def test_routing_profiles_merge_with_the_builtins() -> None:
+    c = cfg.load(data={"router": {"profiles": {"fast": {"queue": 2.0}, "chat": {"kv": 0.0}}}})
+    assert set(c.router.profiles) == {"chat", "batch", "fast"}
+    assert c.router.profiles["fast"].queue == 2.0
+    assert c.router.profiles["chat"].kv == 0.0 and c.router.profiles["chat"].queue == 1.0
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {
+                "router": {
+                    "admission": {
+                        "bands": [
+                            {"name": "gold", "priority": 1, "saturation_ceiling": 0.5},
+                            {"name": "a", "priority": 2, "saturation_ceiling": 0.4},
+                            {"name": "b", "priority": 3, "saturation_ceiling": 1.5},
+                        ]
+                    }
+                }
+            },
+            "router.admission.bands[2].saturation_ceiling: must be in (0, 1], got 1.5",
+        ),
+        ({"router": {"retrys": 3}}, "router.retrys: unknown key (did you mean 'retries'?)"),
+        ({"routr": {}}, "routr: unknown key (did you mean 'router'?)"),
+        ({"router": {"retries": "3"}}, "router.retries: expected int, got '3'"),
+        ({"router": {"retries": -1}}, "router.retries: must be 0 or more, got -1"),
+        (
+            {"router": {"failure_threshold": 0}},
+            "router.failure_threshold: must be at least 1, got 0",
+        ),
+        (
+            {"router": {"timeouts": {"dial": "5 parsecs"}}},
+            "router.timeouts.dial: expected a duration such as '5s', '250ms', '10m' or '1h', "
+            "got '5 parsecs'",
+        ),
+        (
+            {"router": {"timeouts": {"idle": 0}}},
+            "router.timeouts.idle: must be greater than 0, got 0",
+        ),
+        (
+            {"router": {"scrape_timeout": "3s"}},
+            "router.scrape_timeout: must not exceed router.scrape_interval (2s), got 3s",
+        ),
+        (
+            {"router": {"scoring": {"kv_ceiling": 0}}},
+            "router.scoring.kv_ceiling: must be in (0, 1], got 0",
+        ),
+        (
+            {"router": {"scoring": {"session_load_factor": 0.5}}},
+            "router.scoring.session_load_factor: must be at least 1, got 0.5",
+        ),
+        (
+            {"router": {"default_profile": "fast"}},
+            "router.default_profile: no routing profile named 'fast' (have batch, chat)",
+        ),
+        (
+            {"router": {"profiles": {"chat": {"queue": -1}}}},
+            "router.profiles.chat.queue: weights must be 0 or more, got -1",
+        ),
+        (
+            {"router": {"admission": {"default_band": "iron"}}},
+            "router.admission.default_band: no band named 'iron' "
+            "(have platinum, gold, silver, bronze)",
+        ),
+        (
+            {
+                "router": {
+                    "admission": {
+                        "bands": [
+                            {"name": "gold", "priority": 1, "saturation_ceiling": 0.5},
+                            {"name": "gold", "priority": 2, "saturation_ceiling": 0.4},
+                        ]
+                    }
+                }
+            },
+            "router.admission.bands[1].name: band 'gold' is defined twice",
+        ),
+        (
+            {"router": {"admission": {"bands": [{"name": "gold", "priority": 1}]}}},
+            "router.admission.bands[0].saturation_ceiling: required key is missing",
+        ),
+        (
+            {"control": {"unreachable_after": "2m"}},
+            "control.unreachable_after: must be shorter than control.lost_after (1m), got 2m",
+        ),
+        (
+            {"control": {"base_backoff": "1h"}},
+            "control.base_backoff: must not exceed control.max_backoff (10m), got 1h",
+        ),
+        (
+            {"control": {"port_range": [2000, 1000]}},
+            "control.port_range: must be [low, high] within 1..65535, got [2000, 1000]",
+        ),
+        ({"listen": "localhost"}, "listen: expected HOST:PORT or :PORT, got 'localhost'"),
+        (
+            {"admin_listen": ":99999"},
+            "admin_listen: port must be a number in 0..65535, got '99999' in ':99999'",
+        ),
+        (
+            {"endpoints": [{"id": "a", "url": "127.0.0.1:1", "models": ["m"]}]},
+            "endpoints[0].url: must start with http:// or https://, got '127.0.0.1:1'",
+        ),
+        (
+            {
+                "endpoints": [
+                    {"id": "a", "url": "http://127.0.0.1:1", "models": ["m"]},
+                    {"id": "a", "url": "http://127.0.0.1:2", "models": ["m"]},
+                ]
+            },
+            "endpoints[1].id: endpoint id 'a' is used twice",
+        ),
+        (
+            {"endpoints": [{"id": "a", "url": "http://127.0.0.1:1", "models": []}]},
+            "endpoints[0].models: must name at least one model",
+        ),
+        (
+            {"endpoints": [{"id": "a", "url": "http://127.0.0.1:1", "models": ["m"], "weight": 0}]},
+            "endpoints[0].weight: must be greater than 0, got 0",
+        ),
+        (
+            {"store": {"url": "mysql://x"}},
+            "store.url: must start with sqlite:// or postgresql://, got 'mysql://x'",
+        ),
+        (
+            {"agent_tls": {"cert": "/nonexistent/c.pem", "key": "/nonexistent/k.pem"}},
+            "agent_tls.cert: no such file: /nonexistent/c.pem",
+        ),
+    ],
+)
+def test_each_rule_names_its_key(data: dict[str, object], message: str) -> None:
+    assert message in problems_of(data)
+
+
+@pytest.mark.parametrize(
+    ("models", "message"),
+    [
+        ([{"name": "a"}, {"name": "a"}], "models[1].name: model 'a' is defined twice"),
+        (
+            [{"name": "a", "aliases": ["b"]}, {"name": "b"}],
+            "models[0].aliases[0]: 'b' is already a model name",
+        ),
+        (
+            [{"name": "a", "aliases": ["x"]}, {"name": "b", "aliases": ["x"]}],
+            "models[1].aliases[0]: 'x' is already an alias of 'a'",
+        ),
+        ([{"name": "a", "fallbacks": ["zz"]}], "models[0].fallbacks[0]: no model named 'zz'"),
+        (
+            [{"name": "a", "fallbacks": ["a"]}],
+            "models[0].fallbacks[0]: a model cannot fall back to itself",
+        ),
+        (
+            [
+                {"name": "a", "fallbacks": ["b"]},
+                {"name": "b", "fallbacks": ["c"]},
+                {"name": "c", "fallbacks": ["a"]},
+            ],
+            "models[0].fallbacks: fallbacks form a cycle: a -> b -> c -> a",
+        ),
+        ([{"name": "a", "replicas": -1}], "models[0].replicas: must be 0 or more, got -1"),
+        (
+            [{"name": "a", "routing_profile": "fast"}],
+            "models[0].routing_profile: no routing profile named 'fast' (have batch, chat)",
+        ),
+        (
+            [{"name": "a", "profiles": [{"name": "p", "engine": "tgi", "weights": "w"}]}],
+            "models[0].profiles[0].engine: unknown engine 'tgi' (known: vllm, sglang, sim, llamacpp)",
+        ),
+        (
+            [
+                {
+                    "name": "a",
+                    "profiles": [
+                        {
+                            "name": "p",
+                            "engine": "vllm",
+                            "weights": "w",
+                            "tensor_parallel": 4,
+                            "gpus_per_node": 3,
+                        }
+                    ],
+                }
+            ],
+            "models[0].profiles[0].gpus_per_node: tensor_parallel x pipeline_parallel = 4 GPUs "
+            "must split into whole nodes of 3",
+        ),
+        (
+            [
+                {
+                    "name": "a",
+                    "profiles": [
+                        {"name": "p", "engine": "vllm", "weights": "w", "tensor_parallel": 0}
+                    ],
+                }
+            ],
+            "models[0].profiles[0].tensor_parallel: must be at least 1, got 0",
+        ),
+        (
+            [
+                {
+                    "name": "a",
+                    "profiles": [
+                        {"name": "p", "engine": "vllm", "weights": "w", "gpu_name": "H100("}
+                    ],
+                }
+            ],
+            "models[0].profiles[0].gpu_name: not a valid regular expression",
+        ),
+        (
+            [
+                {
+                    "name": "a",
+                    "profiles": [
+                        {"name": "p", "engine": "vllm", "weights": "w", "min_gpu_memory": "lots"}
+                    ],
+                }
+            ],
+            "models[0].profiles[0].min_gpu_memory: expected a size such as '40GB' or '32MiB', got 'lots'",
+        ),
+    ],
+)
+def test_catalog_rules_name_their_key(models: list[object], message: str) -> None:
+    assert any(p.startswith(message) for p in problems_of({"models": models})), problems_of(
+        {"models": models}
+    )
+
+
+def test_a_deployable_model_turns_on_the_control_plane() -> None:
+    c = cfg.load(
+        data={
+            "models": [
+                {
+                    "name": "m",
+                    "profiles": [
+                        {
+                            "name": "tp2",
+                            "engine": "vllm",
+                            "weights": "w",
+                            "tensor_parallel": 2,
+                            "min_gpu_memory": "40GB",
+                            "env": {"A": "1"},
+                        }
+                    ],
+                }
+            ]
+        },
+        environ={},
+    )
+    assert c.control_plane
+    assert c.models[0].profiles[0].min_gpu_memory == 40 * 10**9
+    assert not cfg.load(data={"models": [{"name": "m"}]}, environ={}).control_plane
+
+
+def test_print_config_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        """
+listen = "127.0.0.1:18080"
+[router]
+retries = 5
+cooldown = "1m30s"
+[router.profiles.fast]
+queue = 3.0
+[[endpoints]]
+id = "e1"
+url = "http://127.0.0.1:9"
+models = ["m"]
+weight = 2.0
+[[models]]
+name = "m"
+aliases = ["mm"]
+[[models.profiles]]
+name = "p"
+engine = "sim"
+weights = "x"
+min_gpu_memory = "8GiB"
+"""
+    )
+    out = subprocess.run(
+        [str(BIN / "llmgw-server"), "--config", str(path), "--print-config"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        check=True,
+    ).stdout
+    printed = tomllib.loads(out)
+    assert printed["router"]["cooldown"] == "90s"
+    assert cfg.load(data=printed, environ={}) == cfg.load(path, environ={})
+
+
+def run_server(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "llmgw-server"), *args],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", **(env or {})},
+        timeout=30,
+    )
+
+
+def test_missing_config_file_is_one_line_exit_2(tmp_path: Path) -> None:
+    done = run_server("--config", str(tmp_path / "nope.toml"))
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip()
+        == f"llmgw-server: error: config file {tmp_path / 'nope.toml'}: not found"
+    )
+
+
+def test_invalid_toml_is_one_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[router\nretries = 1\n")
+    done = run_server("--config", str(path))
+    assert done.returncode == 2
+    assert "invalid TOML" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_bad_values_list_every_problem(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[router]\nretries = -1\nfailure_threshold = 0\n")
+    done = run_server("--config", str(path))
+    assert done.returncode == 2
+    assert "router.retries: must be 0 or more, got -1" in done.stderr
+    assert "router.failure_threshold: must be at least 1, got 0" in done.stderr
+
+
+def test_nothing_to_serve_exits_2() -> None:
+    done = run_server()
+    assert done.returncode == 2
+    assert "nothing to serve" in done.stderr
+
+
+def test_bad_endpoint_flag_exits_2() -> None:
+    done = run_server("--endpoint", "just-a-name")
+    assert done.returncode == 2
+    assert "expected id=URL=model[,model]" in done.stderr
+
+
+def test_env_reaches_the_server_process() -> None:
+    done = run_server("--print-config", env={"LLMGW_ROUTER__RETRIES": "7"})
+    assert done.returncode == 0, done.stderr
+    assert tomllib.loads(done.stdout)["router"]["retries"] == 7
+
+
+@pytest.mark.parametrize("program", ["llmgw-server", "llmgw-agent", "llmgw-ctl", "llmgw-sim"])
+def test_every_cli_has_help_and_version(program: str) -> None:
+    for flag in ("--help", "--version"):
+        done = subprocess.run(
+            [str(BIN / program), flag], capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip()
