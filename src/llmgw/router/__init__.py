@@ -1,0 +1,1 @@
+"""The router (data plane): pure decisions (scrape, scoring, affinity, breaker) and I/O."""

@@ -1,0 +1,253 @@
+"""Session and prefix affinity: bounded, expiring tables of "who served this recently".
+
+Both tables are owned by the router (one per process, driven from the trio thread)
+and take `now` (monotonic seconds) instead of reading a clock. Entries are kept in
+last-use order, so expired entries gather at the old end and are trimmed there in
+amortised O(1); the size bound evicts from the same end (LRU).
+
+Prefix affinity works on text, not tokens: the router sees the request body, not the
+engine's tokenizer. The prompt text is cut into blocks of ``prefix_block_chars``
+characters and each block's hash is chained to the previous one, so hash ``i`` names
+the whole prefix ``0..i``; two prompts share hash ``i`` iff they share their first
+``i + 1`` blocks (up to hash collisions, which cost one mis-routed request at worst).
+Only whole blocks are hashed: a trailing partial block changes with every new turn of
+a conversation, and engines cache whole blocks too. Python's ``hash()`` of ``str`` is
+salted per process, which is fine here: the table never leaves the process.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+__all__ = [
+    "PrefixTable",
+    "SessionTable",
+    "prefix_hashes",
+    "prompt_text_for_affinity",
+]
+
+
+class SessionTable:
+    """Session key → endpoint id, LRU-bounded to `size`, expiring `ttl` after last use.
+
+    :meth:`lookup` is a pure read; the router calls :meth:`record` once it has picked
+    (the same endpoint, or a new one when the session spilled), which counts as a use.
+    """
+
+    __slots__ = ("_entries", "size", "ttl")
+
+    def __init__(self, size: int, ttl: float) -> None:
+        self.size = size
+        self.ttl = ttl
+        # key -> (endpoint id, last use); insertion order = last-use order.
+        self._entries: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, key: str, now: float) -> str | None:
+        entry = self._entries.get(key)
+        if entry is None or now - entry[1] > self.ttl:
+            return None
+        return entry[0]
+
+    def record(self, key: str, endpoint_id: str, now: float) -> None:
+        entries = self._entries
+        entries[key] = (endpoint_id, now)
+        entries.move_to_end(key)
+        self._trim(now)
+
+    def discard(self, key: str) -> None:
+        self._entries.pop(key, None)
+
+    def forget(self, endpoint_id: str) -> None:
+        """Drop every session pinned to `endpoint_id` (it left the fleet). O(table)."""
+        stale = [k for k, (ep, _) in self._entries.items() if ep == endpoint_id]
+        for k in stale:
+            del self._entries[k]
+
+    def expire(self, now: float) -> None:
+        """Drop expired entries (also done on every record; call this when idle)."""
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        entries = self._entries
+        while len(entries) > self.size:
+            entries.popitem(last=False)
+        cutoff = now - self.ttl
+        while entries:
+            # The oldest entry is first; once it is fresh, all are.
+            key, (_, used) = next(iter(entries.items()))
+            if used >= cutoff:
+                break
+            del entries[key]
+
+
+def prefix_hashes(text: str, block_chars: int, max_blocks: int, seed: str = "") -> tuple[int, ...]:
+    """Chained hashes of the whole `block_chars` blocks of `text`, at most `max_blocks`.
+
+    `seed` (e.g. the model name) starts the chain, so that two models served by one
+    endpoint do not share entries.
+    """
+    n = min(len(text) // block_chars, max_blocks)
+    h = hash(seed)
+    out = []
+    for i in range(n):
+        h = hash((h, text[i * block_chars : (i + 1) * block_chars]))
+        out.append(h)
+    return tuple(out)
+
+
+class PrefixTable:
+    """Which endpoints recently served each prefix chain hash.
+
+    Bounded to `size` chain hashes (LRU, 0 turns prefix affinity off); an endpoint's
+    mark on a hash expires `ttl` after it last served that prefix.
+    """
+
+    __slots__ = ("_entries", "size", "ttl")
+
+    def __init__(self, size: int, ttl: float) -> None:
+        self.size = size
+        self.ttl = ttl
+        # chain hash -> {endpoint id: last served}; order = last-use order.
+        self._entries: OrderedDict[int, dict[str, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def match(self, hashes: Sequence[int], now: float) -> dict[str, float]:
+        """Per endpoint, the fraction (0..1] of `hashes` it holds as a leading chain.
+
+        Endpoints with no match are absent. Walks the chain from the start and stops
+        at the first hash nobody holds: a longer match needs every shorter one.
+        """
+        result: dict[str, float] = {}
+        total = len(hashes)
+        if not total or not self.size:
+            return result
+        cutoff = now - self.ttl
+        entries = self._entries
+        for i, h in enumerate(hashes):
+            holders = entries.get(h)
+            if not holders:
+                break
+            found = False
+            fraction = (i + 1) / total
+            for ep, seen in holders.items():
+                if seen >= cutoff:
+                    result[ep] = fraction
+                    found = True
+            if not found:
+                break
+        return result
+
+    def record(self, hashes: Sequence[int], endpoint_id: str, now: float) -> None:
+        """`endpoint_id` served a prompt with these chain hashes (it now caches them)."""
+        if not self.size:
+            return
+        entries = self._entries
+        # Longest prefix first, so that shorter prefixes end up more recently used and
+        # LRU eviction cuts chains from their tail: match() stops at the first gap.
+        for h in reversed(hashes):
+            holders = entries.get(h)
+            if holders is None:
+                entries[h] = {endpoint_id: now}
+            else:
+                holders[endpoint_id] = now
+                entries.move_to_end(h)
+        self._trim(now)
+
+    def forget(self, endpoint_id: str) -> None:
+        """Remove `endpoint_id` from every entry (it left the fleet). O(table)."""
+        empty = []
+        for h, holders in self._entries.items():
+            if holders.pop(endpoint_id, None) is not None and not holders:
+                empty.append(h)
+        for h in empty:
+            del self._entries[h]
+
+    def expire(self, now: float) -> None:
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        entries = self._entries
+        while len(entries) > self.size:
+            entries.popitem(last=False)
+        cutoff = now - self.ttl
+        while entries:
+            h, holders = next(iter(entries.items()))
+            # An entry's last use is its newest mark.
+            if max(holders.values()) >= cutoff:
+                break
+            del entries[h]
+
+
+def _append_content(parts: list[str], content: object, budget: int) -> int:
+    """Append a message's text to `parts`; returns the remaining character budget."""
+    if isinstance(content, str):
+        parts.append(content)
+        return budget - len(content)
+    if isinstance(content, list):
+        for part in content:
+            if budget <= 0:
+                break
+            if isinstance(part, str):
+                text: object = part
+            elif isinstance(part, Mapping):
+                # Text parts carry "text"; image/audio parts are identified by their
+                # URL or data, which can be huge: the budget cuts it.
+                text = part.get("text")
+                if text is None:
+                    media = part.get("image_url") or part.get("input_audio")
+                    if isinstance(media, Mapping):
+                        text = media.get("url") or media.get("data")
+            else:
+                text = None
+            if isinstance(text, str):
+                parts.append(text)
+                budget -= len(text)
+    return budget
+
+
+def prompt_text_for_affinity(body: Mapping[str, object], limit: int | None = None) -> str:
+    """The prompt text to hash for prefix affinity, from an OpenAI request body.
+
+    Chat (``messages``): each message as role, a separator, its content (a string or
+    a list of parts), and a terminator, so that message boundaries are part of the
+    prefix. Completions (``prompt``): a string, the first of a list of strings (a
+    batch is routed once), or token ids written as numbers. Anything else gives "".
+    Stops once `limit` characters are collected (pass block_chars * max_blocks).
+    Tools and other parameters are left out: they rarely differ within a conversation.
+    """
+    budget = limit if limit is not None else 1 << 62
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        parts: list[str] = []
+        for message in messages:
+            if budget <= 0:
+                break
+            if not isinstance(message, Mapping):
+                continue
+            role = message.get("role")
+            parts.append(role if isinstance(role, str) else "")
+            parts.append("\x1f")
+            budget = _append_content(parts, message.get("content"), budget - 2)
+            parts.append("\x1e")
+        text = "".join(parts)
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt:
+            first = prompt[0]
+            if isinstance(first, int):  # one prompt as token ids
+                # At least 2 characters per id with its comma: this covers the budget.
+                text = ",".join(str(t) for t in prompt[: budget // 2 + 1])
+            elif isinstance(first, list):  # a batch of token-id prompts
+                text = ",".join(str(t) for t in first[: budget // 2 + 1])
+            else:
+                prompt = first
+                text = prompt if isinstance(prompt, str) else ""
+        else:
+            text = prompt if isinstance(prompt, str) else ""
+    return text[:limit] if limit is not None else text
