@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+import trio
+
 from llmgw import config as cfg
-from llmgw_cli._common import EXIT_OK, EXIT_USAGE, CliError, fail, parser
+from llmgw import server
+from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, fail, parser
 
 PROG = "llmgw-server"
 
@@ -65,7 +69,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except cfg.ConfigError as exc:
         if len(exc.problems) == 1:
             fail(PROG, exc.problems[0], EXIT_USAGE)
-        print(f"{PROG}: error: the configuration has {len(exc.problems)} problems:", file=sys.stderr)
+        print(
+            f"{PROG}: error: the configuration has {len(exc.problems)} problems:", file=sys.stderr
+        )
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
@@ -82,4 +88,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             "the control plane to deploy; try --demo",
             EXIT_USAGE,
         )
-    fail(PROG, "serving is not implemented yet", 1)
+    if args.demo:
+        fail(PROG, "--demo is not available yet: it needs the control plane", EXIT_RUNTIME)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        trio.run(server.serve, config)
+    except OSError as exc:
+        fail(PROG, f"cannot serve: {exc.strerror or exc}", EXIT_RUNTIME)
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,1 @@
+"""The admin listener: metrics, health, the JSON admin API and the dashboard."""

@@ -1,0 +1,365 @@
+"""The client-facing OpenAI API as a plain ASGI app.
+
+This is the hot path, so it is not built on a web framework: one dict lookup
+routes the request, the body is parsed once, and re-serialised only when the
+router must change it (an alias, a fallback, usage injection).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from llmgw.router.affinity import prompt_text_for_affinity
+from llmgw.router.breaker import Outcome, classify_status
+from llmgw.router.proxy import AttemptFailed, Delivery, error_body
+from llmgw.router.usage import Usage, estimate_prompt_tokens
+
+if TYPE_CHECKING:
+    from llmgw.config import ModelConfig
+    from llmgw.router.core import Router
+    from llmgw.router.endpoints import EndpointState
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+_JSON = [(b"content-type", b"application/json")]
+
+
+class HttpError(Exception):
+    """A request refused with an OpenAI-shaped error."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type_
+        self.code = code
+        self.param = param
+        self.headers = headers or []
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*_JSON, (b"content-length", str(len(body)).encode()), *(headers or [])],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, err: HttpError) -> None:
+    body = error_body(str(err), err.type, err.code, err.param)
+    await send_json(send, err.status, body, err.headers)
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request was read."""
+
+
+class ClientApp:
+    """`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+            ("POST", "/v1/chat/completions"): self._inference,
+            ("POST", "/v1/completions"): self._inference,
+            ("POST", "/v1/embeddings"): self._inference,
+            ("GET", "/v1/models"): self._models,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        handler = self._routes.get((scope["method"], scope["path"].rstrip("/") or "/"))
+        try:
+            if handler is None:
+                known = any(path == scope["path"] for _, path in self._routes)
+                if known:
+                    raise HttpError(405, f"method {scope['method']} not allowed here")
+                raise HttpError(404, f"no route {scope['path']}", code="not_found")
+            await handler(scope, receive, send)
+        except ClientGone:
+            return
+        except HttpError as err:
+            self.router.metrics.rejected.labels(err.code or str(err.status)).inc()
+            await send_error(send, err)
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        router = self.router
+        served = router.endpoints.models()
+        data = []
+        for model in router.catalog.models:
+            if model.name not in served:
+                continue
+            for name in (model.name, *model.aliases):
+                data.append({"id": name, "object": "model", "created": 0, "owned_by": "llmgw"})
+        await send_json(send, 200, json.dumps({"object": "list", "data": data}).encode())
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self.router.config.router.max_body_bytes
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise HttpError(
+                413, f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes"
+            )
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise HttpError(413, f"request body exceeds the limit of {limit} bytes")
+            parts.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(parts)
+
+    async def _inference(self, scope: Scope, receive: Receive, send: Send) -> None:
+        router = self.router
+        started = trio.current_time()
+        raw = await self._read_body(scope, receive)
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise HttpError(400, "the request body must be a JSON object")
+        requested = body.get("model")
+        if not isinstance(requested, str) or not requested:
+            raise HttpError(400, "you must provide a model parameter", param="model")
+        chain = router.catalog.candidates(requested)
+        if not chain:
+            raise HttpError(
+                404,
+                f"the model {requested!r} does not exist",
+                code="model_not_found",
+                param="model",
+            )
+        stream = body.get("stream") is True
+        if scope["path"].endswith("/embeddings"):
+            stream = False
+
+        # The client may go away at any point; the watcher cancels the upstream
+        # request at once, which frees the engine's slot.
+        # Once the last byte is handed over, a disconnect no longer matters.
+        watch = _DisconnectWatch()
+
+        async def tracked_send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                watch.complete = True
+            await send(message)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch.run, receive, nursery.cancel_scope)
+            try:
+                await self._serve(scope, tracked_send, body, raw, chain, stream, started, requested)
+            finally:
+                nursery.cancel_scope.cancel()
+        if watch.gone:
+            router.metrics.disconnects.labels(requested, "stream" if stream else "request").inc()
+
+    async def _serve(
+        self,
+        scope: Scope,
+        send: Send,
+        body: dict[str, Any],
+        raw: bytes,
+        chain: list[ModelConfig],
+        stream: bool,
+        started: float,
+        requested: str,
+    ) -> None:
+        router = self.router
+        now = trio.current_time()
+        model: ModelConfig | None = None
+        usable: list[EndpointState] = []
+        for candidate in chain:
+            usable = [s for s in router.endpoints.serving(candidate.name) if s.breaker.allows(now)]
+            if usable:
+                model = candidate
+                break
+        decision = None
+        if model is not None:
+            session = _header(scope, router.session_header)
+            session_key = session.decode(errors="replace") if session else None
+            prefix = (
+                router.prefixes.chain(prompt_text_for_affinity(body)) if router.prefixes else None
+            )
+            decision = router.choose(model, usable, session_key, prefix, now)
+        if model is None or decision is None:
+            retry_after = str(max(1, math.ceil(router.config.router.cooldown / 3)))
+            raise HttpError(
+                503,
+                f"no replica of {requested!r} can take the request now"
+                + (
+                    f" (fallbacks tried: {', '.join(m.name for m in chain[1:])})"
+                    if chain[1:]
+                    else ""
+                ),
+                type_="server_error",
+                code="no_healthy_replica",
+                headers=[(b"retry-after", retry_after.encode())],
+            )
+        if model is not chain[0]:
+            router.metrics.fallbacks.labels(chain[0].name, model.name).inc()
+
+        router.metrics.decisions.labels(model.name, decision.tier).inc()
+
+        changed = False
+        if body.get("model") != model.name:
+            body["model"] = model.name
+            changed = True
+        client_wants_usage = False
+        if stream:
+            options = body.get("stream_options")
+            client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
+            if router.config.router.inject_usage and not client_wants_usage:
+                body["stream_options"] = {**(options or {}), "include_usage": True}
+                changed = True
+        payload = json.dumps(body).encode() if changed else raw
+        path = scope["path"]
+        extra = [(b"x-llmgw-model", model.name.encode())]
+        headers = [(b"content-type", b"application/json")]
+        router.metrics.overhead.observe(trio.current_time() - started)
+
+        attempts = decision.ranked[: router.config.router.retries + 1]
+        last: AttemptFailed | None = None
+        delivery: Delivery | None = None
+        state: EndpointState | None = None
+        in_flight = router.metrics.in_flight.labels(model.name)
+        in_flight.inc()
+        try:
+            for endpoint_id in attempts:
+                state = router.endpoints.get(endpoint_id)
+                ticket = state.breaker.acquire(trio.current_time()) if state else None
+                if state is None or ticket is None:
+                    continue
+                if last is not None:
+                    router.metrics.retries.labels(model.name, last.kind).inc()
+                url = state.endpoint.url.rstrip("/") + path
+                state.inflight += 1
+                partial = Delivery(200)
+                try:
+                    if stream:
+                        delivery = await router.upstream.stream(
+                            url,
+                            payload,
+                            headers,
+                            send,
+                            extra,
+                            strip_usage=not client_wants_usage,
+                            started=started,
+                            outcome=partial,
+                        )
+                    else:
+                        delivery = await router.upstream.unary(url, payload, headers, send, extra)
+                except AttemptFailed as failure:
+                    last = failure
+                    router.record_attempt(state, ticket, failure.outcome, failure)
+                    continue
+                except BaseException:
+                    # Cancelled (the client left) or a bug: the probe slot must not stick,
+                    # and what was already relayed still counts.
+                    router.record_attempt(state, ticket, Outcome.CLIENT_GONE, None)
+                    if partial.ttft is not None:
+                        partial.usage = Usage(
+                            estimate_prompt_tokens(len(raw)), partial.events, estimated=True
+                        )
+                        router.finish(
+                            model,
+                            state,
+                            partial,
+                            session_key=None,
+                            prefix=None,
+                            latency=trio.current_time() - started,
+                            status=499,
+                        )
+                    raise
+                finally:
+                    state.inflight -= 1
+                broken = delivery.failure
+                router.record_attempt(
+                    state,
+                    ticket,
+                    broken.outcome if broken else classify_status(delivery.status),
+                    broken,
+                )
+                break
+        finally:
+            in_flight.dec()
+
+        if delivery is None or state is None:
+            status = 504 if last is not None and last.outcome is Outcome.TIMEOUT else 502
+            router.metrics.requests.labels(model.name, "", str(status)).inc()
+            raise HttpError(
+                status,
+                f"every replica tried failed; last error: {last}"
+                if last
+                else "no replica could take the request",
+                type_="server_error",
+                code="upstream_timeout" if status == 504 else "upstream_error",
+            )
+        end = trio.current_time()
+        router.finish(
+            model,
+            state,
+            delivery,
+            session_key=session_key,
+            prefix=prefix,
+            latency=end - started,
+        )
+
+
+class _DisconnectWatch:
+    def __init__(self) -> None:
+        self.gone = False
+        self.complete = False
+
+    async def run(self, receive: Receive, scope: trio.CancelScope) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not self.complete:
+                    self.gone = True
+                    scope.cancel()
+                return
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

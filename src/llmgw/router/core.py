@@ -1,0 +1,250 @@
+"""`Router`: the data plane assembled from its parts.
+
+The router owns the endpoint registry (the sink the control plane or static
+configuration feeds), the scrape loop, scoring with session and prefix affinity,
+breakers, the upstream client, usage accounting and metrics. Its client API is
+an ASGI app (:attr:`Router.app`); :meth:`Router.run` drives its background work.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import httpx
+import trio
+
+from llmgw.catalog import Catalog
+from llmgw.config import Config, EndpointConfig, ModelConfig
+from llmgw.router.affinity import PrefixTable, SessionTable, prefix_hashes
+from llmgw.router.app import ClientApp
+from llmgw.router.breaker import BreakerState, Outcome, Ticket
+from llmgw.router.endpoints import Endpoint, EndpointRegistry, EndpointState
+from llmgw.router.metrics import RouterMetrics
+from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
+from llmgw.router.scoring import Candidate, Decision, Scorer
+from llmgw.router.scraper import Scraper
+from llmgw.router.usage import UsageRecord, UsageSink
+
+
+class PrefixIndex:
+    """Prefix affinity for the router: hashing settings plus the table."""
+
+    def __init__(self, block_chars: int, max_blocks: int, size: int, ttl: float) -> None:
+        self.block_chars = block_chars
+        self.max_blocks = max_blocks
+        self.table = PrefixTable(size, ttl)
+
+    def chain(self, text: str) -> tuple[int, ...]:
+        return prefix_hashes(text, self.block_chars, self.max_blocks)
+
+
+def catalog_for(config: Config) -> Catalog:
+    """The configured models, plus a bare entry for each model only an endpoint names."""
+    models = list(config.models)
+    known = {m.name for m in models} | {a for m in models for a in m.aliases}
+    for endpoint in config.endpoints:
+        for name in endpoint.models:
+            if name not in known:
+                models.append(ModelConfig(name=name))
+                known.add(name)
+    return Catalog(tuple(models))
+
+
+def endpoint_from_config(e: EndpointConfig) -> Endpoint:
+    return Endpoint(e.id, e.url, e.models, e.pool, e.weight, e.priority)
+
+
+class Router:
+    """The data plane: an OpenAI-compatible ASGI app in front of engine replicas."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        catalog: Catalog | None = None,
+        usage_sinks: Sequence[UsageSink] = (),
+        rng: random.Random | None = None,
+        upstream: httpx.AsyncClient | None = None,
+    ) -> None:
+        r = config.router
+        self.config = config
+        self.catalog = catalog or catalog_for(config)
+        self.metrics = RouterMetrics()
+        self.endpoints = EndpointRegistry(
+            failure_threshold=r.failure_threshold, cooldown=r.cooldown
+        )
+        self.metrics.watch_endpoints(self.endpoints, trio.current_time)
+        for e in config.endpoints:
+            self.endpoints.upsert(endpoint_from_config(e))
+        self.upstream = Upstream(r.timeouts, upstream)
+        self.scraper = Scraper(
+            self.endpoints, self.metrics, interval=r.scrape_interval, timeout=r.scrape_timeout
+        )
+        self.scorers = {
+            name: Scorer(r.scoring, profile, r.stale_after) for name, profile in r.profiles.items()
+        }
+        a = r.affinity
+        self.sessions = SessionTable(a.session_table_size, a.session_ttl)
+        self.prefixes = (
+            PrefixIndex(
+                a.prefix_block_chars, a.prefix_max_blocks, a.prefix_table_size, a.prefix_ttl
+            )
+            if a.prefix_table_size
+            else None
+        )
+        self.session_header = r.session_header.lower().encode()
+        self.usage_sinks = list(usage_sinks)
+        self.rng = rng or random.Random()
+        self.app = ClientApp(self)
+
+    # -- EndpointSink, forwarded so the control plane can hold the Router itself --
+
+    def upsert(self, endpoint: Endpoint) -> None:
+        self.endpoints.upsert(endpoint)
+        self.scraper.poke()
+
+    def drain(self, endpoint_id: str) -> None:
+        self.endpoints.drain(endpoint_id)
+
+    def remove(self, endpoint_id: str) -> None:
+        self.endpoints.remove(endpoint_id)
+        self.sessions.forget(endpoint_id)
+        if self.prefixes is not None:
+            self.prefixes.table.forget(endpoint_id)
+
+    # -- background work --------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Scrape endpoints until cancelled."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.scraper.run)
+                task_status.started()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.upstream.aclose()
+                await self.scraper.client.aclose()
+
+    # -- decisions (called by the client app) -----------------------------------
+
+    def scorer_for(self, model: ModelConfig) -> Scorer:
+        profile = model.routing_profile or self.config.router.default_profile
+        return self.scorers[profile]
+
+    def choose(
+        self,
+        model: ModelConfig,
+        usable: Iterable[EndpointState],
+        session_key: str | None,
+        prefix: tuple[int, ...] | None,
+        now: float,
+    ) -> Decision | None:
+        candidates = [s.candidate(now) for s in usable]
+        sticky = self.sessions.lookup(session_key, now) if session_key else None
+        matches = self.prefixes.table.match(prefix, now) if self.prefixes and prefix else {}
+        return self.scorer_for(model).pick(
+            candidates, session_endpoint=sticky, prefix_matches=matches, rng=self.rng
+        )
+
+    def record_attempt(
+        self, state: EndpointState, ticket: Ticket, outcome: Outcome, failure: AttemptFailed | None
+    ) -> None:
+        now = trio.current_time()
+        ident = state.endpoint.id
+        if failure is not None:
+            self.metrics.upstream_errors.labels(ident, failure.kind).inc()
+            if failure.phase is not None:
+                self.metrics.timeouts.labels(ident, failure.phase).inc()
+        new_state = state.breaker.record(ticket, outcome, now)
+        if new_state is not None:
+            self.metrics.breaker_transitions.labels(ident, new_state.value).inc()
+
+    def finish(
+        self,
+        model: ModelConfig,
+        state: EndpointState,
+        delivery: Delivery,
+        *,
+        session_key: str | None,
+        prefix: tuple[int, ...] | None,
+        latency: float,
+        status: int | None = None,
+    ) -> None:
+        """Account a request that reached the client."""
+        now = trio.current_time()
+        ident = state.endpoint.id
+        m = self.metrics
+        code = status if status is not None else delivery.status
+        m.requests.labels(model.name, ident, str(code)).inc()
+        m.duration.labels(model.name).observe(latency)
+        if delivery.ttft is not None:
+            m.ttft.labels(model.name).observe(delivery.ttft)
+        if delivery.itl:
+            itl = m.itl.labels(model.name)
+            for gap in delivery.itl:
+                itl.observe(gap)
+        usage = delivery.usage
+        if usage is not None:
+            m.prompt_tokens.labels(model.name, ident).inc(usage.prompt_tokens)
+            m.completion_tokens.labels(model.name, ident).inc(usage.completion_tokens)
+            if usage.cached_tokens:
+                m.cached_tokens.labels(model.name, ident).inc(usage.cached_tokens)
+            if usage.estimated:
+                m.estimated_usage.labels(model.name).inc()
+        if code < 400 and delivery.failure is None:
+            if session_key:
+                self.sessions.record(session_key, ident, now)
+            if prefix and self.prefixes is not None:
+                self.prefixes.table.record(prefix, ident, now)
+        if self.usage_sinks and usage is not None:
+            record = UsageRecord(
+                model=model.name,
+                endpoint=ident,
+                status=code,
+                usage=usage,
+                latency=latency,
+                ttft=delivery.ttft,
+            )
+            for sink in self.usage_sinks:
+                sink.record(record)
+
+    # -- views --------------------------------------------------------------------
+
+    def endpoint_views(self) -> list[dict[str, Any]]:
+        """Every endpoint with its live numbers and scores, for the admin API."""
+        now = trio.current_time()
+        views = []
+        for state in self.endpoints.all():
+            candidate: Candidate = state.candidate(now)
+            s = state.sample
+            views.append(
+                {
+                    "id": state.endpoint.id,
+                    "url": state.endpoint.url,
+                    "models": list(state.endpoint.models),
+                    "pool": state.endpoint.pool,
+                    "weight": state.endpoint.weight,
+                    "priority": state.endpoint.priority,
+                    "draining": state.draining,
+                    "engine": None if s is None else s.engine,
+                    "waiting": None if s is None else s.waiting,
+                    "running": None if s is None else s.running,
+                    "kv_usage": None if s is None else s.kv_usage,
+                    "prefix_hit_rate": None if s is None else s.prefix_hit_rate,
+                    "inflight": state.inflight,
+                    "scrape_age_seconds": state.age(now),
+                    "stale": candidate.age is None
+                    or candidate.age > self.config.router.stale_after,
+                    "scrape_error": state.last_error,
+                    "breaker": state.breaker.state(now).value,
+                    "scores": {
+                        name: scorer.score(candidate, 0.0) for name, scorer in self.scorers.items()
+                    },
+                }
+            )
+        return views
+
+    def breaker_open(self, state: EndpointState, now: float) -> bool:
+        return state.breaker.state(now) is BreakerState.OPEN

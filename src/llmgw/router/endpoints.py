@@ -1,0 +1,147 @@
+"""The endpoint registry: which engine replicas serve which models, and their live state.
+
+Writers are the scraper (metrics), the proxy (in-flight counts, breaker outcomes)
+and whoever owns the endpoint set (static configuration, or the control plane
+through :class:`EndpointSink`). Scoring only reads. Everything runs on the trio
+thread, so plain attributes need no locks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import attrs
+
+from llmgw.router.breaker import Breaker
+from llmgw.router.scoring import Candidate
+from llmgw.router.scrape import EngineSample
+
+
+@attrs.frozen
+class Endpoint:
+    """An engine replica the router may send requests to."""
+
+    id: str
+    url: str
+    models: tuple[str, ...]
+    pool: str = "default"
+    weight: float = 1.0
+    priority: int = 0
+
+
+class EndpointSink(Protocol):
+    """Where the endpoint set comes from: static config or the control plane."""
+
+    def upsert(self, endpoint: Endpoint) -> None:
+        """Add an endpoint, or replace one with the same id (keeping its live state)."""
+
+    def drain(self, endpoint_id: str) -> None:
+        """Stop sending new requests to the endpoint; requests in flight finish."""
+
+    def remove(self, endpoint_id: str) -> None:
+        """Forget the endpoint."""
+
+
+class EndpointState:
+    """The router's live knowledge of one endpoint."""
+
+    __slots__ = (
+        "breaker",
+        "draining",
+        "endpoint",
+        "inflight",
+        "last_error",
+        "last_scrape",
+        "last_scrape_attempt",
+        "sample",
+    )
+
+    def __init__(self, endpoint: Endpoint, breaker: Breaker) -> None:
+        self.endpoint = endpoint
+        self.breaker = breaker
+        self.sample: EngineSample | None = None
+        self.last_scrape: float | None = None  # time of the last successful scrape
+        self.last_scrape_attempt: float | None = None
+        self.last_error: str | None = None
+        self.inflight = 0
+        self.draining = False
+
+    def age(self, now: float) -> float | None:
+        return None if self.last_scrape is None else now - self.last_scrape
+
+    def candidate(self, now: float) -> Candidate:
+        s = self.sample
+        e = self.endpoint
+        return Candidate(
+            endpoint_id=e.id,
+            waiting=None if s is None else s.waiting,
+            running=None if s is None else s.running,
+            kv_usage=None if s is None else s.kv_usage,
+            inflight=self.inflight,
+            age=self.age(now),
+            weight=e.weight,
+            priority=e.priority,
+        )
+
+
+class EndpointRegistry:
+    """Endpoints by id and by model; implements :class:`EndpointSink`."""
+
+    def __init__(self, *, failure_threshold: int, cooldown: float) -> None:
+        self._threshold = failure_threshold
+        self._cooldown = cooldown
+        self._states: dict[str, EndpointState] = {}
+        self._by_model: dict[str, list[EndpointState]] = {}
+        self.version = 0  # bumped on every change, so watchers can notice
+
+    def upsert(self, endpoint: Endpoint) -> None:
+        state = self._states.get(endpoint.id)
+        if state is None:
+            state = EndpointState(endpoint, Breaker(self._threshold, self._cooldown))
+            self._states[endpoint.id] = state
+        else:
+            state.endpoint = endpoint
+            state.draining = False
+        self._reindex()
+
+    def drain(self, endpoint_id: str) -> None:
+        state = self._states.get(endpoint_id)
+        if state is not None:
+            state.draining = True
+            self._reindex()
+
+    def remove(self, endpoint_id: str) -> None:
+        if self._states.pop(endpoint_id, None) is not None:
+            self._reindex()
+
+    def replace_all(self, endpoints: Iterable[Endpoint]) -> None:
+        wanted = {e.id: e for e in endpoints}
+        for gone in set(self._states) - set(wanted):
+            del self._states[gone]
+        for endpoint in wanted.values():
+            self.upsert(endpoint)
+        self._reindex()
+
+    def _reindex(self) -> None:
+        by_model: dict[str, list[EndpointState]] = {}
+        for state in self._states.values():
+            if state.draining:
+                continue
+            for model in state.endpoint.models:
+                by_model.setdefault(model, []).append(state)
+        self._by_model = by_model
+        self.version += 1
+
+    def get(self, endpoint_id: str) -> EndpointState | None:
+        return self._states.get(endpoint_id)
+
+    def all(self) -> list[EndpointState]:
+        return list(self._states.values())
+
+    def serving(self, model: str) -> list[EndpointState]:
+        """Endpoints that take new requests for `model` (breakers not considered)."""
+        return self._by_model.get(model, [])
+
+    def models(self) -> set[str]:
+        return set(self._by_model)

@@ -1,0 +1,237 @@
+"""The router's Prometheus metrics, on a registry of its own (no globals).
+
+Per-endpoint engine numbers are not kept in gauges that someone must remember to
+update: a collector reads them from the registry at scrape time, and a number the
+engine never reported is left out rather than exported as zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from llmgw.router.breaker import BreakerState
+from llmgw.router.endpoints import EndpointRegistry
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+# `_created` samples double every family's size for no use to an operator.
+disable_created_metrics()
+
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+
+
+class RouterMetrics:
+    """Every family the router exports; one instance per Router."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "llmgw_requests_total",
+            "Client requests completed, by served model, endpoint and HTTP status.",
+            ["model", "endpoint", "status"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "llmgw_rejected_requests_total",
+            "Client requests refused before reaching any engine, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "llmgw_requests_in_flight",
+            "Client requests being served (after admission), by model.",
+            ["model"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "llmgw_request_duration_seconds",
+            "End-to-end latency of client requests.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "llmgw_time_to_first_token_seconds",
+            "Time from the client's request to the first streamed token event.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "llmgw_inter_token_latency_seconds",
+            "Time between consecutive streamed events.",
+            ["model"],
+            buckets=TOKEN_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "llmgw_router_overhead_seconds",
+            "Time spent in llmgw itself before the request went upstream "
+            "(parsing, scoring, body rewriting; queueing excluded).",
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "llmgw_prompt_tokens_total", "Prompt tokens.", ["model", "endpoint"], registry=r
+        )
+        self.completion_tokens = Counter(
+            "llmgw_completion_tokens_total",
+            "Completion tokens.",
+            ["model", "endpoint"],
+            registry=r,
+        )
+        self.cached_tokens = Counter(
+            "llmgw_cached_prompt_tokens_total",
+            "Prompt tokens the engine reported as served from its prefix cache.",
+            ["model", "endpoint"],
+            registry=r,
+        )
+        self.estimated_usage = Counter(
+            "llmgw_estimated_usage_requests_total",
+            "Requests whose token counts were estimated (the stream was cut before usage).",
+            ["model"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "llmgw_retries_total",
+            "Attempts moved to another endpoint before any byte reached the client.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "llmgw_fallbacks_total",
+            "Requests served by a fallback model.",
+            ["model", "fallback"],
+            registry=r,
+        )
+        self.timeouts = Counter(
+            "llmgw_timeouts_total",
+            "Upstream deadlines that expired, by request phase.",
+            ["endpoint", "phase"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "llmgw_upstream_errors_total",
+            "Failed upstream attempts, by endpoint and kind.",
+            ["endpoint", "kind"],
+            registry=r,
+        )
+        self.disconnects = Counter(
+            "llmgw_client_disconnects_total",
+            "Clients that went away before their response was complete, by phase.",
+            ["model", "phase"],
+            registry=r,
+        )
+        self.breaker_transitions = Counter(
+            "llmgw_breaker_transitions_total",
+            "Circuit-breaker state changes, by endpoint and new state.",
+            ["endpoint", "state"],
+            registry=r,
+        )
+        self.decisions = Counter(
+            "llmgw_routing_decisions_total",
+            "Endpoint choices, by model and the tier that decided (session, prefix, score).",
+            ["model", "tier"],
+            registry=r,
+        )
+        self.scrapes = Counter(
+            "llmgw_scrapes_total", "Engine metric scrapes attempted.", ["endpoint"], registry=r
+        )
+        self.scrape_errors = Counter(
+            "llmgw_scrape_errors_total",
+            "Engine metric scrapes that failed.",
+            ["endpoint"],
+            registry=r,
+        )
+        self.scrape_duration = Histogram(
+            "llmgw_scrape_duration_seconds",
+            "Time to fetch and parse one engine's metrics.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def watch_endpoints(self, endpoints: EndpointRegistry, clock: Callable[[], float]) -> None:
+        self.registry.register(_EndpointCollector(endpoints, clock))
+
+
+_BREAKER_STATES = tuple(BreakerState)
+
+
+class _EndpointCollector(Collector):
+    def __init__(self, endpoints: EndpointRegistry, clock: Callable[[], float]) -> None:
+        self._endpoints = endpoints
+        self._clock = clock
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []  # computed at collection; nothing to pre-declare
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = self._clock()
+        label = ["endpoint"]
+        waiting = GaugeMetricFamily(
+            "llmgw_endpoint_waiting_requests",
+            "Requests the engine reports as queued.",
+            labels=label,
+        )
+        running = GaugeMetricFamily(
+            "llmgw_endpoint_running_requests",
+            "Requests the engine reports as running.",
+            labels=label,
+        )
+        kv = GaugeMetricFamily(
+            "llmgw_endpoint_kv_cache_usage_ratio",
+            "KV-cache usage the engine reports, 0..1.",
+            labels=label,
+        )
+        hit = GaugeMetricFamily(
+            "llmgw_endpoint_prefix_cache_hit_ratio",
+            "Engine prefix-cache hit rate over the last scrape interval.",
+            labels=label,
+        )
+        inflight = GaugeMetricFamily(
+            "llmgw_endpoint_inflight_requests",
+            "Requests this router has in flight to the endpoint.",
+            labels=label,
+        )
+        age = GaugeMetricFamily(
+            "llmgw_endpoint_scrape_age_seconds",
+            "Seconds since the endpoint's metrics were last scraped successfully.",
+            labels=label,
+        )
+        up = GaugeMetricFamily(
+            "llmgw_endpoint_up", "1 if the last scrape of the endpoint succeeded.", labels=label
+        )
+        draining = GaugeMetricFamily(
+            "llmgw_endpoint_draining", "1 if the endpoint takes no new requests.", labels=label
+        )
+        breaker = GaugeMetricFamily(
+            "llmgw_breaker_state",
+            "1 for the circuit breaker's current state of each endpoint.",
+            labels=["endpoint", "state"],
+        )
+        for state in self._endpoints.all():
+            ident = [state.endpoint.id]
+            s = state.sample
+            if s is not None:
+                for family, value in (
+                    (waiting, s.waiting),
+                    (running, s.running),
+                    (kv, s.kv_usage),
+                    (hit, s.prefix_hit_rate),
+                ):
+                    if value is not None:
+                        family.add_metric(ident, value)
+            inflight.add_metric(ident, state.inflight)
+            seconds = state.age(now)
+            if seconds is not None:
+                age.add_metric(ident, seconds)
+            up.add_metric(ident, 1.0 if state.last_error is None and s is not None else 0.0)
+            draining.add_metric(ident, 1.0 if state.draining else 0.0)
+            current = state.breaker.state(now)
+            for bs in _BREAKER_STATES:
+                breaker.add_metric([state.endpoint.id, bs.value], 1.0 if bs is current else 0.0)
+        yield from (waiting, running, kv, hit, inflight, age, up, draining, breaker)

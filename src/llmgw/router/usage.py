@@ -1,0 +1,58 @@
+"""Token accounting: what one request used, and where the records go."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+
+
+@attrs.frozen
+class Usage:
+    """Token counts of one response; `estimated` when the engine never said."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int | None = None
+    estimated: bool = False
+
+    @classmethod
+    def from_openai(cls, usage: Any) -> Usage | None:
+        """From an OpenAI `usage` object, or None when it is not one."""
+        if not isinstance(usage, dict):
+            return None
+        prompt = usage.get("prompt_tokens")
+        completion = usage.get("completion_tokens", 0)
+        if not isinstance(prompt, int) or not isinstance(completion, int):
+            return None
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return cls(prompt, completion, cached if isinstance(cached, int) else None)
+
+
+def estimate_prompt_tokens(body_size: int) -> int:
+    """A rough prompt size from the request body: ~4 bytes per token, as tokenizers average
+    on English text. Used only when a stream is cut before the engine reports usage."""
+    return max(1, body_size // 4)
+
+
+@attrs.frozen
+class UsageRecord:
+    """One finished request, as the store and the dashboard see it."""
+
+    model: str
+    endpoint: str | None
+    status: int
+    usage: Usage
+    latency: float
+    ttft: float | None = None
+    key_id: str | None = None
+    band: str | None = None
+    tenant: str | None = None
+
+
+class UsageSink(Protocol):
+    """Where finished requests are recorded (the store batches them)."""
+
+    def record(self, record: UsageRecord) -> None:
+        """Take one record; must not block (the caller is on the hot path)."""

@@ -1,0 +1,89 @@
+"""Running llmgw-server: the listeners in one trio process, signals, graceful drain."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from llmgw import units
+from llmgw.admin.api import AdminApp
+from llmgw.config import Config
+from llmgw.router.core import Router
+
+log = logging.getLogger("llmgw.server")
+# httpx logs every request at INFO: far too much on a proxy's hot path.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def hypercorn_config(bind: str, *, graceful: float) -> HypercornConfig:
+    hc = HypercornConfig()
+    address = units.parse_address(bind)
+    host = address.bind_host
+    hc.bind = [f"[{host}]:{address.port}" if ":" in host else f"{host}:{address.port}"]
+    hc.graceful_timeout = graceful
+    # Streams last minutes: no read or write timeout on the connection; the proxy
+    # bounds each phase itself. Idle keep-alive connections are closed after 75s.
+    hc.keep_alive_timeout = 75
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    return hc
+
+
+async def serve(
+    config: Config,
+    *,
+    router: Router | None = None,
+    shutdown: trio.Event | None = None,
+    task_status: trio.TaskStatus[Router] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until SIGINT/SIGTERM (or `shutdown`); in-flight streams get
+    `router.drain_timeout` to finish."""
+    router = router or Router(config)
+    stop = shutdown or trio.Event()
+    admin = AdminApp(router)
+    drain = config.router.drain_timeout
+
+    async def trigger() -> None:
+        await stop.wait()
+
+    async with trio.open_nursery() as background:
+        background.start_soon(_watch_signals, stop)
+        await background.start(router.run)
+        # The listeners return once `stop` is set and their streams have drained
+        # (hypercorn's graceful_timeout); then the background work is cancelled.
+        async with trio.open_nursery() as listeners:
+            client_binds: Any = await listeners.start(
+                _serve_app, router.app, hypercorn_config(config.listen, graceful=drain), trigger
+            )
+            admin_binds: Any = await listeners.start(
+                _serve_app, admin, hypercorn_config(config.admin_listen, graceful=drain), trigger
+            )
+            log.info(
+                "client API on %s, admin on %s", ", ".join(client_binds), ", ".join(admin_binds)
+            )
+            task_status.started(router)
+        background.cancel_scope.cancel()
+
+
+async def _serve_app(
+    app: Any,
+    hc: HypercornConfig,
+    trigger: Any,
+    *,
+    task_status: trio.TaskStatus[Sequence[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    await hypercorn_serve(app, hc, shutdown_trigger=trigger, task_status=task_status)
+
+
+async def _watch_signals(stop: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.warning("received %s: draining", signal.Signals(signum).name)
+            stop.set()
+            return
