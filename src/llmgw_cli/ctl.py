@@ -1,0 +1,753 @@
+"""`llmgw-ctl`: the admin client (thin JSON-API calls) and the `bench` workload driver."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import urllib.parse
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, NoReturn
+
+import httpx
+import trio
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from llmgw import bench
+from llmgw.bench.runner import BAND_HEADER, SESSION_HEADER
+from llmgw.bench.sweeping import PERCENTILES
+from llmgw.units import parse_duration
+from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, fail, parser
+
+PROG = "llmgw-ctl"
+DEFAULT_ADMIN = "http://127.0.0.1:9090"
+
+# Subcommand -> admin API collection under /api/v1/.
+LISTINGS = {
+    "nodes": "nodes",
+    "models": "models",
+    "replicas": "replicas",
+    "placement": "placement",
+    "keys": "keys",
+    "usage": "usage",
+}
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _duration(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return seconds
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text!r}")
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers like 1,2,4,8, got {text!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive whole numbers, got {text!r}")
+    return values
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected 'Name: value', got {text!r}")
+    return name.strip(), value.strip()
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+class _OneLineErrors(argparse.ArgumentParser):
+    """Subcommand parsers: a usage error is one line, not the whole usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(self.prog, f"{message} (see '{self.prog} --help')", EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = parser(PROG, "Administer an llmgw server, or benchmark any OpenAI-compatible server.")
+    p.add_argument(
+        "--admin",
+        default=DEFAULT_ADMIN,
+        metavar="URL",
+        help=f"admin API base URL (default {DEFAULT_ADMIN})",
+    )
+    p.add_argument("--admin-key", metavar="KEY", help="bearer token for the admin API")
+    p.add_argument(
+        "--timeout",
+        type=_duration,
+        default=10.0,
+        metavar="DUR",
+        help="admin API request timeout (default 10s)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    # Accept the global flags after the subcommand too; SUPPRESS keeps the
+    # subparser from overwriting a value given before it.
+    common = _OneLineErrors(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    common.add_argument("--admin", metavar="URL", default=argparse.SUPPRESS)
+
+    sub = p.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=_OneLineErrors
+    )
+    for name, path in LISTINGS.items():
+        sp = sub.add_parser(name, parents=[common], help=f"list {name} (GET /api/v1/{path})")
+        sp.add_argument(
+            "--filter",
+            type=_key_value,
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="query parameter passed to the API (repeatable)",
+        )
+    sp = sub.add_parser(
+        "drain", parents=[common], help="drain a node (POST /api/v1/nodes/ID/drain)"
+    )
+    sp.add_argument("node", metavar="NODE", help="node id")
+
+    _add_bench(sub.add_parser("bench", parents=[common], help="drive load and report latency"))
+    return p
+
+
+def _add_bench(b: argparse.ArgumentParser) -> None:
+    b.description = (
+        "Drive a closed-loop workload against an OpenAI-compatible server (/v1 is appended "
+        "to --url) and report TTFT, inter-token and end-to-end latency percentiles and "
+        "throughput. A prompt of N tokens is N three-letter pseudo-words (~1 token each)."
+    )
+    b.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
+    b.add_argument("--model", required=True, help="model name to request")
+    b.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
+    b.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
+    b.add_argument("--concurrency", type=_positive_int, default=8, metavar="N")
+    b.add_argument(
+        "--requests", type=_positive_int, metavar="N", help="stop after N requests (default 200)"
+    )
+    b.add_argument(
+        "--duration", type=_duration, metavar="DUR", help="stop starting requests after DUR"
+    )
+    b.add_argument("--prompt-tokens", type=_positive_int, default=256, metavar="N")
+    b.add_argument("--output-tokens", type=_positive_int, default=64, metavar="N")
+    b.add_argument(
+        "--shared-prefix-ratio",
+        type=_ratio,
+        default=0.0,
+        metavar="R",
+        help="fraction of each prompt shared within its prefix group (0..1)",
+    )
+    b.add_argument("--prefix-groups", type=_positive_int, default=1, metavar="N")
+    b.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True)
+    b.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="send ignore_eos so every response has exactly --output-tokens (vLLM/SGLang)",
+    )
+    b.add_argument("--band", metavar="NAME", help="priority band to request")
+    b.add_argument("--band-header", default=BAND_HEADER, metavar="NAME")
+    b.add_argument(
+        "--session-header",
+        metavar="NAME",
+        help=f"session header name (default {SESSION_HEADER} with --sessions)",
+    )
+    b.add_argument(
+        "--sessions", type=int, default=0, metavar="N", help="spread requests over N sessions"
+    )
+    b.add_argument("--header", type=_header, action="append", default=[], metavar="'NAME: VALUE'")
+    b.add_argument("--extra-body", type=_json_object, metavar="JSON", help="merged into bodies")
+    b.add_argument(
+        "--seed",
+        type=int,
+        help="workload seed (default: random, and reported). A fixed seed repeats the "
+        "prompts exactly, which a warm server answers from its prefix cache",
+    )
+    b.add_argument(
+        "--request-timeout",
+        type=_duration,
+        default=120.0,
+        metavar="DUR",
+        help="bound on each request (default 120s)",
+    )
+    b.add_argument("--samples", type=Path, metavar="FILE", help="write per-request JSON lines")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = b.add_argument_group("sweep")
+    g.add_argument(
+        "--sweep",
+        type=_int_list,
+        metavar="C1,C2,...",
+        help="run once per concurrency (each bounded like a single run)",
+    )
+    g.add_argument(
+        "--target-ttft",
+        type=_duration,
+        metavar="DUR",
+        help="suggest router.scoring targets that keep TTFT under DUR",
+    )
+    g.add_argument("--ttft-percentile", choices=PERCENTILES, default="p90")
+    g.add_argument(
+        "--replicas",
+        type=_positive_int,
+        default=1,
+        help="engine replicas behind --url (for per-replica targets)",
+    )
+    g.add_argument(
+        "--metrics-url",
+        action="append",
+        metavar="URL",
+        help="an engine's Prometheus page for its waiting queue (repeatable; default: URL/metrics)",
+    )
+    g.add_argument("--sweep-all", action="store_true", help="keep going after a missed step")
+
+
+# --------------------------------------------------------------------------- admin
+
+
+def _reason(exc: httpx.HTTPError) -> str:
+    text = str(exc) or type(exc).__name__
+    # "[Errno 111] Connection refused" -> "connection refused"
+    if text.startswith("[Errno") and "] " in text:
+        text = text.split("] ", 1)[1]
+    if isinstance(exc, httpx.TimeoutException):
+        return "timed out"
+    return text[:1].lower() + text[1:]
+
+
+def _api_error(resp: httpx.Response) -> str | None:
+    try:
+        obj = resp.json()
+    except ValueError:
+        return None
+    if isinstance(obj, dict):
+        err = obj.get("error", obj.get("detail", obj.get("message")))
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+    return None
+
+
+def admin_call(
+    admin: str,
+    method: str,
+    path: str,
+    *,
+    params: Sequence[tuple[str, str]] = (),
+    key: str | None = None,
+    timeout: float = 10.0,
+) -> Any:
+    """One admin API call; its JSON, or CliError(EXIT_RUNTIME) with a one-line reason."""
+    url = f"{admin.rstrip('/')}/api/v1/{path}"
+    headers = {"accept": "application/json"}
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    try:
+        resp = httpx.request(
+            method, url, params=list(params), headers=headers, timeout=timeout, trust_env=False
+        )
+    except httpx.InvalidURL as exc:
+        raise CliError(f"invalid --admin URL {admin!r}: {exc}", EXIT_USAGE) from None
+    except httpx.UnsupportedProtocol:
+        raise CliError(
+            f"invalid --admin URL {admin!r}: use http:// or https://", EXIT_USAGE
+        ) from None
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach admin API at {admin}: {_reason(exc)}", EXIT_RUNTIME) from None
+    detail = _api_error(resp)
+    if resp.status_code == 404:
+        raise CliError(
+            detail or f"admin API at {admin} has no /api/v1/{path} (404 Not Found)", EXIT_RUNTIME
+        )
+    if resp.status_code in (401, 403):
+        hint = "" if key else "; pass --admin-key"
+        raise CliError(
+            f"admin API refused {method} /api/v1/{path}: {resp.status_code}{hint}", EXIT_RUNTIME
+        )
+    if resp.status_code >= 400:
+        reason = detail or resp.reason_phrase
+        raise CliError(
+            f"admin API answered {resp.status_code} to {method} /api/v1/{path}: {reason}",
+            EXIT_RUNTIME,
+        )
+    if not resp.content:
+        return None
+    try:
+        return resp.json()
+    except ValueError:
+        raise CliError(
+            f"admin API at {admin} answered {method} /api/v1/{path} with non-JSON content",
+            EXIT_RUNTIME,
+        ) from None
+
+
+def _rows(data: Any, collection: str) -> list[Any] | None:
+    """The list of records in an API answer, whatever envelope it comes in."""
+    if isinstance(data, list):
+        return data
+    if isinstance(data, dict):
+        for key in (collection, "items", "data", "results"):
+            if isinstance(data.get(key), list):
+                return list(data[key])
+        lists = [v for v in data.values() if isinstance(v, list)]
+        if len(data) == 1 and lists:
+            return list(lists[0])
+        # {"id": {...}, "id2": {...}}: a mapping of records keyed by id.
+        if data and all(isinstance(v, dict) for v in data.values()):
+            return [{"id": k, **v} for k, v in data.items()]
+    return None
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list) and all(not isinstance(v, dict | list) for v in value):
+        return (
+            "\n".join(_cell(v) for v in value)
+            if any(isinstance(v, str) and len(v) > 20 for v in value)
+            else ", ".join(_cell(v) for v in value)
+        )
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def render_table(data: Any, collection: str) -> Table | str:
+    """A table whose columns are the records' keys (in first-seen order)."""
+    rows = _rows(data, collection)
+    if rows is None:
+        if isinstance(data, dict):
+            table = Table("field", "value", title=collection, title_justify="left")
+            for key, value in data.items():
+                table.add_row(escape(str(key)), escape(_cell(value)))
+            return table
+        return _cell(data)
+    if not rows:
+        return f"no {collection}"
+    columns: list[str] = []
+    for row in rows:
+        for key in row if isinstance(row, dict) else ("value",):
+            if key not in columns:
+                columns.append(key)
+    table = Table(*columns, title=f"{collection} ({len(rows)})", title_justify="left")
+    for row in rows:
+        record = row if isinstance(row, dict) else {"value": row}
+        table.add_row(*(escape(_cell(record.get(c))) for c in columns))
+    return table
+
+
+def _stdout() -> Console:
+    # Piped output gets 120 columns rather than rich's 80, so tables stay unwrapped
+    # in logs; plain lines never wrap (soft_wrap).
+    console = Console(soft_wrap=True)
+    if not console.is_terminal:
+        console = Console(soft_wrap=True, width=120)
+    return console
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def cmd_listing(args: argparse.Namespace) -> int:
+    collection = LISTINGS[args.command]
+    data = admin_call(
+        args.admin, "GET", collection, params=args.filter, key=args.admin_key, timeout=args.timeout
+    )
+    if args.json:
+        _print_json(data)
+    else:
+        _stdout().print(render_table(data, collection))
+    return EXIT_OK
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    node = urllib.parse.quote(args.node, safe="")
+    data = admin_call(
+        args.admin, "POST", f"nodes/{node}/drain", key=args.admin_key, timeout=args.timeout
+    )
+    if args.json:
+        _print_json(data if data is not None else {"node": args.node, "drain": "requested"})
+    elif isinstance(data, dict) and data:
+        _stdout().print(render_table(data, f"drain {args.node}"))
+    else:
+        print(f"drain requested for node {args.node}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- bench
+
+
+class ProgressBar:
+    """A rich progress bar on stderr: one task per run (one per sweep step)."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task: TaskID | None = None
+        self.failed = 0
+
+    def run_started(self, target: bench.Target, config: bench.LoadConfig) -> None:
+        self.failed = 0
+        self.task = self.progress.add_task(
+            f"c={config.concurrency}", total=config.requests, status=""
+        )
+
+    def request_done(self, sample: bench.Sample) -> None:
+        if self.task is None:
+            return
+        if not sample.ok:
+            self.failed += 1
+        status = f"[red]{self.failed} failed" if self.failed else ""
+        self.progress.update(self.task, advance=1, status=status)
+
+    def run_finished(self, result: bench.BenchResult) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, total=len(result.samples))
+
+
+def _load_config(args: argparse.Namespace) -> bench.LoadConfig:
+    if args.sessions < 0:
+        raise CliError("--sessions must not be negative")
+    if args.session_header and not args.sessions:
+        raise CliError("--session-header needs --sessions N (how many sessions to spread over)")
+    if args.target_ttft is not None and not args.sweep:
+        raise CliError("--target-ttft needs --sweep C1,C2,... (the concurrencies to measure)")
+    requests = args.requests
+    if requests is None and args.duration is None:
+        requests = 200
+    try:
+        return bench.LoadConfig(
+            concurrency=args.concurrency,
+            requests=requests,
+            duration=args.duration,
+            stream=args.stream,
+            workload=bench.WorkloadSpec(
+                prompt_tokens=args.prompt_tokens,
+                output_tokens=args.output_tokens,
+                shared_prefix_ratio=args.shared_prefix_ratio,
+                prefix_groups=args.prefix_groups,
+                sessions=args.sessions,
+                seed=args.seed if args.seed is not None else random.randrange(2**31),
+            ),
+            band=args.band,
+            band_header=args.band_header,
+            session_header=args.session_header or SESSION_HEADER,
+            ignore_eos=args.ignore_eos,
+            request_timeout=args.request_timeout,
+            extra_body=args.extra_body or {},
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def _latency_table(summary: bench.Summary) -> Table:
+    table = Table("ms", "mean", "p50", "p90", "p99", "max", "n", box=box.SIMPLE_HEAD)
+    for name, d in (
+        ("TTFT", summary.ttft),
+        ("ITL", summary.itl),
+        ("TPOT", summary.tpot),
+        ("E2E", summary.e2e),
+    ):
+        if d is None:
+            table.add_row(name, "-", "-", "-", "-", "-", "0")
+        else:
+            table.add_row(
+                name, _ms(d.mean), _ms(d.p50), _ms(d.p90), _ms(d.p99), _ms(d.max), str(d.count)
+            )
+    return table
+
+
+def _print_summary(console: Console, result: bench.BenchResult) -> None:
+    s = result.summary
+    c = result.config
+    bound = " and ".join(
+        part
+        for part in (
+            f"{c.requests} requests" if c.requests else "",
+            f"{c.duration:g}s" if c.duration else "",
+        )
+        if part
+    )
+    console.print(
+        f"{escape(result.target)}  model {escape(result.model)}  concurrency {c.concurrency}  "
+        f"{bound}  {'streaming' if c.stream else 'not streaming'}  "
+        f"prompt {c.workload.prompt_tokens} / output {c.workload.output_tokens} tokens  "
+        f"seed {c.workload.seed}"
+    )
+    console.print(_latency_table(s))
+    cached = "" if s.cached_tokens is None else f" ({s.cached_tokens} cached)"
+    console.print(
+        f"requests    {s.requests} in {s.duration:.2f}s: {s.ok} ok, {s.failed} failed\n"
+        f"throughput  {s.request_throughput:.2f} req/s, {s.output_token_throughput:.1f} "
+        f"output tok/s, {s.total_token_throughput:.1f} total tok/s\n"
+        f"tokens      prompt {s.prompt_tokens}{cached}, completion {s.completion_tokens}"
+    )
+    if s.errors:
+        console.print(
+            "errors      " + ", ".join(f"{escape(k)} x{v}" for k, v in s.errors.items()),
+            style="red",
+        )
+
+
+def _sweep_table(result: bench.SweepResult) -> Table:
+    pct = result.percentile
+    second = pct if pct != "p50" else "p99"
+    table = Table(
+        "conc",
+        "/replica",
+        "req/s",
+        "out tok/s",
+        "TTFT p50",
+        f"TTFT {second}",
+        "E2E p50",
+        "waiting",
+        "failed",
+        "meets",
+        box=box.SIMPLE_HEAD,
+        title="latencies in ms; waiting = mean engine queue per replica",
+        title_justify="left",
+    )
+    for step in result.steps:
+        s = step.summary
+        ttft2 = s.ttft.percentile(second) if s.ttft else None
+        table.add_row(
+            str(step.concurrency),
+            f"{step.per_replica:g}",
+            f"{s.request_throughput:.2f}",
+            f"{s.output_token_throughput:.1f}",
+            _ms(s.ttft.p50 if s.ttft else None),
+            _ms(ttft2),
+            _ms(s.e2e.p50 if s.e2e else None),
+            "-" if step.engine is None else f"{step.engine.waiting_mean:.1f}",
+            str(s.failed),
+            "-" if step.passed is None else ("yes" if step.passed else "no"),
+        )
+    return table
+
+
+def _sweep_json(result: bench.SweepResult) -> dict[str, Any]:
+    """The sweep without per-request samples (those go to --samples)."""
+    return {
+        "target": result.target,
+        "model": result.model,
+        "target_ttft": result.target_ttft,
+        "percentile": result.percentile,
+        "replicas": result.replicas,
+        "config": bench.to_jsonable(result.steps[0].result.config) if result.steps else None,
+        "steps": [
+            {
+                "concurrency": step.concurrency,
+                "per_replica": step.per_replica,
+                "ttft": step.ttft,
+                "passed": step.passed,
+                "engine": bench.to_jsonable(step.engine),
+                "summary": bench.to_jsonable(step.summary),
+            }
+            for step in result.steps
+        ],
+        "suggestion": bench.to_jsonable(result.suggestion),
+    }
+
+
+def _write_samples(path: Path, results: Sequence[bench.BenchResult]) -> None:
+    try:
+        with path.open("w") as f:
+            for result in results:
+                for sample in result.samples:
+                    record = {
+                        "target": result.target,
+                        "concurrency": result.config.concurrency,
+                        **bench.to_jsonable(sample),
+                    }
+                    f.write(json.dumps(record) + "\n")
+    except OSError as exc:
+        raise CliError(f"cannot write --samples {path}: {exc.strerror}", EXIT_RUNTIME) from None
+
+
+def _no_success(results: Sequence[bench.BenchResult]) -> str | None:
+    """Why nothing succeeded, or None when something did."""
+    if any(r.summary.ok for r in results):
+        return None
+    failed = [s for r in results for s in r.samples]
+    if not failed:
+        return "no request was sent"
+    first = failed[0]
+    detail = f": {first.message}" if first.message else ""
+    return f"no request succeeded ({len(failed)} x {first.error}{detail})"
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    config = _load_config(args)
+    target = bench.Target(
+        url=args.url,
+        model=args.model,
+        api_key=args.api_key,
+        endpoint=args.endpoint,
+        headers=tuple(args.header),
+    )
+    out = _stdout()
+    show_progress = not args.json and not args.no_progress and sys.stderr.isatty()
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=Console(stderr=True),
+        disable=not show_progress,
+    )
+    observer = ProgressBar(progress)
+    swept: bench.SweepResult | None = None
+    try:
+        with progress:
+            if args.sweep:
+                swept = trio.run(
+                    partial(
+                        bench.sweep,
+                        target,
+                        config,
+                        args.sweep,
+                        target_ttft=args.target_ttft,
+                        percentile=args.ttft_percentile,
+                        replicas=args.replicas,
+                        metrics_urls=args.metrics_url,
+                        stop_on_miss=not args.sweep_all,
+                        observer=observer,
+                    )
+                )
+                results = [step.result for step in swept.steps]
+            else:
+                results = [trio.run(partial(bench.run, target, config, observer=observer))]
+    except KeyboardInterrupt:
+        raise CliError("interrupted", EXIT_RUNTIME) from None
+    if args.samples:
+        _write_samples(args.samples, results)
+    if swept is not None:
+        if args.json:
+            _print_json(_sweep_json(swept))
+        else:
+            _print_sweep(out, swept)
+    elif args.json:
+        result = results[0]
+        _print_json(
+            {
+                "target": result.target,
+                "model": result.model,
+                "endpoint": target.endpoint,
+                "config": bench.to_jsonable(result.config),
+                "summary": bench.to_jsonable(result.summary),
+            }
+        )
+    else:
+        _print_summary(out, results[0])
+    problem = _no_success(results)
+    if problem is not None:
+        raise CliError(problem, EXIT_RUNTIME)
+    return EXIT_OK
+
+
+def _print_sweep(console: Console, result: bench.SweepResult) -> None:
+    console.print(
+        f"sweep {escape(result.target)} model {escape(result.model)}, {result.replicas} replica(s)"
+    )
+    console.print(_sweep_table(result))
+    s = result.suggestion
+    if s is None:
+        return
+    target = "-" if result.target_ttft is None else f"{result.target_ttft * 1000:g}ms"
+    if s.target_inflight is None:
+        console.print(f"no suggestion for TTFT {result.percentile} <= {target}: {s.note}")
+    else:
+        waiting = "unknown" if s.target_waiting is None else str(s.target_waiting)
+        console.print(
+            f"suggested for TTFT {result.percentile} <= {target}: "
+            f"router.scoring.target_inflight = {s.target_inflight}, "
+            f"target_waiting = {waiting}  (measured at concurrency {s.concurrency})"
+        )
+        if s.note:
+            console.print(f"note: {escape(s.note)}")
+    console.print(f"rule: {escape(s.rule)}", style="dim")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "bench":
+            return cmd_bench(args)
+        if args.command == "drain":
+            return cmd_drain(args)
+        return cmd_listing(args)
+    except CliError as exc:
+        fail(PROG, str(exc), exc.code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
