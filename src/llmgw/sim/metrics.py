@@ -1,0 +1,214 @@
+"""Prometheus exposition of the simulated engine, in vLLM's or SGLang's names.
+
+Everything is read at scrape time from the engine's ``Stats`` and from ``Recorder``
+(latency histograms, per-reason request counts), all owned by the trio thread: the
+route calls ``render()`` there, so the collector needs no locks.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from llmgw.sim.model import EngineConfig, Stats
+
+MetricsFormat = Literal["vllm", "sglang"]
+FORMATS: tuple[MetricsFormat, ...] = ("vllm", "sglang")
+
+# vLLM's bucket edges, so dashboards built for vLLM read these unchanged.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+E2E_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+#: Window for SGLang's gen_throughput gauge.
+THROUGHPUT_WINDOW_S = 5.0
+
+
+class Histogram:
+    """Cumulative-bucket histogram state (what Prometheus exposes), no locking."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # last slot is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        total = 0
+        for bound, n in zip(self.bounds, self.counts, strict=False):
+            total += n
+            out.append((repr(float(bound)), float(total)))
+        out.append(("+Inf", float(total + self.counts[-1])))
+        return out
+
+
+class Recorder:
+    """What the engine loop and the handlers observe beyond the engine's own counters."""
+
+    def __init__(self) -> None:
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(E2E_BUCKETS)
+        self.finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
+        self.cached_tokens = 0
+        self._recent: deque[tuple[float, int]] = deque()
+
+    def generated(self, now: float, n: int) -> None:
+        self._recent.append((now, n))
+        while self._recent and self._recent[0][0] < now - THROUGHPUT_WINDOW_S:
+            self._recent.popleft()
+
+    def throughput(self, now: float) -> float:
+        """Generated tokens per second over the last few seconds."""
+        return sum(n for t, n in self._recent if t >= now - THROUGHPUT_WINDOW_S) / (
+            THROUGHPUT_WINDOW_S
+        )
+
+
+class EngineCollector(Collector):
+    def __init__(
+        self,
+        fmt: MetricsFormat,
+        model_name: str,
+        config: EngineConfig,
+        stats: Callable[[], Stats],
+        recorder: Recorder,
+        clock: Callable[[], float],
+    ) -> None:
+        self.fmt = fmt
+        self.model = model_name
+        self.config = config
+        self.stats = stats
+        self.rec = recorder
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        if self.fmt == "vllm":
+            yield from self._vllm(s)
+        else:
+            yield from self._sglang(s)
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(name, doc, labels=["model_name"])
+        g.add_metric([self.model], value)
+        return g
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        c = CounterMetricFamily(name, doc, labels=["model_name"])
+        c.add_metric([self.model], value)
+        return c
+
+    def _histogram(self, name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
+        m = HistogramMetricFamily(name, doc, labels=["model_name"])
+        m.add_metric([self.model], h.buckets(), h.sum)
+        return m
+
+    def _vllm(self, s: Stats) -> Iterator[Metric]:
+        yield self._gauge("vllm:num_requests_running", "Requests in the batch.", s.num_running)
+        yield self._gauge("vllm:num_requests_waiting", "Requests queued.", s.num_waiting)
+        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full.", s.kv_usage)
+        # The pre-v1 name, still scraped by some routers.
+        yield self._gauge("vllm:gpu_cache_usage_perc", "KV-cache usage, 1 = full.", s.kv_usage)
+        yield self._counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up.", s.prefix_queries
+        )
+        yield self._counter("vllm:prefix_cache_hits", "Prompt tokens found.", s.prefix_hits)
+        yield self._counter("vllm:prompt_tokens", "Prefilled prompt tokens.", s.prompt_tokens)
+        yield self._counter("vllm:generation_tokens", "Generated tokens.", s.generation_tokens)
+        yield self._counter("vllm:num_preemptions", "Preempted sequences.", s.preemptions)
+        ok = CounterMetricFamily(
+            "vllm:request_success",
+            "Finished requests by reason.",
+            labels=["model_name", "finished_reason"],
+        )
+        for reason, n in self.rec.finished.items():
+            ok.add_metric([self.model, reason], n)
+        yield ok
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "KV-cache configuration.",
+            labels=["block_size", "num_gpu_blocks", "enable_prefix_caching"],
+        )
+        info.add_metric(
+            [
+                str(self.config.block_size),
+                str(self.config.num_blocks),
+                str(self.config.enable_prefix_caching),
+            ],
+            1.0,
+        )
+        yield info
+        yield self._histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token.", self.rec.ttft
+        )
+        yield self._histogram(
+            "vllm:inter_token_latency_seconds", "Time between tokens.", self.rec.itl
+        )
+        yield self._histogram("vllm:e2e_request_latency_seconds", "Request latency.", self.rec.e2e)
+
+    def _sglang(self, s: Stats) -> Iterator[Metric]:
+        bs = self.config.block_size
+        yield self._gauge("sglang:num_running_reqs", "Requests in the batch.", s.num_running)
+        yield self._gauge("sglang:num_queue_reqs", "Requests queued.", s.num_waiting)
+        yield self._gauge("sglang:token_usage", "KV-cache usage, 1 = full.", s.kv_usage)
+        yield self._gauge("sglang:num_used_tokens", "KV slots in use.", s.num_used_blocks * bs)
+        hit_rate = s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0
+        yield self._gauge("sglang:cache_hit_rate", "Prefix-cache hit rate.", hit_rate)
+        yield self._gauge(
+            "sglang:gen_throughput", "Generated tokens/s.", self.rec.throughput(self.clock())
+        )
+        yield self._counter("sglang:prompt_tokens", "Prompt tokens.", s.prompt_tokens)
+        yield self._counter("sglang:generation_tokens", "Generated tokens.", s.generation_tokens)
+        yield self._counter("sglang:cached_tokens", "Prompt tokens found cached.", s.prefix_hits)
+        yield self._counter(
+            "sglang:num_requests", "Finished requests.", sum(self.rec.finished.values())
+        )
+        yield self._histogram(
+            "sglang:time_to_first_token_seconds", "Time to first token.", self.rec.ttft
+        )
+        yield self._histogram(
+            "sglang:inter_token_latency_seconds", "Time between tokens.", self.rec.itl
+        )
+        yield self._histogram(
+            "sglang:e2e_request_latency_seconds", "Request latency.", self.rec.e2e
+        )
+
+
+class Exposition:
+    """A private registry holding only the engine collector."""
+
+    def __init__(self, collector: EngineCollector) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

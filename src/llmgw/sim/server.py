@@ -1,0 +1,910 @@
+"""The simulator's HTTP face: a plain ASGI app and the trio task that drives the engine.
+
+One ``EngineDriver`` task owns the ``Engine``: it asks for a batch, sleeps what the batch
+costs, commits it and hands each token to the request that waits for it through an
+unbounded memory channel (a slow client must never stall the batch, as in a real
+engine). Handlers submit requests, relay tokens as SSE or collect them, and abort
+their sequence the moment the client goes away — the watcher task below turns
+``http.disconnect`` into a cancellation, and the handler's ``finally`` frees the blocks.
+
+Served with hypercorn's trio worker. TCP_NODELAY: hypercorn sets it on the listening
+socket and trio's ``SocketStream`` sets it on every accepted connection, so the first
+SSE events are not held back by Nagle.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import os
+import random
+import signal
+import struct
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, NoReturn, cast
+
+import attrs
+import trio
+
+from llmgw import __version__
+from llmgw.sim import tokens
+from llmgw.sim.metrics import EngineCollector, Exposition, MetricsFormat, Recorder
+from llmgw.sim.model import Engine, EngineConfig, Finished, Request, Token
+
+Scope = Mapping[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+MAX_BODY = 64 * 1024 * 1024
+FAULT_EXIT_CODE = 1
+
+
+# -- configuration ----------------------------------------------------------------------
+
+
+def _rate(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a number between 0 and 1")
+    return float(value)
+
+
+def _optional_count(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer or null")
+    return value
+
+
+@attrs.frozen
+class Faults:
+    """Misbehaviour to inject; replaced as a whole when changed at runtime."""
+
+    error_rate: float = 0.0  # fraction of requests answered with error_status
+    error_status: int = 500
+    hang_rate: float = 0.0  # fraction of requests that never produce a token
+    first_token_delay: float = 0.0  # seconds a request waits before it may be scheduled
+    abort_after_chunks: int | None = None  # close a stream after this many SSE events
+    exit_after: int | None = None  # exit the process after this many requests
+
+    FIELDS = (
+        "error_rate",
+        "error_status",
+        "hang_rate",
+        "first_token_delay",
+        "abort_after_chunks",
+        "exit_after",
+    )
+
+    def __attrs_post_init__(self) -> None:
+        _rate("error_rate", self.error_rate)
+        _rate("hang_rate", self.hang_rate)
+        if not 400 <= self.error_status <= 599:
+            raise ValueError("error_status must be an HTTP error status (400-599)")
+        if self.first_token_delay < 0 or not math.isfinite(self.first_token_delay):
+            raise ValueError("first_token_delay must be a non-negative number of seconds")
+        _optional_count("abort_after_chunks", self.abort_after_chunks)
+        _optional_count("exit_after", self.exit_after)
+
+    def merged(self, changes: Any) -> Faults:
+        """These faults with the fields in `changes` replaced; ValueError if invalid."""
+        if not isinstance(changes, dict):
+            raise ValueError("expected a JSON object")
+        unknown = sorted(set(changes) - set(self.FIELDS))
+        if unknown:
+            raise ValueError(f"unknown fault field(s): {', '.join(unknown)}")
+        values: dict[str, Any] = dict(changes)
+        for name in ("error_rate", "hang_rate"):
+            if name in values:
+                values[name] = _rate(name, values[name])
+        status = values.get("error_status", self.error_status)
+        if isinstance(status, bool) or not isinstance(status, int):
+            raise ValueError("error_status must be an integer")
+        delay = values.get("first_token_delay", self.first_token_delay)
+        if isinstance(delay, bool) or not isinstance(delay, int | float):
+            raise ValueError("first_token_delay must be a number")
+        values["first_token_delay"] = float(delay)
+        for name in ("abort_after_chunks", "exit_after"):
+            if name in values:
+                values[name] = _optional_count(name, values[name])
+        return attrs.evolve(self, **values)
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+
+@attrs.frozen
+class SimConfig:
+    """Everything `llmgw-sim` is started with."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    models: tuple[str, ...] = ("sim-model",)
+    engine: EngineConfig = attrs.Factory(EngineConfig)
+    metrics_format: MetricsFormat = "vllm"
+    default_max_tokens: int = 16
+    embedding_dim: int = 384
+    faults: Faults = attrs.Factory(Faults)
+
+
+# -- engine driver ----------------------------------------------------------------------
+
+Output = Token | Finished
+
+
+class EngineDriver:
+    """Runs the engine in real (trio) time and routes its tokens to their requests."""
+
+    def __init__(self, engine: Engine, recorder: Recorder) -> None:
+        self.engine = engine
+        self.recorder = recorder
+        self._outputs: dict[str, trio.MemorySendChannel[Output]] = {}
+        self._reasons: dict[str, str] = {}
+        self._last_token_at: dict[str, float] = {}
+        self._wake = trio.Event()
+
+    def submit(self, request: Request, finish_reason: str) -> trio.MemoryReceiveChannel[Output]:
+        """Queue `request`; its tokens, then its Finished, arrive on the returned channel."""
+        self.engine.add(request, trio.current_time())  # ValueError for impossible requests
+        send, receive = trio.open_memory_channel[Output](math.inf)
+        self._outputs[request.request_id] = send
+        self._reasons[request.request_id] = finish_reason
+        self._wake.set()
+        return receive
+
+    def abort(self, request_id: str) -> None:
+        """Forget a request and free its KV blocks now (no-op once it has finished)."""
+        if self.engine.abort(request_id):
+            self.recorder.finished["abort"] += 1
+        self._reasons.pop(request_id, None)
+        self._last_token_at.pop(request_id, None)
+        channel = self._outputs.pop(request_id, None)
+        if channel is not None:
+            channel.close()
+
+    async def run(self) -> None:
+        while True:
+            now = trio.current_time()
+            step = self.engine.begin_step(now)
+            if step is None:
+                wake_at = self.engine.next_wakeup(now)
+                with trio.move_on_at(math.inf if wake_at is None else wake_at):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+                continue
+            await trio.sleep_until(step.ends)
+            now = trio.current_time()
+            outcome = self.engine.end_step(now)
+            rec = self.recorder
+            for latency in outcome.first_token_latencies:
+                rec.ttft.observe(latency)
+            if outcome.tokens:
+                rec.generated(now, len(outcome.tokens))
+            for token in outcome.tokens:
+                rid = token.request_id
+                last = self._last_token_at.get(rid)
+                if last is not None:
+                    rec.itl.observe(now - last)
+                self._last_token_at[rid] = now
+                channel = self._outputs.get(rid)
+                if channel is not None:
+                    channel.send_nowait(token)
+            for done in outcome.finished:
+                rid = done.request_id
+                rec.e2e.observe(done.finished_at - done.arrival)
+                rec.finished[self._reasons.pop(rid, "length")] += 1
+                rec.cached_tokens += done.cached_tokens
+                self._last_token_at.pop(rid, None)
+                channel = self._outputs.pop(rid, None)
+                if channel is not None:
+                    channel.send_nowait(done)
+                    channel.close()
+
+
+# -- HTTP helpers -----------------------------------------------------------------------
+
+
+class HTTPError(Exception):
+    """An OpenAI-shaped error response."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class Disconnected(Exception):
+    pass
+
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
+
+
+async def send_bytes(send: Send, status: int, body: bytes, headers: list[Any]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_json(send: Send, status: int, obj: Any) -> None:
+    await send_bytes(send, status, _dumps(obj), JSON_HEADERS)
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+async def read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Disconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise HTTPError(413, "request body too large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise HTTPError(400, f"malformed JSON body: {e}", code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise HTTPError(400, "the request body must be a JSON object", code="invalid_json")
+    return obj
+
+
+async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    # The body has been read, so the only thing left to receive is the disconnect.
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+def embedding(text_key: bytes, dim: int) -> list[float]:
+    """A unit vector that depends only on the input (blake2b-seeded Gaussian)."""
+    seed = int.from_bytes(hashlib.blake2b(text_key, digest_size=8).digest(), "little")
+    rng = random.Random(seed)
+    v = [rng.gauss(0.0, 1.0) for _ in range(dim)]
+    norm = math.sqrt(sum(x * x for x in v)) or 1.0
+    return [x / norm for x in v]
+
+
+# -- the app ----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class GenerationRequest:
+    """A validated /v1/chat/completions or /v1/completions body."""
+
+    chat: bool
+    model: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    explicit_max_tokens: bool
+    stream: bool
+    include_usage: bool
+    seed: int | None
+
+
+class SimApp:
+    """The ASGI application; `driver.run()` must be running in the same trio run."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.engine = Engine(config.engine)
+        self.recorder = Recorder()
+        self.driver = EngineDriver(self.engine, self.recorder)
+        self.faults = config.faults
+        self._fault_rng = random.Random(config.engine.seed ^ 0x5EED)
+        self._served = 0  # requests counted towards faults.exit_after
+        self._ids = 0
+        self._id_prefix = uuid.uuid4().hex[:12]
+        self.started = int(time.time())
+        collector = EngineCollector(
+            config.metrics_format,
+            config.models[0],
+            config.engine,
+            self.engine.stats,
+            self.recorder,
+            trio.current_time,
+        )
+        self.exposition = Exposition(collector)
+        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/embeddings"): self._embeddings,
+            ("POST", "/v1/chat/completions/render"): self._chat_render,
+            ("POST", "/v1/completions/render"): self._completions_render,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/health"): self._health,
+            ("GET", "/metrics"): self._metrics,
+            ("GET", "/version"): self._version,
+            ("POST", "/reset_prefix_cache"): self._reset_prefix_cache,
+            ("POST", "/flush_cache"): self._reset_prefix_cache,  # SGLang's name for it
+            ("GET", "/get_model_info"): self._model_info,
+            ("GET", "/get_server_info"): self._server_info,
+            ("GET", "/sim/faults"): self._get_faults,
+            ("POST", "/sim/faults"): self._set_faults,
+        }
+        # The routes whose requests count towards faults.exit_after.
+        self._counted = (self._chat, self._completions, self._embeddings)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        route = self._routes.get((scope["method"], scope["path"]))
+        try:
+            if route is None:
+                if any(path == scope["path"] for _, path in self._routes):
+                    raise HTTPError(405, f"method {scope['method']} not allowed here")
+                raise HTTPError(404, f"no route for {scope['path']}", code="not_found")
+            await route(scope, receive, send)
+        except HTTPError as e:
+            await send_json(send, e.status, e.body())
+        except Disconnected:
+            pass
+        finally:
+            if route in self._counted:
+                self._count_served()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _next_id(self, prefix: str) -> str:
+        self._ids += 1
+        return f"{prefix}-{self._id_prefix}{self._ids:08x}"
+
+    # -- routes without generation -------------------------------------------------------
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_bytes(send, 200, b"", [])
+
+    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, {"version": __version__})
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+        await send_bytes(send, 200, self.exposition.render(), headers)
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": self.started,
+                "owned_by": "llmgw-sim",
+                "root": self.config.models[0],
+                "parent": None,
+                "max_model_len": self.config.engine.max_model_len,
+            }
+            for name in self.config.models
+        ]
+        await send_json(send, 200, {"object": "list", "data": data})
+
+    async def _reset_prefix_cache(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.engine.reset_prefix_cache()
+        await send_bytes(send, 200, b"", [])
+
+    async def _model_info(self, scope: Scope, receive: Receive, send: Send) -> None:
+        name = self.config.models[0]
+        await send_json(
+            send,
+            200,
+            {
+                "model_path": name,
+                "tokenizer_path": name,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+            },
+        )
+
+    async def _server_info(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cfg = self.config.engine
+        await send_json(
+            send,
+            200,
+            {
+                "version": f"llmgw-sim {__version__}",
+                "model_path": self.config.models[0],
+                "served_model_name": self.config.models[0],
+                "max_running_requests": cfg.max_num_seqs,
+                "max_total_num_tokens": cfg.num_blocks * cfg.block_size,
+                "page_size": cfg.block_size,
+                "context_length": cfg.max_model_len,
+                "chunked_prefill_size": cfg.max_num_batched_tokens,
+                "disable_radix_cache": not cfg.enable_prefix_caching,
+                "tp_size": 1,
+                "dp_size": 1,
+                "host": self.config.host,
+                "port": self.config.port,
+            },
+        )
+
+    async def _get_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, self.faults.to_json())
+
+    async def _set_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
+        changes = parse_json(await read_body(receive))
+        try:
+            faults = self.faults.merged(changes)
+        except (ValueError, TypeError) as e:
+            raise HTTPError(400, str(e)) from None
+        if "exit_after" in changes:
+            self._served = 0  # count from now, so a running replica can be told to die soon
+        self.faults = faults
+        await send_json(send, 200, faults.to_json())
+
+    # -- request parsing ------------------------------------------------------------------
+
+    def _check_model(self, body: Mapping[str, Any]) -> str:
+        model = body.get("model")
+        if model is None:
+            return self.config.models[0]
+        if not isinstance(model, str) or model not in self.config.models:
+            raise HTTPError(
+                404,
+                f"The model `{model}` does not exist.",
+                param="model",
+                code="model_not_found",
+            )
+        return model
+
+    def _prompt(self, body: Mapping[str, Any], chat: bool) -> tuple[int, ...]:
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise HTTPError(400, "'messages' must be a non-empty list", param="messages")
+            try:
+                return tuple(tokens.encode(tokens.render_chat(messages)))
+            except ValueError as e:
+                raise HTTPError(400, str(e), param="messages") from None
+        prompt = body.get("prompt")
+        # A one-element batch is the same as its element; real batches are not simulated.
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return tuple(tokens.encode(prompt))
+        if isinstance(prompt, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt
+        ):
+            return tuple(prompt)
+        raise HTTPError(
+            400,
+            "'prompt' must be a string or a list of token ids (batches are not supported)",
+            param="prompt",
+        )
+
+    def _generation_request(self, body: Mapping[str, Any], chat: bool) -> GenerationRequest:
+        model = self._check_model(body)
+        prompt = self._prompt(body, chat)
+        n = body.get("n", 1)
+        if n not in (None, 1):
+            raise HTTPError(400, "only n=1 is supported", param="n")
+        limit = body.get("max_completion_tokens") if chat else None
+        param = "max_completion_tokens"
+        if limit is None:
+            limit, param = body.get("max_tokens"), "max_tokens"
+        explicit = limit is not None
+        if limit is None:
+            room = self.config.engine.max_model_len - len(prompt)
+            limit = max(1, min(self.config.default_max_tokens, room))
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise HTTPError(400, f"'{param}' must be a positive integer", param=param)
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise HTTPError(400, "'seed' must be an integer", param="seed")
+        stream = body.get("stream") is True
+        options = body.get("stream_options")
+        include_usage = (
+            stream and isinstance(options, dict) and options.get("include_usage") is True
+        )
+        try:
+            self.engine.check(len(prompt), limit)
+        except ValueError as e:
+            raise HTTPError(400, str(e), param=param) from None
+        return GenerationRequest(
+            chat=chat,
+            model=model,
+            prompt=prompt,
+            max_tokens=limit,
+            explicit_max_tokens=explicit,
+            stream=stream,
+            include_usage=include_usage,
+            seed=seed,
+        )
+
+    # -- render (vLLM's tokenize-only endpoints) ------------------------------------------
+
+    def _render(self, body: Mapping[str, Any], chat: bool) -> dict[str, Any]:
+        req = self._generation_request(body, chat)
+        rendered: dict[str, Any] = {
+            "request_id": self._next_id("chatcmpl" if chat else "cmpl"),
+            "token_ids": list(req.prompt),
+            "sampling_params": {
+                "max_tokens": req.max_tokens,
+                "seed": req.seed,
+                "temperature": body.get("temperature"),
+                "top_p": body.get("top_p"),
+            },
+            "model": req.model,
+            "stream": req.stream,
+        }
+        if isinstance(body.get("stream_options"), dict):
+            rendered["stream_options"] = body["stream_options"]
+        return rendered
+
+    async def _chat_render(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = parse_json(await read_body(receive))
+        await send_json(send, 200, self._render(body, chat=True))
+
+    async def _completions_render(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = parse_json(await read_body(receive))
+        await send_json(send, 200, [self._render(body, chat=False)])
+
+    # -- faults ---------------------------------------------------------------------------
+
+    def _roll(self, rate: float) -> bool:
+        return rate > 0 and self._fault_rng.random() < rate
+
+    def _count_served(self) -> None:
+        limit = self.faults.exit_after
+        self._served += 1
+        if limit is not None and self._served >= limit:
+            _fault_exit(self._served)
+
+    async def _faulty(
+        self, receive: Receive, send: Send, work: Callable[[], Awaitable[None]], stream: bool
+    ) -> None:
+        """Run `work` under the injected faults, cancelling it if the client disconnects."""
+        faults = self.faults
+        if self._roll(faults.error_rate):
+            raise HTTPError(
+                faults.error_status,
+                f"injected fault: HTTP {faults.error_status}",
+                code="injected_fault",
+            )
+        error: HTTPError | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+            try:
+                if self._roll(faults.hang_rate):
+                    if stream:  # a real engine has sent its headers by then
+                        await send(
+                            {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
+                        )
+                    await trio.sleep_forever()
+                await work()
+            except HTTPError as e:
+                error = e  # raised outside the nursery, so it is not wrapped in a group
+            finally:
+                nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
+
+    # -- generation -----------------------------------------------------------------------
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate(receive, send, chat=True)
+
+    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate(receive, send, chat=False)
+
+    async def _generate(self, receive: Receive, send: Send, chat: bool) -> None:
+        req = self._generation_request(parse_json(await read_body(receive)), chat)
+        rid = self._next_id("chatcmpl" if chat else "cmpl")
+
+        async def work() -> None:
+            delay = self.faults.first_token_delay
+            request = Request(
+                request_id=rid,
+                prompt=req.prompt,
+                max_tokens=req.max_tokens,
+                seed=req.seed,
+                not_before=trio.current_time() + delay if delay > 0 else 0.0,
+            )
+            reason = "length" if req.explicit_max_tokens else "stop"
+            try:
+                outputs = self.driver.submit(request, reason)
+            except ValueError as e:
+                raise HTTPError(400, str(e)) from None
+            try:
+                if req.stream:
+                    await self._stream(send, req, rid, reason, outputs)
+                else:
+                    await self._complete(send, req, rid, reason, outputs)
+            finally:
+                self.driver.abort(rid)  # no-op when it finished; frees blocks when it did not
+
+        await self._faulty(receive, send, work, req.stream)
+
+    def _usage(self, done: Finished) -> dict[str, Any]:
+        return {
+            "prompt_tokens": done.prompt_tokens,
+            "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+        }
+
+    async def _complete(
+        self,
+        send: Send,
+        req: GenerationRequest,
+        rid: str,
+        reason: str,
+        outputs: trio.MemoryReceiveChannel[Output],
+    ) -> None:
+        text: list[str] = []
+        done: Finished | None = None
+        async for out in outputs:
+            if isinstance(out, Token):
+                text.append(out.text)
+            else:
+                done = out
+        if done is None:
+            raise HTTPError(500, "the request was aborted")
+        content = "".join(text)
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
+        if req.chat:
+            choice["message"] = {"role": "assistant", "content": content}
+        else:
+            choice["text"] = content
+        await send_json(
+            send,
+            200,
+            {
+                "id": rid,
+                "object": "chat.completion" if req.chat else "text_completion",
+                "created": int(time.time()),
+                "model": req.model,
+                "choices": [choice],
+                "usage": self._usage(done),
+            },
+        )
+
+    async def _stream(
+        self,
+        send: Send,
+        req: GenerationRequest,
+        rid: str,
+        reason: str,
+        outputs: trio.MemoryReceiveChannel[Output],
+    ) -> None:
+        created = int(time.time())
+        obj = "chat.completion.chunk" if req.chat else "text_completion"
+        head = (
+            f'data: {{"id":"{rid}","object":"{obj}","created":{created},'
+            f'"model":{json.dumps(req.model)},"choices":['
+        ).encode()
+        if req.chat:
+            piece_head = b'{"index":0,"delta":{"content":'
+            piece_tail = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+        else:
+            piece_head = b'{"index":0,"text":'
+            piece_tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
+        limit = self.faults.abort_after_chunks
+        sent = 0
+
+        async def push(chunks: list[bytes], last: bool) -> bool:
+            """Send SSE events; False once the abort fault has cut the stream."""
+            nonlocal sent
+            if limit is not None and sent + len(chunks) >= limit:
+                # Stop after exactly `limit` events, without [DONE]; returning mid-body
+                # makes hypercorn close the connection.
+                cut = b"".join(chunks[: limit - sent])
+                await send({"type": "http.response.body", "body": cut, "more_body": True})
+                return False
+            sent += len(chunks)
+            if last:
+                chunks.append(b"data: [DONE]\n\n")
+            body = b"".join(chunks)
+            await send({"type": "http.response.body", "body": body, "more_body": not last})
+            return True
+
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        if req.chat:
+            role = b'{"index":0,"delta":{"role":"assistant","content":""},'
+            if not await push(
+                [head + role + b'"logprobs":null,"finish_reason":null}]}\n\n'], False
+            ):
+                return
+
+        done: Finished | None = None
+        while done is None:
+            try:
+                out = await outputs.receive()
+            except trio.EndOfChannel:
+                return  # aborted elsewhere: end the stream without [DONE]
+            batch = [out]
+            while True:  # everything already waiting goes out in one write
+                try:
+                    batch.append(outputs.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            events: list[bytes] = []
+            for item in batch:
+                if isinstance(item, Token):
+                    text = json.dumps(item.text).encode()
+                    events.append(head + piece_head + text + piece_tail)
+                else:
+                    done = item
+            if done is None and not await push(events, False):
+                return
+
+        if req.chat:
+            final = b'{"index":0,"delta":{},"logprobs":null,"finish_reason":'
+        else:
+            final = b'{"index":0,"text":"","logprobs":null,"finish_reason":'
+        events.append(head + final + f'"{reason}"}}]}}\n\n'.encode())
+        if req.include_usage:
+            events.append(head + b'],"usage":' + _dumps(self._usage(done)) + b"}\n\n")
+        await push(events, True)
+
+    # -- embeddings -----------------------------------------------------------------------
+
+    async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = parse_json(await read_body(receive))
+        model = self._check_model(body)
+        inputs = _embedding_inputs(body.get("input"))
+        fmt = body.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            raise HTTPError(400, "'encoding_format' must be 'float' or 'base64'")
+        dim = body.get("dimensions") or self.config.embedding_dim
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 65536:
+            raise HTTPError(400, "'dimensions' must be a positive integer", param="dimensions")
+
+        async def work() -> None:
+            data = []
+            total = 0
+            for i, item in enumerate(inputs):
+                if isinstance(item, str):
+                    key, n = item.encode("utf-8", "surrogatepass"), tokens.count(item)
+                else:
+                    key, n = struct.pack(f"<{len(item)}q", *item), len(item)
+                total += n
+                vector = embedding(key, dim)
+                value: Any = vector
+                if fmt == "base64":
+                    value = base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode()
+                data.append({"object": "embedding", "index": i, "embedding": value})
+            await send_json(
+                send,
+                200,
+                {
+                    "object": "list",
+                    "data": data,
+                    "model": model,
+                    "usage": {"prompt_tokens": total, "total_tokens": total},
+                },
+            )
+
+        await self._faulty(receive, send, work, stream=False)
+
+
+def _embedding_inputs(value: Any) -> list[str | list[int]]:
+    def is_ids(x: Any) -> bool:
+        return (
+            isinstance(x, list)
+            and bool(x)
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+        )
+
+    if isinstance(value, str):
+        return [value]
+    if is_ids(value):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(x, str) or is_ids(x) for x in value):
+        return list(value)
+    raise HTTPError(
+        400, "'input' must be a string, a list of strings, or token id lists", param="input"
+    )
+
+
+def _fault_exit(served: int) -> NoReturn:
+    print(f"llmgw-sim: fault injected: exiting after {served} requests", file=sys.stderr)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    # Like a crash: no graceful shutdown, in-flight requests lose their connections.
+    os._exit(FAULT_EXIT_CODE)
+
+
+# -- running ----------------------------------------------------------------------------
+
+
+async def serve(
+    config: SimConfig,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until SIGINT or SIGTERM; `task_status` gets the bound URLs."""
+    from hypercorn.config import Config as HyperConfig
+    from hypercorn.trio import serve as hyper_serve
+
+    app = SimApp(config)
+    hyper = HyperConfig()
+    hyper.bind = [
+        f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"
+    ]
+    hyper.accesslog = None
+    hyper.errorlog = "-"  # tracebacks of handler bugs go to stderr
+    # Longer than clients' pool expiry, so a client closes an idle connection first
+    # instead of racing our close with its next request.
+    hyper.keep_alive_timeout = 75.0
+    hyper.graceful_timeout = 2.0
+    shutdown = trio.Event()
+
+    async def watch_signals(task_status: trio.TaskStatus[None]) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            task_status.started()
+            async for _ in signals:
+                shutdown.set()
+                return
+
+    async with trio.open_nursery() as nursery:
+
+        async def http(task_status: trio.TaskStatus[list[str]]) -> None:
+            await hyper_serve(
+                cast(Any, app), hyper, shutdown_trigger=shutdown.wait, task_status=task_status
+            )
+            nursery.cancel_scope.cancel()  # the engine driver never returns by itself
+
+        await nursery.start(watch_signals)
+        nursery.start_soon(app.driver.run)
+        task_status.started(await nursery.start(http))
+
+
+def describe(config: SimConfig, binds: Sequence[str]) -> str:
+    where = ", ".join(binds)
+    return (
+        f"llmgw-sim {__version__}: serving {', '.join(config.models)} on {where} "
+        f"({config.metrics_format} metrics, max_num_seqs={config.engine.max_num_seqs}, "
+        f"kv_blocks={config.engine.num_blocks})"
+    )
