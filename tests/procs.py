@@ -104,7 +104,91 @@ def sim(*args: str, model: str = "sim-model") -> Iterator[tuple[Proc, str]]:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with running(
-        "llmgw-sim", "--host", "127.0.0.1", "--port", str(port), "--model", model, *args,
+        "llmgw-sim",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        model,
+        *args,
         health=f"{base}/health",
     ) as proc:
         yield proc, base
+
+
+class Server:
+    """A running llmgw-server with its client and admin base URLs."""
+
+    def __init__(self, proc: Proc, base: str, admin: str) -> None:
+        self.proc = proc
+        self.base = base
+        self.admin = admin
+
+    def endpoints(self) -> dict[str, dict[str, object]]:
+        data = httpx.get(f"{self.admin}/api/v1/endpoints", timeout=5).json()
+        return {e["id"]: e for e in data["endpoints"]}
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of a metric's samples whose labels include `labels` (0 when absent)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        total = 0.0
+        text = httpx.get(f"{self.admin}/metrics", timeout=5).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    total += sample.value
+        return total
+
+    def wait_scraped(self, timeout: float = 10.0) -> None:
+        """Wait until every endpoint has been scraped once."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(e["engine"] is not None for e in self.endpoints().values()):
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"endpoints not scraped: {self.endpoints()}")
+
+
+@contextlib.contextmanager
+def server(
+    *args: str, config: str | None = None, env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """llmgw-server on free loopback ports, optionally with a TOML config text."""
+    port, admin_port = free_port(), free_port()
+    extra: list[str] = []
+    if config is not None:
+        path = Path(tempfile.mkdtemp(prefix="llmgw-config-")) / "llmgw.toml"
+        path.write_text(config)
+        extra = ["--config", str(path)]
+    with running(
+        "llmgw-server",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--admin-listen",
+        f"127.0.0.1:{admin_port}",
+        *extra,
+        *args,
+        health=f"http://127.0.0.1:{admin_port}/healthz",
+        env=env,
+    ) as proc:
+        yield Server(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}")
+
+
+def sim_metric(base: str, name: str) -> float | None:
+    """One unlabelled-sum sample from a simulator's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = None
+    for family in text_string_to_metric_families(httpx.get(f"{base}/metrics", timeout=5).text):
+        for sample in family.samples:
+            if sample.name == name:
+                found = (found or 0.0) + sample.value
+    return found
+
+
+def set_faults(base: str, **faults: object) -> None:
+    httpx.post(f"{base}/sim/faults", json=faults, timeout=5).raise_for_status()

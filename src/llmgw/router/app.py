@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from llmgw.router.affinity import prompt_text_for_affinity
-from llmgw.router.breaker import Outcome, classify_status
+from llmgw.router.breaker import Outcome, Ticket, classify_status
 from llmgw.router.proxy import AttemptFailed, Delivery, error_body
 from llmgw.router.usage import Usage, estimate_prompt_tokens
 
@@ -179,12 +179,17 @@ class ClientApp:
                 watch.complete = True
             await send(message)
 
+        refused: HttpError | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch.run, receive, nursery.cancel_scope)
             try:
                 await self._serve(scope, tracked_send, body, raw, chain, stream, started, requested)
+            except HttpError as err:
+                refused = err  # raised outside, so no exception group wraps it
             finally:
                 nursery.cancel_scope.cancel()
+        if refused is not None:
+            raise refused
         if watch.gone:
             router.metrics.disconnects.labels(requested, "stream" if stream else "request").inc()
 
@@ -199,145 +204,176 @@ class ClientApp:
         started: float,
         requested: str,
     ) -> None:
+        """Try the model's replicas in score order, then its fallbacks' replicas, within
+        `retries` + 1 attempts in all; only attempts that sent nothing to the client
+        are retried."""
         router = self.router
-        now = trio.current_time()
-        model: ModelConfig | None = None
-        usable: list[EndpointState] = []
-        for candidate in chain:
-            usable = [s for s in router.endpoints.serving(candidate.name) if s.breaker.allows(now)]
-            if usable:
-                model = candidate
-                break
-        decision = None
-        if model is not None:
-            session = _header(scope, router.session_header)
-            session_key = session.decode(errors="replace") if session else None
-            prefix = (
-                router.prefixes.chain(prompt_text_for_affinity(body)) if router.prefixes else None
-            )
-            decision = router.choose(model, usable, session_key, prefix, now)
-        if model is None or decision is None:
-            retry_after = str(max(1, math.ceil(router.config.router.cooldown / 3)))
-            raise HttpError(
-                503,
-                f"no replica of {requested!r} can take the request now"
-                + (
-                    f" (fallbacks tried: {', '.join(m.name for m in chain[1:])})"
-                    if chain[1:]
-                    else ""
-                ),
-                type_="server_error",
-                code="no_healthy_replica",
-                headers=[(b"retry-after", retry_after.encode())],
-            )
-        if model is not chain[0]:
-            router.metrics.fallbacks.labels(chain[0].name, model.name).inc()
-
-        router.metrics.decisions.labels(model.name, decision.tier).inc()
-
-        changed = False
-        if body.get("model") != model.name:
-            body["model"] = model.name
-            changed = True
+        session = _header(scope, router.session_header)
+        session_key = session.decode(errors="replace") if session else None
+        prefix = router.prefixes.chain(prompt_text_for_affinity(body)) if router.prefixes else None
         client_wants_usage = False
         if stream:
             options = body.get("stream_options")
             client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
-            if router.config.router.inject_usage and not client_wants_usage:
-                body["stream_options"] = {**(options or {}), "include_usage": True}
-                changed = True
-        payload = json.dumps(body).encode() if changed else raw
-        path = scope["path"]
-        extra = [(b"x-llmgw-model", model.name.encode())]
-        headers = [(b"content-type", b"application/json")]
-        router.metrics.overhead.observe(trio.current_time() - started)
-
-        attempts = decision.ranked[: router.config.router.retries + 1]
+        budget = router.config.router.retries + 1
         last: AttemptFailed | None = None
-        delivery: Delivery | None = None
-        state: EndpointState | None = None
-        in_flight = router.metrics.in_flight.labels(model.name)
-        in_flight.inc()
-        try:
-            for endpoint_id in attempts:
+        attempted: ModelConfig | None = None
+        for model in chain:
+            now = trio.current_time()
+            usable = [s for s in router.endpoints.serving(model.name) if s.breaker.allows(now)]
+            decision = router.choose(model, usable, session_key, prefix, now) if usable else None
+            if decision is None:
+                continue
+            if model is not chain[0]:
+                router.metrics.fallbacks.labels(chain[0].name, model.name).inc()
+            router.metrics.decisions.labels(model.name, decision.tier).inc()
+            payload = self._payload(body, raw, model, stream, client_wants_usage)
+            router.metrics.overhead.observe(trio.current_time() - started)
+            attempted = model
+            for endpoint_id in decision.ranked:
+                if budget <= 0:
+                    break
                 state = router.endpoints.get(endpoint_id)
                 ticket = state.breaker.acquire(trio.current_time()) if state else None
                 if state is None or ticket is None:
                     continue
                 if last is not None:
                     router.metrics.retries.labels(model.name, last.kind).inc()
-                url = state.endpoint.url.rstrip("/") + path
-                state.inflight += 1
-                partial = Delivery(200)
+                budget -= 1
                 try:
-                    if stream:
-                        delivery = await router.upstream.stream(
-                            url,
-                            payload,
-                            headers,
-                            send,
-                            extra,
-                            strip_usage=not client_wants_usage,
-                            started=started,
-                            outcome=partial,
-                        )
-                    else:
-                        delivery = await router.upstream.unary(url, payload, headers, send, extra)
+                    delivery = await self._attempt(
+                        scope,
+                        send,
+                        model,
+                        state,
+                        ticket,
+                        payload,
+                        len(raw),
+                        stream,
+                        client_wants_usage,
+                        started,
+                    )
                 except AttemptFailed as failure:
                     last = failure
-                    router.record_attempt(state, ticket, failure.outcome, failure)
                     continue
-                except BaseException:
-                    # Cancelled (the client left) or a bug: the probe slot must not stick,
-                    # and what was already relayed still counts.
-                    router.record_attempt(state, ticket, Outcome.CLIENT_GONE, None)
-                    if partial.ttft is not None:
-                        partial.usage = Usage(
-                            estimate_prompt_tokens(len(raw)), partial.events, estimated=True
-                        )
-                        router.finish(
-                            model,
-                            state,
-                            partial,
-                            session_key=None,
-                            prefix=None,
-                            latency=trio.current_time() - started,
-                            status=499,
-                        )
-                    raise
-                finally:
-                    state.inflight -= 1
-                broken = delivery.failure
-                router.record_attempt(
+                router.finish(
+                    model,
                     state,
-                    ticket,
-                    broken.outcome if broken else classify_status(delivery.status),
-                    broken,
+                    delivery,
+                    session_key=session_key,
+                    prefix=prefix,
+                    latency=trio.current_time() - started,
                 )
-                break
-        finally:
-            in_flight.dec()
-
-        if delivery is None or state is None:
-            status = 504 if last is not None and last.outcome is Outcome.TIMEOUT else 502
-            router.metrics.requests.labels(model.name, "", str(status)).inc()
+                return
+        if attempted is None:
+            retry_after = str(max(1, math.ceil(router.config.router.cooldown / 3)))
+            fallbacks = [m.name for m in chain[1:]]
             raise HttpError(
-                status,
-                f"every replica tried failed; last error: {last}"
-                if last
-                else "no replica could take the request",
+                503,
+                f"no replica of {requested!r} can take the request now"
+                + (f" (fallbacks tried: {', '.join(fallbacks)})" if fallbacks else ""),
                 type_="server_error",
-                code="upstream_timeout" if status == 504 else "upstream_error",
+                code="no_healthy_replica",
+                headers=[(b"retry-after", retry_after.encode())],
             )
-        end = trio.current_time()
-        router.finish(
-            model,
-            state,
-            delivery,
-            session_key=session_key,
-            prefix=prefix,
-            latency=end - started,
+        status = 504 if last is not None and last.outcome is Outcome.TIMEOUT else 502
+        router.metrics.requests.labels(attempted.name, "", str(status)).inc()
+        raise HttpError(
+            status,
+            f"every replica tried failed; last error: {last}" if last else "no replica was free",
+            type_="server_error",
+            code="upstream_timeout" if status == 504 else "upstream_error",
         )
+
+    def _payload(
+        self,
+        body: dict[str, Any],
+        raw: bytes,
+        model: ModelConfig,
+        stream: bool,
+        client_wants_usage: bool,
+    ) -> bytes:
+        """The upstream body: the client's bytes unless the model name or usage must change."""
+        changed = False
+        if body.get("model") != model.name:
+            body["model"] = model.name  # an alias or a fallback: engines know canonical names
+            changed = True
+        if stream and self.router.config.router.inject_usage and not client_wants_usage:
+            options = body.get("stream_options")
+            body["stream_options"] = {
+                **(options if isinstance(options, dict) else {}),
+                "include_usage": True,
+            }
+            changed = True
+        return json.dumps(body).encode() if changed else raw
+
+    async def _attempt(
+        self,
+        scope: Scope,
+        send: Send,
+        model: ModelConfig,
+        state: EndpointState,
+        ticket: Ticket,
+        payload: bytes,
+        body_size: int,
+        stream: bool,
+        client_wants_usage: bool,
+        started: float,
+    ) -> Delivery:
+        """One attempt at one endpoint; raises AttemptFailed when it may be retried."""
+        router = self.router
+        url = state.endpoint.url.rstrip("/") + scope["path"]
+        extra = [
+            (b"x-llmgw-model", model.name.encode()),
+            (b"x-llmgw-endpoint", state.endpoint.id.encode()),
+        ]
+        headers = [(b"content-type", b"application/json")]
+        in_flight = router.metrics.in_flight.labels(model.name)
+        in_flight.inc()
+        state.inflight += 1
+        partial = Delivery(200)
+        try:
+            if stream:
+                delivery = await router.upstream.stream(
+                    url,
+                    payload,
+                    headers,
+                    send,
+                    extra,
+                    strip_usage=not client_wants_usage,
+                    started=started,
+                    outcome=partial,
+                )
+            else:
+                delivery = await router.upstream.unary(url, payload, headers, send, extra)
+        except AttemptFailed as failure:
+            router.record_attempt(state, ticket, failure.outcome, failure)
+            raise
+        except BaseException:
+            # Cancelled (the client left) or a bug: the probe slot must not stick,
+            # and what was already relayed still counts.
+            router.record_attempt(state, ticket, Outcome.CLIENT_GONE, None)
+            if partial.ttft is not None:
+                partial.usage = Usage(
+                    estimate_prompt_tokens(body_size), partial.events, estimated=True
+                )
+                router.finish(
+                    model,
+                    state,
+                    partial,
+                    session_key=None,
+                    prefix=None,
+                    latency=trio.current_time() - started,
+                    status=499,
+                )
+            raise
+        finally:
+            state.inflight -= 1
+            in_flight.dec()
+        broken = delivery.failure
+        outcome = broken.outcome if broken else classify_status(delivery.status)
+        router.record_attempt(state, ticket, outcome, broken)
+        return delivery
 
 
 class _DisconnectWatch:
