@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import httpx
 import trio
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -42,6 +42,7 @@ LISTINGS = {
     "models": "models",
     "replicas": "replicas",
     "placement": "placement",
+    "endpoints": "endpoints",
     "keys": "keys",
     "usage": "usage",
 }
@@ -313,9 +314,8 @@ def admin_call(
         raise CliError(f"cannot reach admin API at {admin}: {_reason(exc)}", EXIT_RUNTIME) from None
     detail = _api_error(resp)
     if resp.status_code == 404:
-        raise CliError(
-            detail or f"admin API at {admin} has no /api/v1/{path} (404 Not Found)", EXIT_RUNTIME
-        )
+        what = detail or f"no /api/v1/{path}"
+        raise CliError(f"admin API at {admin}: {what} (404 Not Found)", EXIT_RUNTIME)
     if resp.status_code in (401, 403):
         hint = "" if key else "; pass --admin-key"
         raise CliError(
@@ -362,38 +362,59 @@ def _cell(value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:g}"
-    if isinstance(value, list) and all(not isinstance(v, dict | list) for v in value):
-        return (
-            "\n".join(_cell(v) for v in value)
-            if any(isinstance(v, str) and len(v) > 20 for v in value)
-            else ", ".join(_cell(v) for v in value)
-        )
+    if isinstance(value, list) and not any(isinstance(v, dict | list) for v in value):
+        # Long strings (placement reasons) read better one per line.
+        sep = "\n" if any(isinstance(v, str) and len(v) > 20 for v in value) else ", "
+        return sep.join(_cell(v) for v in value)
     if isinstance(value, dict | list):
         return json.dumps(value, separators=(",", ":"))
     return str(value)
 
 
-def render_table(data: Any, collection: str) -> Table | str:
-    """A table whose columns are the records' keys (in first-seen order)."""
+def _kv_table(record: dict[str, Any], title: str) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", show_header=False)
+    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for key, value in record.items():
+        table.add_row(escape(str(key)), escape(_cell(value)))
+    return table
+
+
+def render_table(data: Any, collection: str, width: int = 120) -> RenderableType:
+    """A table whose columns are the records' keys (in first-seen order).
+
+    Records too wide for `width` as one row each are shown one field per line
+    instead, because a table of truncated cells would hide exactly the values
+    (ids, URLs, placement reasons) an operator came for.
+    """
     rows = _rows(data, collection)
     if rows is None:
         if isinstance(data, dict):
-            table = Table("field", "value", title=collection, title_justify="left")
-            for key, value in data.items():
-                table.add_row(escape(str(key)), escape(_cell(value)))
-            return table
+            return _kv_table(data, collection)
         return _cell(data)
     if not rows:
         return f"no {collection}"
+    records = [row if isinstance(row, dict) else {"value": row} for row in rows]
     columns: list[str] = []
-    for row in rows:
-        for key in row if isinstance(row, dict) else ("value",):
-            if key not in columns:
-                columns.append(key)
-    table = Table(*columns, title=f"{collection} ({len(rows)})", title_justify="left")
-    for row in rows:
-        record = row if isinstance(row, dict) else {"value": row}
-        table.add_row(*(escape(_cell(record.get(c))) for c in columns))
+    for record in records:
+        columns.extend(key for key in record if key not in columns)
+    cells = [[_cell(record.get(c)) for c in columns] for record in records]
+    natural = sum(
+        max(len(c), *(max(map(len, row[i].splitlines() or [""])) for row in cells)) + 3
+        for i, c in enumerate(columns)
+    )
+    title = f"{collection} ({len(rows)})"
+    if natural > width:
+        first = columns[0]
+        return Group(
+            *(
+                _kv_table(record, f"{title} {first}={_cell(record.get(first))}")
+                for record in records
+            )
+        )
+    table = Table(*columns, title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for row in cells:
+        table.add_row(*(escape(cell) for cell in row))
     return table
 
 
@@ -418,7 +439,8 @@ def cmd_listing(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(data)
     else:
-        _stdout().print(render_table(data, collection))
+        console = _stdout()
+        console.print(render_table(data, collection, console.width))
     return EXIT_OK
 
 
@@ -430,7 +452,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(data if data is not None else {"node": args.node, "drain": "requested"})
     elif isinstance(data, dict) and data:
-        _stdout().print(render_table(data, f"drain {args.node}"))
+        console = _stdout()
+        console.print(render_table(data, f"drain {args.node}", console.width))
     else:
         print(f"drain requested for node {args.node}")
     return EXIT_OK

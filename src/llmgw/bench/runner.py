@@ -457,7 +457,10 @@ async def run_interleaved(
     config = config or LoadConfig()
     per_target: list[list[BenchResult]] = [[] for _ in targets]
     start_index = config.start_index
-    async with open_client(config, transport) as client:
+    # Room for every target's connections, so each keeps its warm keep-alive pool
+    # across turns instead of evicting the other's.
+    pool = attrs.evolve(config, concurrency=config.concurrency * len(targets))
+    async with open_client(pool, transport) as client:
         for _ in range(rounds):
             step = attrs.evolve(config, start_index=start_index)
             used = 0
