@@ -750,12 +750,12 @@ class SimApp:
             return True
 
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        # Like vLLM, the role chunk goes out with the first token, not before it: a
+        # router that times the first event must see the real time to first token.
+        role_event: list[bytes] = []
         if req.chat:
             role = b'{"index":0,"delta":{"role":"assistant","content":""},'
-            if not await push(
-                [head + role + b'"logprobs":null,"finish_reason":null}]}\n\n'], False
-            ):
-                return
+            role_event = [head + role + b'"logprobs":null,"finish_reason":null}]}\n\n']
 
         done: Finished | None = None
         while done is None:
@@ -769,7 +769,8 @@ class SimApp:
                     batch.append(outputs.receive_nowait())
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
-            events: list[bytes] = []
+            events: list[bytes] = role_event
+            role_event = []
             for item in batch:
                 if isinstance(item, Token):
                     text = json.dumps(item.text).encode()
