@@ -1,0 +1,253 @@
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmgw.router.affinity import (
+    PrefixTable,
+    SessionTable,
+    prefix_hashes,
+    prompt_text_for_affinity,
+)
+
+# -- sessions -----------------------------------------------------------------
+
+
+def test_session_lookup_and_ttl() -> None:
+    t = SessionTable(size=10, ttl=30.0)
+    assert t.lookup("s", 0.0) is None
+    t.record("s", "ep1", 0.0)
+    assert t.lookup("s", 30.0) == "ep1"
+    assert t.lookup("s", 30.1) is None
+    # A use refreshes the TTL.
+    t.record("s", "ep1", 25.0)
+    assert t.lookup("s", 50.0) == "ep1"
+    t.record("s", "ep2", 51.0)
+    assert t.lookup("s", 52.0) == "ep2"
+
+
+def test_session_lru_bound() -> None:
+    t = SessionTable(size=3, ttl=1e9)
+    for i, key in enumerate("abc"):
+        t.record(key, f"ep{i}", float(i))
+    t.record("a", "ep0", 3.0)  # a is now the most recent; b is the oldest
+    t.record("d", "ep3", 4.0)
+    assert len(t) == 3
+    assert t.lookup("b", 5.0) is None
+    assert t.lookup("a", 5.0) == "ep0"
+    assert t.lookup("c", 5.0) == "ep2"
+    assert t.lookup("d", 5.0) == "ep3"
+
+
+def test_session_expired_entries_are_dropped() -> None:
+    t = SessionTable(size=100, ttl=10.0)
+    for i in range(50):
+        t.record(f"k{i}", "ep", 0.0)
+    t.record("late", "ep", 20.0)
+    assert len(t) == 1
+    t.expire(31.0)
+    assert len(t) == 0
+
+
+def test_session_forget_and_discard() -> None:
+    t = SessionTable(size=100, ttl=100.0)
+    t.record("a", "ep1", 0.0)
+    t.record("b", "ep2", 0.0)
+    t.record("c", "ep1", 0.0)
+    t.forget("ep1")
+    assert t.lookup("a", 1.0) is None
+    assert t.lookup("c", 1.0) is None
+    assert t.lookup("b", 1.0) == "ep2"
+    t.discard("b")
+    t.discard("missing")
+    assert len(t) == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 3)), max_size=200))
+def test_session_table_never_exceeds_its_size(ops: list[tuple[int, int]]) -> None:
+    t = SessionTable(size=5, ttl=1e9)
+    for step, (key, ep) in enumerate(ops):
+        t.record(f"k{key}", f"ep{ep}", float(step))
+        assert len(t) <= 5
+        assert t.lookup(f"k{key}", float(step)) == f"ep{ep}"
+
+
+# -- prefix hashing -----------------------------------------------------------
+
+
+def test_prefix_hashes_whole_blocks_only() -> None:
+    assert prefix_hashes("abc", 4, 10) == ()
+    assert len(prefix_hashes("abcd", 4, 10)) == 1
+    assert len(prefix_hashes("abcdefg", 4, 10)) == 1
+    assert len(prefix_hashes("a" * 100, 4, 10)) == 10
+
+
+def test_prefix_hashes_chain() -> None:
+    a = prefix_hashes("AAAABBBBCCCC", 4, 10)
+    b = prefix_hashes("AAAABBBBDDDD", 4, 10)
+    c = prefix_hashes("XXXXBBBBCCCC", 4, 10)
+    assert a[:2] == b[:2]
+    assert a[2] != b[2]
+    # Same block 1 text after a different block 0: a different chain.
+    assert a[1] != c[1]
+    assert a[2] != c[2]
+    assert prefix_hashes("AAAA", 4, 10, seed="m1") != prefix_hashes("AAAA", 4, 10, seed="m2")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=40), st.text(max_size=40), st.text(max_size=40))
+def test_shared_prefix_shares_leading_hashes(common: str, x: str, y: str) -> None:
+    a = prefix_hashes(common + x, 4, 100)
+    b = prefix_hashes(common + y, 4, 100)
+    shared = len(common) // 4
+    assert a[:shared] == b[:shared]
+
+
+# -- prefix table -------------------------------------------------------------
+
+
+def test_prefix_match_longest_chain() -> None:
+    t = PrefixTable(size=1000, ttl=100.0)
+    req = prefix_hashes("A" * 40, 4, 100)  # 10 blocks
+    t.record(req[:3], "short", 0.0)
+    t.record(req[:8], "long", 0.0)
+    t.record(prefix_hashes("B" * 40, 4, 100), "other", 0.0)
+    m = t.match(req, 1.0)
+    assert m == {"short": 0.3, "long": 0.8}
+    assert t.match((), 1.0) == {}
+
+
+def test_prefix_match_ttl() -> None:
+    t = PrefixTable(size=1000, ttl=10.0)
+    h = prefix_hashes("A" * 16, 4, 100)
+    t.record(h, "old", 0.0)
+    t.record(h[:2], "new", 5.0)
+    assert t.match(h, 10.0) == {"old": 1.0, "new": 0.5}
+    assert t.match(h, 10.5) == {"new": 0.5}
+    assert t.match(h, 16.0) == {}
+    t.expire(16.0)
+    assert len(t) == 0
+
+
+def test_prefix_lru_evicts_long_tails_first() -> None:
+    t = PrefixTable(size=6, ttl=1e9)
+    a = prefix_hashes("A" * 16, 4, 100)
+    b = prefix_hashes("B" * 16, 4, 100)
+    t.record(a, "ep-a", 0.0)
+    t.record(b, "ep-b", 1.0)
+    assert len(t) == 6
+    # a's two longest prefixes went; its shorter prefixes still match.
+    assert t.match(a, 2.0) == {"ep-a": 0.5}
+    assert t.match(b, 2.0) == {"ep-b": 1.0}
+
+
+def test_prefix_forget() -> None:
+    t = PrefixTable(size=100, ttl=100.0)
+    h = prefix_hashes("A" * 16, 4, 100)
+    t.record(h, "x", 0.0)
+    t.record(h[:2], "y", 0.0)
+    t.forget("x")
+    assert t.match(h, 1.0) == {"y": 0.5}
+    assert len(t) == 2
+    t.forget("y")
+    assert len(t) == 0
+
+
+def test_prefix_table_size_zero_is_off() -> None:
+    t = PrefixTable(size=0, ttl=100.0)
+    h = prefix_hashes("A" * 16, 4, 100)
+    t.record(h, "x", 0.0)
+    assert len(t) == 0
+    assert t.match(h, 0.0) == {}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.integers(1, 6), st.sampled_from(["p", "q", "r"])),
+        max_size=60,
+    )
+)
+def test_prefix_table_bounded_and_fractions_valid(ops: list[tuple[int, int, str]]) -> None:
+    t = PrefixTable(size=10, ttl=1e9)
+    for step, (prompt, blocks, ep) in enumerate(ops):
+        h = prefix_hashes(chr(65 + prompt) * 4 * blocks, 4, 100)
+        t.record(h, ep, float(step))
+        assert len(t) <= 10
+        m = t.match(h, float(step))
+        assert all(0.0 < f <= 1.0 for f in m.values())
+        # What was just recorded is whole, unless it alone overflows the table.
+        assert m[ep] == 1.0
+
+
+# -- prompt text --------------------------------------------------------------
+
+
+def test_chat_text_includes_roles_and_parts() -> None:
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "You are helpful."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Describe"},
+                    {"type": "image_url", "image_url": {"url": "http://img/1.png"}},
+                ],
+            },
+        ],
+    }
+    text = prompt_text_for_affinity(body)
+    assert "system" in text and "You are helpful." in text
+    assert "Describe" in text and "http://img/1.png" in text
+    assert text.index("You are helpful.") < text.index("Describe")
+
+
+def test_chat_message_boundaries_matter() -> None:
+    one = {"messages": [{"role": "user", "content": "ab"}, {"role": "user", "content": "c"}]}
+    two = {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "bc"}]}
+    assert prompt_text_for_affinity(one) != prompt_text_for_affinity(two)
+
+
+def test_chat_growing_conversation_keeps_its_prefix() -> None:
+    turn1 = {
+        "messages": [{"role": "system", "content": "S" * 600}, {"role": "user", "content": "hi"}]
+    }
+    turn2 = {
+        "messages": [
+            *turn1["messages"],
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "more"},
+        ]
+    }
+    t1, t2 = prompt_text_for_affinity(turn1), prompt_text_for_affinity(turn2)
+    assert t2.startswith(t1)
+
+
+def test_completions_prompt_forms() -> None:
+    assert prompt_text_for_affinity({"prompt": "Once upon"}) == "Once upon"
+    assert prompt_text_for_affinity({"prompt": ["first", "second"]}) == "first"
+    assert prompt_text_for_affinity({"prompt": [1, 2, 3]}) == "1,2,3"
+    assert prompt_text_for_affinity({"prompt": [[4, 5], [6]]}) == "4,5"
+    assert prompt_text_for_affinity({"prompt": []}) == ""
+
+
+def test_limit_cuts_text() -> None:
+    body = {"messages": [{"role": "user", "content": "x" * 10_000}] * 50}
+    assert len(prompt_text_for_affinity(body, limit=1000)) == 1000
+    assert len(prompt_text_for_affinity({"prompt": "y" * 5000}, limit=100)) == 100
+    assert len(prompt_text_for_affinity({"prompt": list(range(10_000))}, limit=100)) == 100
+
+
+def test_malformed_bodies_give_text_without_raising() -> None:
+    bad: list[dict[str, object]] = [
+        {},
+        {"messages": "nope"},
+        {"messages": [None, 3, {"role": 5, "content": {"x": 1}}]},
+        {"messages": [{"role": "user", "content": [None, 1, {"type": "image_url"}]}]},
+        {"prompt": 42},
+        {"prompt": [None]},
+    ]
+    for body in bad:
+        assert isinstance(prompt_text_for_affinity(body), str)

@@ -1,0 +1,475 @@
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from llmgw.config import RoutingProfile, ScoringConfig
+from llmgw.router.scoring import (
+    STALE_PENALTY,
+    UNKNOWN_PENALTY,
+    Candidate,
+    Scorer,
+)
+
+SCORING = ScoringConfig(target_waiting=4.0, target_inflight=8.0, kv_ceiling=0.9)
+PROFILE = RoutingProfile(queue=1.0, inflight=1.0, kv=0.5, prefix=0.5, staleness=1.0)
+SCORER = Scorer(SCORING, PROFILE, stale_after=10.0)
+
+
+def cand(
+    ep: str,
+    *,
+    waiting: float | None = 0.0,
+    running: float | None = 0.0,
+    kv: float | None = 0.0,
+    inflight: int = 0,
+    age: float | None = 1.0,
+    weight: float = 1.0,
+    priority: int = 0,
+    throttled: bool = False,
+) -> Candidate:
+    return Candidate(ep, waiting, running, kv, inflight, age, weight, priority, throttled)
+
+
+def pick(
+    cands: list[Candidate],
+    session: str | None = None,
+    prefix: dict[str, float] | None = None,
+    seed: int = 0,
+) -> tuple[str, str]:
+    d = SCORER.pick(
+        cands, session_endpoint=session, prefix_matches=prefix or {}, rng=random.Random(seed)
+    )
+    assert d is not None
+    return d.endpoint_id, d.tier
+
+
+# -- estimates ----------------------------------------------------------------
+
+
+def test_load_combines_scraped_and_own_inflight() -> None:
+    assert SCORER.load(cand("a", running=3, waiting=2, inflight=1)) == 5.0
+    # Scrapes lag: our own in-flight count is a floor.
+    assert SCORER.load(cand("a", running=3, waiting=2, inflight=9)) == 9.0
+    # Nothing scraped, no peers: own in-flight stands in for everything.
+    assert SCORER.load(cand("a", running=None, waiting=None, kv=None, inflight=4)) == 4.0
+
+
+def test_stale_metrics_are_not_trusted() -> None:
+    stale = cand("a", running=50, waiting=50, inflight=2, age=11.0)
+    assert SCORER.load(stale) == 2.0
+    assert SCORER.estimate(stale).stale
+    assert SCORER.estimate(cand("a", age=None)).stale
+    assert not SCORER.estimate(cand("a", age=10.0)).stale
+
+
+def test_unknown_metrics_take_the_peer_mean() -> None:
+    peers = [
+        cand("b", running=6, waiting=2, kv=0.4),
+        cand("c", running=2, waiting=0, kv=0.2),
+        cand("x", running=None, waiting=None, kv=None, inflight=1),
+    ]
+    prior = SCORER.prior(peers)
+    assert (prior.running, prior.waiting) == (4.0, 1.0)
+    assert prior.kv_usage == pytest.approx(0.3)
+    e = SCORER.estimate(peers[2], prior)
+    assert e.load == 5.0
+    assert e.kv_usage == pytest.approx(0.3)
+    assert e.unknown == 3
+
+
+def test_saturated_each_dimension() -> None:
+    assert not SCORER.saturated(cand("a", running=3, waiting=3, kv=0.89))
+    assert SCORER.saturated(cand("a", waiting=4))
+    assert SCORER.saturated(cand("a", running=8))
+    assert SCORER.saturated(cand("a", running=4, waiting=3, inflight=8))
+    assert SCORER.saturated(cand("a", kv=0.9))
+    assert SCORER.saturated(cand("a", throttled=True))
+    # Weight is capacity: a weight-2 endpoint has twice the targets.
+    assert not SCORER.saturated(cand("a", running=10, waiting=5, weight=2.0))
+    assert SCORER.saturated(cand("a", running=10, waiting=5, kv=0.95, weight=2.0))
+
+
+def test_score_terms() -> None:
+    idle = SCORER.score(cand("a", age=0.0))
+    assert idle == 0.0
+    busy = SCORER.score(cand("a", running=4, waiting=2, kv=0.45, age=0.0))
+    # queue 2/4 + inflight 6/8 + kv 0.5*0.45/0.9
+    assert busy == pytest.approx(0.5 + 0.75 + 0.25)
+    assert SCORER.score(cand("a", running=4, waiting=2, kv=0.45, age=0.0, weight=2.0)) == (
+        pytest.approx((0.5 + 0.75) / 2 + 0.25)
+    )
+    assert SCORER.score(cand("a", age=5.0)) == pytest.approx(0.5)
+    assert SCORER.score(cand("a", age=10.0)) == pytest.approx(1.0)
+    assert SCORER.score(cand("a", age=10.1)) >= STALE_PENALTY
+    assert SCORER.score(cand("a", age=0.0), prefix_match=1.0) == pytest.approx(-0.5)
+    assert SCORER.score(cand("a", kv=None, age=0.0)) == pytest.approx(UNKNOWN_PENALTY)
+
+
+# -- pick: tiers --------------------------------------------------------------
+
+
+def test_empty_gives_none() -> None:
+    assert SCORER.pick([], session_endpoint=None, prefix_matches={}, rng=random.Random(0)) is None
+
+
+def test_lowest_score_wins() -> None:
+    cands = [cand("a", running=5), cand("b", running=1), cand("c", running=3)]
+    d = SCORER.pick(cands, session_endpoint=None, prefix_matches={}, rng=random.Random(0))
+    assert d is not None
+    assert (d.endpoint_id, d.tier) == ("b", "score")
+    assert d.ranked == ("b", "c", "a")
+
+
+def test_priority_tiers() -> None:
+    p0 = cand("p0", running=6)
+    p1 = cand("p1", priority=1)
+    assert pick([p0, p1])[0] == "p0"  # busier but unsaturated: tier 0 first
+    p0_full = cand("p0", running=8)
+    assert pick([p0_full, p1])[0] == "p1"
+    p1_full = cand("p1", running=9, priority=1)
+    # Everyone saturated: everyone competes on score.
+    assert pick([p0_full, p1_full])[0] == "p0"
+    assert pick([cand("p0", running=12), p1_full])[0] == "p1"
+
+
+def test_saturated_endpoint_skipped_even_if_score_lower() -> None:
+    # a: kv over the ceiling but otherwise empty (low score); b: busy but under targets.
+    a = cand("a", kv=0.95)
+    b = cand("b", running=5, waiting=2, kv=0.1)
+    assert SCORER.score(a) < SCORER.score(b)
+    assert pick([a, b])[0] == "b"
+
+
+def test_throttled_endpoint_is_avoided() -> None:
+    assert pick([cand("a", throttled=True), cand("b", running=5)])[0] == "b"
+
+
+def test_stale_used_only_when_nothing_fresh() -> None:
+    fresh_busy = cand("fresh", running=7, waiting=3)
+    stale_idle = cand("stale", age=30.0)
+    never = cand("never", age=None)
+    d = SCORER.pick(
+        [stale_idle, fresh_busy, never],
+        session_endpoint="stale",
+        prefix_matches={"stale": 1.0},
+        rng=random.Random(0),
+    )
+    assert d is not None
+    assert d.endpoint_id == "fresh"
+    assert d.ranked[0] == "fresh"
+    assert set(d.ranked[1:]) == {"stale", "never"}
+    # All stale: scored down, not dropped; own in-flight decides.
+    only_stale = [cand("s1", age=30.0, inflight=3), cand("s2", age=None, inflight=1)]
+    assert pick(only_stale)[0] == "s2"
+
+
+# -- pick: session ------------------------------------------------------------
+
+
+def test_session_stays_within_guard() -> None:
+    # session load 3, best other 2: 3 <= 1.25*2 + 1
+    cands = [cand("s", running=3), cand("o", running=2)]
+    assert pick(cands, session="s") == ("s", "session")
+
+
+def test_session_spills_when_overloaded() -> None:
+    # 5 > 1.25*2 + 1
+    cands = [cand("s", running=5), cand("o", running=2)]
+    assert pick(cands, session="s") == ("o", "score")
+
+
+def test_session_spills_off_saturated_endpoint() -> None:
+    cands = [cand("s", waiting=4), cand("o", running=6)]
+    assert pick(cands, session="s") == ("o", "score")
+
+
+def test_session_unknown_endpoint_ignored() -> None:
+    assert pick([cand("a"), cand("b", running=1)], session="gone") == ("a", "score")
+
+
+def test_session_alone_stays() -> None:
+    assert pick([cand("s", running=7)], session="s") == ("s", "session")
+
+
+def test_session_guard_uses_relative_load() -> None:
+    # weight 2 carrying 6 is as loaded as weight 1 carrying 3.
+    cands = [cand("s", running=6, weight=2.0), cand("o", running=2)]
+    assert pick(cands, session="s") == ("s", "session")
+    # The same load on a weight-1 endpoint spills (6 > 1.25*2 + 1).
+    assert pick([cand("s", running=6), cand("o", running=2)], session="s") == ("o", "score")
+
+
+# -- pick: prefix -------------------------------------------------------------
+
+
+def test_prefix_best_match_wins_within_guard() -> None:
+    # Guard: load <= 1.25 * 2 + 1 = 3.5, so a (3) qualifies over the idler b and c.
+    cands = [cand("a", running=3), cand("b", running=2), cand("c", running=2)]
+    assert pick(cands, prefix={"a": 0.9, "b": 0.5}) == ("a", "prefix")
+    # Next to an idle replica the guard is 1: a at 2 is out, b at 1 is in.
+    cands = [cand("a", running=2), cand("b", running=1), cand("c")]
+    assert pick(cands, prefix={"a": 0.9, "b": 0.5}) == ("b", "prefix")
+
+
+def test_prefix_hot_replica_not_overloaded() -> None:
+    # a holds the prefix but is well above the least loaded: scoring spreads it.
+    cands = [cand("a", running=5), cand("b", running=1)]
+    assert pick(cands, prefix={"a": 1.0}) == ("b", "score")
+
+
+def test_prefix_falls_to_lesser_match_within_guard() -> None:
+    cands = [cand("a", running=5), cand("b", running=1), cand("c")]
+    assert pick(cands, prefix={"a": 1.0, "b": 0.3}) == ("b", "prefix")
+
+
+def test_prefix_tie_goes_to_lower_score() -> None:
+    cands = [cand("a", running=1), cand("b")]
+    assert pick(cands, prefix={"a": 0.5, "b": 0.5}) == ("b", "prefix")
+
+
+def test_prefix_never_on_saturated() -> None:
+    cands = [cand("a", kv=0.95), cand("b", running=2)]
+    assert pick(cands, prefix={"a": 1.0}) == ("b", "score")
+
+
+def test_hot_prefix_spreads_under_own_load() -> None:
+    # Every request shares the prefix; each pick adds to the chosen one's in-flight.
+    inflight = {"a": 0, "b": 0, "c": 0}
+    holders: set[str] = {"a"}
+    rng = random.Random(1)
+    for _ in range(30):
+        cands = [cand(ep, inflight=n, running=None, waiting=None) for ep, n in inflight.items()]
+        d = SCORER.pick(
+            cands, session_endpoint=None, prefix_matches=dict.fromkeys(holders, 1.0), rng=rng
+        )
+        assert d is not None
+        inflight[d.endpoint_id] += 1
+        holders.add(d.endpoint_id)
+    assert max(inflight.values()) - min(inflight.values()) <= 3
+
+
+# -- pick: weights and ties ---------------------------------------------------
+
+
+def test_weight_share_among_idle_equals() -> None:
+    rng = random.Random(42)
+    cands = [cand("heavy", weight=2.0), cand("light")]
+    counts: Counter[str] = Counter()
+    for _ in range(3000):
+        d = SCORER.pick(cands, session_endpoint=None, prefix_matches={}, rng=rng)
+        assert d is not None
+        counts[d.endpoint_id] += 1
+    assert counts["heavy"] / 3000 == pytest.approx(2 / 3, abs=0.04)
+
+
+def test_weight_share_under_load() -> None:
+    # Closed loop: each pick adds in-flight work; work completes at random. About 20
+    # in flight: with only a handful, integer counts bend the share (~1.7-1.9x).
+    rng = random.Random(7)
+    inflight = {"heavy": 0, "light": 0}
+    weights = {"heavy": 2.0, "light": 1.0}
+    served: Counter[str] = Counter()
+    for _ in range(4000):
+        cands = [
+            cand(ep, running=None, waiting=None, kv=None, inflight=n, weight=weights[ep])
+            for ep, n in inflight.items()
+        ]
+        d = SCORER.pick(cands, session_endpoint=None, prefix_matches={}, rng=rng)
+        assert d is not None
+        inflight[d.endpoint_id] += 1
+        served[d.endpoint_id] += 1
+        for ep in inflight:  # each request finishes with probability 0.05 per step
+            inflight[ep] -= sum(rng.random() < 0.05 for _ in range(inflight[ep]))
+    assert served["heavy"] / served["light"] == pytest.approx(2.0, rel=0.15)
+
+
+def test_random_ties_spread() -> None:
+    cands = [cand(f"e{i}") for i in range(4)]
+    seen = {pick(cands, seed=s)[0] for s in range(60)}
+    assert seen == {"e0", "e1", "e2", "e3"}
+
+
+# -- pool saturation ----------------------------------------------------------
+
+
+def test_pool_saturation() -> None:
+    assert SCORER.pool_saturation([]) == 1.0
+    assert SCORER.pool_saturation([cand("a")]) == 0.0
+    # max(2/4, 4/8, 0.45/0.9) = 0.5 and max(0, 6/8, 0) = 0.75
+    two = [cand("a", running=2, waiting=2, kv=0.45), cand("b", running=6)]
+    assert SCORER.pool_saturation(two) == pytest.approx(0.625)
+    # Clipped at 1; throttled counts as full.
+    assert SCORER.pool_saturation([cand("a", waiting=40), cand("b", throttled=True)]) == 1.0
+    # Capacity-weighted: the weight-3 replica counts three times.
+    weighted = [cand("a", running=8, weight=3.0), cand("b")]
+    assert SCORER.pool_saturation(weighted) == pytest.approx((3 * (8 / 24) + 0) / 4)
+
+
+def test_pool_saturation_absent_metrics_not_empty() -> None:
+    blind = cand("a", running=None, waiting=None, kv=None, inflight=6)
+    assert SCORER.pool_saturation([blind]) == pytest.approx(0.75)
+    stale = cand("a", running=0, waiting=0, kv=0, inflight=4, age=60.0)
+    assert SCORER.pool_saturation([stale]) == pytest.approx(0.5)
+    # A blind replica next to a busy one is assumed as busy, not idle.
+    busy = cand("b", running=6, waiting=1)
+    assert SCORER.pool_saturation([busy, cand("a", running=None, waiting=None)]) == (
+        pytest.approx(SCORER.pool_saturation([busy]))
+    )
+
+
+# -- properties ---------------------------------------------------------------
+
+metric = st.one_of(st.none(), st.floats(min_value=0, max_value=20))
+kv_metric = st.one_of(st.none(), st.floats(min_value=0, max_value=1))
+
+
+@st.composite
+def candidates(draw: st.DrawFn, fresh_only: bool = False) -> list[Candidate]:
+    n = draw(st.integers(min_value=1, max_value=6))
+    out = []
+    for i in range(n):
+        age = (
+            draw(st.floats(min_value=0, max_value=10))
+            if fresh_only
+            else draw(st.one_of(st.none(), st.floats(min_value=0, max_value=30)))
+        )
+        out.append(
+            Candidate(
+                endpoint_id=f"e{i}",
+                waiting=draw(metric),
+                running=draw(metric),
+                kv_usage=draw(kv_metric),
+                inflight=draw(st.integers(min_value=0, max_value=20)),
+                age=age,
+                weight=draw(st.sampled_from([0.5, 1.0, 2.0])),
+                priority=draw(st.integers(min_value=0, max_value=2)),
+                throttled=draw(st.booleans()),
+            )
+        )
+    return out
+
+
+def routing(cands: list[Candidate]) -> st.SearchStrategy[tuple[str | None, dict[str, float]]]:
+    ids = [c.endpoint_id for c in cands]
+    return st.tuples(
+        st.one_of(st.none(), st.sampled_from([*ids, "gone"])),
+        st.dictionaries(st.sampled_from(ids), st.floats(min_value=0, max_value=1)),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_choice_is_a_candidate_and_ranked_is_a_permutation(data: st.DataObject) -> None:
+    cands = data.draw(candidates())
+    session, prefix = data.draw(routing(cands))
+    d = SCORER.pick(
+        cands,
+        session_endpoint=session,
+        prefix_matches=prefix,
+        rng=random.Random(data.draw(st.integers())),
+    )
+    assert d is not None
+    ids = [c.endpoint_id for c in cands]
+    assert d.endpoint_id in ids
+    assert d.ranked[0] == d.endpoint_id
+    assert sorted(d.ranked) == sorted(ids)
+    if d.tier == "session":
+        assert d.endpoint_id == session
+    if d.tier == "prefix":
+        assert prefix.get(d.endpoint_id, 0.0) > 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_never_saturated_when_unsaturated_in_better_or_equal_tier(data: st.DataObject) -> None:
+    cands = data.draw(candidates(fresh_only=True))
+    session, prefix = data.draw(routing(cands))
+    d = SCORER.pick(cands, session_endpoint=session, prefix_matches=prefix, rng=random.Random(0))
+    assert d is not None
+    prior = SCORER.prior(cands)
+    chosen = next(c for c in cands if c.endpoint_id == d.endpoint_id)
+    if SCORER.saturated(chosen, prior):
+        for c in cands:
+            if c.priority <= chosen.priority:
+                assert SCORER.saturated(c, prior), (c, chosen)
+    else:
+        # An unsaturated choice comes from the best tier that has room.
+        for c in cands:
+            if not SCORER.saturated(c, prior):
+                assert chosen.priority <= c.priority
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_stale_only_when_all_stale(data: st.DataObject) -> None:
+    cands = data.draw(candidates())
+    session, prefix = data.draw(routing(cands))
+    d = SCORER.pick(cands, session_endpoint=session, prefix_matches=prefix, rng=random.Random(0))
+    assert d is not None
+    chosen = next(c for c in cands if c.endpoint_id == d.endpoint_id)
+    if SCORER.is_stale(chosen):
+        assert all(SCORER.is_stale(c) for c in cands)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    waiting=st.floats(min_value=0, max_value=20),
+    running=st.floats(min_value=0, max_value=20),
+    kv=st.floats(min_value=0, max_value=1),
+    inflight=st.integers(min_value=0, max_value=20),
+    absent=st.sets(st.sampled_from(["waiting", "running", "kv"]), min_size=1),
+    order=st.booleans(),
+    seed=st.integers(),
+)
+def test_absent_metrics_never_look_emptier(
+    waiting: float,
+    running: float,
+    kv: float,
+    inflight: int,
+    absent: set[str],
+    order: bool,
+    seed: int,
+) -> None:
+    reporting = cand("reporting", waiting=waiting, running=running, kv=kv, inflight=inflight)
+    blind = cand(
+        "blind",
+        waiting=None if "waiting" in absent else waiting,
+        running=None if "running" in absent else running,
+        kv=None if "kv" in absent else kv,
+        inflight=inflight,
+    )
+    cands = [blind, reporting] if order else [reporting, blind]
+    prior = SCORER.prior(cands)
+    assert SCORER.load(blind, prior) >= SCORER.load(reporting, prior)
+    assert SCORER.score(blind, 0.0, prior) > SCORER.score(reporting, 0.0, prior)
+    d = SCORER.pick(cands, session_endpoint=None, prefix_matches={}, rng=random.Random(seed))
+    assert d is not None
+    assert (d.endpoint_id, d.tier, d.ranked) == ("reporting", "score", ("reporting", "blind"))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_blind_load_at_least_mean_of_reporters_and_own_inflight(data: st.DataObject) -> None:
+    cands = data.draw(candidates(fresh_only=True))
+    inflight = data.draw(st.integers(min_value=0, max_value=20))
+    blind = cand("blind", waiting=None, running=None, kv=None, inflight=inflight)
+    prior = SCORER.prior([*cands, blind])
+    reporters = [c for c in cands if c.waiting is not None and c.running is not None]
+    assume(reporters)
+    load = SCORER.load(blind, prior)
+    assert load >= inflight
+    assert prior.running is not None and prior.waiting is not None
+    assert load >= prior.running + prior.waiting - 1e-9
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_pool_saturation_in_unit_interval(data: st.DataObject) -> None:
+    cands = data.draw(candidates())
+    s = SCORER.pool_saturation(cands)
+    assert 0.0 <= s <= 1.0
