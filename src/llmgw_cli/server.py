@@ -6,12 +6,13 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
 from llmgw import config as cfg
-from llmgw import server
+from llmgw import server, units
+from llmgw.demo import demo_fleet
 from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, fail, parser
 
 PROG = "llmgw-server"
@@ -48,18 +49,47 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_config(args: argparse.Namespace) -> cfg.Config:
+def load_config(args: argparse.Namespace, demo: dict[str, Any] | None = None) -> cfg.Config:
     overrides: dict[str, Any] = {}
     for flag in ("listen", "admin_listen", "agent_listen"):
         if getattr(args, flag) is not None:
             overrides[flag] = getattr(args, flag)
     base = cfg.read_toml(args.config) if args.config else {}
-    if args.endpoint:
-        overrides["endpoints"] = [
-            *base.get("endpoints", []),
-            *(parse_endpoint(e) for e in args.endpoint),
-        ]
+    endpoints = [*base.get("endpoints", []), *(parse_endpoint(e) for e in args.endpoint)]
+    if demo is not None:
+        endpoints += demo["endpoints"]
+        base = {**base, "models": [*base.get("models", []), *demo["models"]]}
+    if endpoints:
+        overrides["endpoints"] = endpoints
     return cfg.load(data=base, overrides=overrides)
+
+
+def _config_error(exc: cfg.ConfigError) -> NoReturn:
+    if len(exc.problems) == 1:
+        fail(PROG, exc.problems[0], EXIT_USAGE)
+    count = len(exc.problems)
+    print(f"{PROG}: error: the configuration has {count} problems:", file=sys.stderr)
+    for problem in exc.problems:
+        print(f"  {problem}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+async def _run_demo(args: argparse.Namespace) -> None:
+    async with demo_fleet() as overlay:
+        config = load_config(args, overlay)
+        listen = units.parse_address(config.listen)
+        host = listen.host or "127.0.0.1"
+        print(
+            f"llmgw demo: {len(overlay['endpoints'])} simulated engines serving "
+            f"{', '.join(m['name'] for m in overlay['models'])}\n"
+            f"  try: curl http://{host}:{listen.port}/v1/chat/completions "
+            "-H 'content-type: application/json' "
+            '-d \'{"model": "demo-chat", "messages": [{"role": "user", "content": "hi"}]}\'\n'
+            f"  metrics and admin API: http://{config.admin_listen}/metrics, "
+            f"http://{config.admin_listen}/api/v1/endpoints",
+            flush=True,
+        )
+        await server.serve(config)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -67,14 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         config = load_config(args)
     except cfg.ConfigError as exc:
-        if len(exc.problems) == 1:
-            fail(PROG, exc.problems[0], EXIT_USAGE)
-        print(
-            f"{PROG}: error: the configuration has {len(exc.problems)} problems:", file=sys.stderr
-        )
-        for problem in exc.problems:
-            print(f"  {problem}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from None
+        _config_error(exc)
     except CliError as exc:
         fail(PROG, str(exc), exc.code)
     if args.print_config:
@@ -88,13 +111,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             "the control plane to deploy; try --demo",
             EXIT_USAGE,
         )
-    if args.demo:
-        fail(PROG, "--demo is not available yet: it needs the control plane", EXIT_RUNTIME)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        trio.run(server.serve, config)
+        if args.demo:
+            trio.run(_run_demo, args)
+        else:
+            trio.run(server.serve, config)
+    except cfg.ConfigError as exc:
+        _config_error(exc)
     except OSError as exc:
         fail(PROG, f"cannot serve: {exc.strerror or exc}", EXIT_RUNTIME)
     except KeyboardInterrupt:
