@@ -276,7 +276,8 @@ def test_each_rule_names_its_key(data: dict[str, object], message: str) -> None:
         ),
         (
             [{"name": "a", "profiles": [{"name": "p", "engine": "tgi", "weights": "w"}]}],
-            "models[0].profiles[0].engine: unknown engine 'tgi' (known: vllm, sglang, sim, llamacpp)",
+            "models[0].profiles[0].engine: unknown engine 'tgi' "
+            "(known: vllm, sglang, sim, llamacpp)",
         ),
         (
             [
@@ -327,7 +328,8 @@ def test_each_rule_names_its_key(data: dict[str, object], message: str) -> None:
                     ],
                 }
             ],
-            "models[0].profiles[0].min_gpu_memory: expected a size such as '40GB' or '32MiB', got 'lots'",
+            "models[0].profiles[0].min_gpu_memory: expected a size such as '40GB' or '32MiB', "
+            "got 'lots'",
         ),
     ],
 )

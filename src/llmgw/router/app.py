@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from llmgw.router.affinity import prompt_text_for_affinity
 from llmgw.router.breaker import Outcome, Ticket, classify_status
 from llmgw.router.proxy import AttemptFailed, Delivery, error_body
 from llmgw.router.usage import Usage, estimate_prompt_tokens
@@ -210,7 +209,7 @@ class ClientApp:
         router = self.router
         session = _header(scope, router.session_header)
         session_key = session.decode(errors="replace") if session else None
-        prefix = router.prefixes.chain(prompt_text_for_affinity(body)) if router.prefixes else None
+        prompt_text = router.prefixes.text(body) if router.prefixes else None
         client_wants_usage = False
         if stream:
             options = body.get("stream_options")
@@ -221,6 +220,11 @@ class ClientApp:
         for model in chain:
             now = trio.current_time()
             usable = [s for s in router.endpoints.serving(model.name) if s.breaker.allows(now)]
+            prefix = (
+                router.prefixes.chain(prompt_text, model.name)
+                if router.prefixes and prompt_text
+                else None
+            )
             decision = router.choose(model, usable, session_key, prefix, now) if usable else None
             if decision is None:
                 continue

@@ -17,7 +17,12 @@ import trio
 
 from llmgw.catalog import Catalog
 from llmgw.config import Config, EndpointConfig, ModelConfig
-from llmgw.router.affinity import PrefixTable, SessionTable, prefix_hashes
+from llmgw.router.affinity import (
+    PrefixTable,
+    SessionTable,
+    prefix_hashes,
+    prompt_text_for_affinity,
+)
 from llmgw.router.app import ClientApp
 from llmgw.router.breaker import BreakerState, Outcome, Ticket
 from llmgw.router.endpoints import Endpoint, EndpointRegistry, EndpointState
@@ -36,8 +41,13 @@ class PrefixIndex:
         self.max_blocks = max_blocks
         self.table = PrefixTable(size, ttl)
 
-    def chain(self, text: str) -> tuple[int, ...]:
-        return prefix_hashes(text, self.block_chars, self.max_blocks)
+    def text(self, body: dict[str, Any]) -> str:
+        """The part of the prompt that can matter for affinity (bounded, cheap)."""
+        return prompt_text_for_affinity(body, limit=self.block_chars * self.max_blocks)
+
+    def chain(self, text: str, model: str) -> tuple[int, ...]:
+        # Seeded by model: two models on one endpoint share no cache entries.
+        return prefix_hashes(text, self.block_chars, self.max_blocks, seed=model)
 
 
 def catalog_for(config: Config) -> Catalog:

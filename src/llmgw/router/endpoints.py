@@ -82,15 +82,19 @@ class EndpointState:
             age=self.age(now),
             weight=e.weight,
             priority=e.priority,
+            throttled=self.breaker.throttled(now),
         )
 
 
 class EndpointRegistry:
     """Endpoints by id and by model; implements :class:`EndpointSink`."""
 
-    def __init__(self, *, failure_threshold: int, cooldown: float) -> None:
+    def __init__(
+        self, *, failure_threshold: int, cooldown: float, probe_timeout: float | None = None
+    ) -> None:
         self._threshold = failure_threshold
         self._cooldown = cooldown
+        self._probe_timeout = probe_timeout
         self._states: dict[str, EndpointState] = {}
         self._by_model: dict[str, list[EndpointState]] = {}
         self.version = 0  # bumped on every change, so watchers can notice
@@ -98,7 +102,8 @@ class EndpointRegistry:
     def upsert(self, endpoint: Endpoint) -> None:
         state = self._states.get(endpoint.id)
         if state is None:
-            state = EndpointState(endpoint, Breaker(self._threshold, self._cooldown))
+            breaker = Breaker(self._threshold, self._cooldown, probe_timeout=self._probe_timeout)
+            state = EndpointState(endpoint, breaker)
             self._states[endpoint.id] = state
         else:
             state.endpoint = endpoint
