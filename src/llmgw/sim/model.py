@@ -499,6 +499,8 @@ class Engine:
     def _admit(self, now: float, budget: int) -> list[Sequence]:
         cfg = self.config
         admitted: list[Sequence] = []
+        if budget <= 0 or len(self._running) >= cfg.max_num_seqs:
+            return admitted  # the common case under load: skip copying a long queue
         for seq in list(self._waiting):
             if budget <= 0 or len(self._running) >= cfg.max_num_seqs:
                 break

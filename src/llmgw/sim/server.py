@@ -7,6 +7,18 @@ engine). Handlers submit requests, relay tokens as SSE or collect them, and abor
 their sequence the moment the client goes away — the watcher task below turns
 ``http.disconnect`` into a cancellation, and the handler's ``finally`` frees the blocks.
 
+What requests may ask for: ``max_tokens`` (or ``max_completion_tokens``) bounds the
+output, else ``--default-max-tokens``; every sequence produces exactly that many tokens,
+so ``ignore_eos`` is always honoured (and accepted but not needed). The finish reason is
+"length" when the request set a limit and "stop" when the default ended it (as if the
+model had stopped by itself). ``seed`` makes the output deterministic. ``stop``,
+``temperature``, ``logprobs`` and friends are accepted and ignored; ``n`` must be 1 and
+a completion prompt is one string or one list of token ids. A missing ``model`` means
+the primary one.
+
+Faults (flags or ``POST /sim/faults``; see ``Faults``) apply to the chat, completion and
+embedding routes only, so health checks and scrapes keep passing on a sick replica.
+
 Served with hypercorn's trio worker. TCP_NODELAY: hypercorn sets it on the listening
 socket and trio's ``SocketStream`` sets it on every accepted connection, so the first
 SSE events are not held back by Nagle.
@@ -64,7 +76,21 @@ def _optional_count(name: str, value: Any) -> int | None:
 
 @attrs.frozen
 class Faults:
-    """Misbehaviour to inject; replaced as a whole when changed at runtime."""
+    """Misbehaviour to inject; replaced as a whole when changed at runtime.
+
+    * error_rate/error_status: answer that fraction of requests with an OpenAI-shaped
+      error of that status, before doing anything else.
+    * hang_rate: that fraction never produces anything (a stream gets its 200 headers
+      first, as from a real engine) until the client gives up; no KV is held.
+    * first_token_delay: every request waits this long in the engine's queue (counted
+      in num_requests_waiting) before it may be scheduled, so TTFT grows by as much.
+    * abort_after_chunks: a stream is cut after this many SSE events (role chunk
+      included) by closing the connection, without [DONE]; non-streaming requests are
+      not affected.
+    * exit_after: the process exits with status 1, like a crash, once this many
+      requests have been answered (counted from startup, or from when it was set at
+      runtime).
+    """
 
     error_rate: float = 0.0  # fraction of requests answered with error_status
     error_status: int = 500
