@@ -78,7 +78,6 @@ class Recorder:
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
         self.finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
-        self.cached_tokens = 0
         self._recent: deque[tuple[float, int]] = deque()
 
     def generated(self, now: float, n: int) -> None:

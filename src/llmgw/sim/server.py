@@ -218,19 +218,25 @@ class EngineDriver:
                 if last is not None:
                     rec.itl.observe(now - last)
                 self._last_token_at[rid] = now
-                channel = self._outputs.get(rid)
-                if channel is not None:
-                    channel.send_nowait(token)
+                self._deliver(rid, token, last=False)
             for done in outcome.finished:
                 rid = done.request_id
                 rec.e2e.observe(done.finished_at - done.arrival)
                 rec.finished[self._reasons.pop(rid, "length")] += 1
-                rec.cached_tokens += done.cached_tokens
                 self._last_token_at.pop(rid, None)
-                channel = self._outputs.pop(rid, None)
-                if channel is not None:
-                    channel.send_nowait(done)
-                    channel.close()
+                self._deliver(rid, done, last=True)
+
+    def _deliver(self, request_id: str, output: Output, last: bool) -> None:
+        channel = self._outputs.pop(request_id, None) if last else self._outputs.get(request_id)
+        if channel is None:
+            return
+        try:
+            channel.send_nowait(output)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # The handler is gone without aborting; never let that stop the engine.
+            self.abort(request_id)
+        if last:
+            channel.close()
 
 
 # -- HTTP helpers -----------------------------------------------------------------------
