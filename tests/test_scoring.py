@@ -103,7 +103,9 @@ def test_score_terms() -> None:
     assert SCORER.score(cand("a", running=4, waiting=2, kv=0.45, age=0.0, weight=2.0)) == (
         pytest.approx((0.5 + 0.75) / 2 + 0.25)
     )
-    assert SCORER.score(cand("a", age=5.0)) == pytest.approx(0.5)
+    # No staleness penalty in the first half of stale_after (10 s), then up to 1.
+    assert SCORER.score(cand("a", age=0.3)) == SCORER.score(cand("a", age=4.9)) == 0.0
+    assert SCORER.score(cand("a", age=7.5)) == pytest.approx(0.5)
     assert SCORER.score(cand("a", age=10.0)) == pytest.approx(1.0)
     assert SCORER.score(cand("a", age=10.1)) >= STALE_PENALTY
     assert SCORER.score(cand("a", age=0.0), prefix_match=1.0) == pytest.approx(-0.5)

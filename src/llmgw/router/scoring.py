@@ -34,7 +34,7 @@ Score (:meth:`Scorer.score`, lower is better)::
     (queue*w/target_waiting + inflight*load/target_inflight) / weight
     + kv_w * kv/kv_ceiling                        (0 when kv is unknown with no prior)
     + UNKNOWN_PENALTY * (number of unknown metrics among waiting, running, kv)
-    + staleness * age/stale_after                 (fresh: 0 .. 1)
+    + staleness * max(0, age - h)/h, h = stale_after/2  (fresh: 0 .. 1)
     + STALE_PENALTY                               (stale or never scraped)
     + THROTTLE_PENALTY                            (throttled)
     - prefix * prefix_match
@@ -327,7 +327,11 @@ class Scorer:
         if e.stale:
             total += STALE_PENALTY
         elif c.age is not None:
-            total += p.staleness * max(0.0, c.age) / self.stale_after
+            # No penalty for the first half of stale_after: scrapes a few milliseconds
+            # apart must not decide between idle peers (that would send every request of
+            # a quiet period to whichever was scraped last).
+            half = self.stale_after / 2
+            total += p.staleness * max(0.0, c.age - half) / half
         if c.throttled:
             total += THROTTLE_PENALTY
         return total - p.prefix * prefix_match
