@@ -242,6 +242,9 @@ async def test_models_health_render_and_probe_endpoints(base: str) -> None:
         assert len(r.json()[0]["token_ids"]) == 1
         r = await http.post("/v1/completions/render", json={"model": "zzz", "prompt": "abcd"})
         assert r.status_code == 404
+        r = await http.post("/tokenize", json={"prompt": "abcdefgh"})
+        assert r.json()["count"] == 2 and len(r.json()["tokens"]) == 2
+        assert (await http.get("/health_generate")).status_code == 200
         info = (await http.get("/get_model_info")).json()
         assert info["model_path"] == "sim-model" and info["is_generation"] is True
         server = (await http.get("/get_server_info")).json()

@@ -394,6 +394,8 @@ class SimApp:
             ("POST", "/flush_cache"): self._reset_prefix_cache,  # SGLang's name for it
             ("GET", "/get_model_info"): self._model_info,
             ("GET", "/get_server_info"): self._server_info,
+            ("GET", "/health_generate"): self._health,  # SGLang's deep probe
+            ("POST", "/tokenize"): self._tokenize,
             ("GET", "/sim/faults"): self._get_faults,
             ("POST", "/sim/faults"): self._set_faults,
         }
@@ -613,6 +615,21 @@ class SimApp:
         if isinstance(body.get("stream_options"), dict):
             rendered["stream_options"] = body["stream_options"]
         return rendered
+
+    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's /tokenize: a `prompt` or chat `messages` to token ids."""
+        body = parse_json(await read_body(receive))
+        self._check_model(body)
+        ids = self._prompt(body, chat="messages" in body)
+        await send_json(
+            send,
+            200,
+            {
+                "count": len(ids),
+                "max_model_len": self.config.engine.max_model_len,
+                "tokens": list(ids),
+            },
+        )
 
     async def _chat_render(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = parse_json(await read_body(receive))
