@@ -538,7 +538,7 @@ class SimApp:
             if not isinstance(messages, list) or not messages:
                 raise HTTPError(400, "'messages' must be a non-empty list", param="messages")
             try:
-                return tuple(tokens.encode(tokens.render_chat(messages)))
+                return self._encode(tokens.render_chat(messages), "messages")
             except ValueError as e:
                 raise HTTPError(400, str(e), param="messages") from None
         prompt = body.get("prompt")
@@ -546,7 +546,7 @@ class SimApp:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            return tuple(tokens.encode(prompt))
+            return self._encode(prompt, "prompt")
         if isinstance(prompt, list) and all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt
         ):
@@ -556,6 +556,18 @@ class SimApp:
             "'prompt' must be a string or a list of token ids (batches are not supported)",
             param="prompt",
         )
+
+    def _encode(self, text: str, param: str) -> tuple[int, ...]:
+        # Refuse an oversized prompt before paying to tokenize all of it.
+        limit = self.config.engine.max_model_len
+        if tokens.count(text) >= limit:
+            raise HTTPError(
+                400,
+                f"the prompt has {tokens.count(text)} tokens; this model's maximum context "
+                f"length is {limit} tokens",
+                param=param,
+            )
+        return tuple(tokens.encode(text))
 
     def _generation_request(self, body: Mapping[str, Any], chat: bool) -> GenerationRequest:
         model = self._check_model(body)
