@@ -155,10 +155,11 @@ class EngineCollector(Collector):
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "KV-cache configuration.",
-            labels=["block_size", "num_gpu_blocks", "enable_prefix_caching"],
+            labels=["model_name", "block_size", "num_gpu_blocks", "enable_prefix_caching"],
         )
         info.add_metric(
             [
+                self.model,
                 str(self.config.block_size),
                 str(self.config.num_blocks),
                 str(self.config.enable_prefix_caching),
