@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -353,3 +354,23 @@ def test_admin_endpoints_view_and_metrics(pair: tuple[Server, list[str]]) -> Non
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
     assert len({f for f in families if f.startswith("llmgw_")}) >= 20
     assert httpx.get(f"{srv.admin}/readyz", timeout=5).status_code == 200
+
+
+def test_sigterm_drains_streams_in_flight_then_exits_0() -> None:
+    with fleet(1) as (srv, _):
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "drain me"}],
+            "max_tokens": 60,
+            "stream": True,
+        }
+        with httpx.stream("POST", f"{srv.base}/v1/chat/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            srv.proc.kill(signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        assert srv.proc.popen.wait(timeout=20) == 0
+        # Draining means no new work: the listener is closed.
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{srv.base}/v1/models", timeout=2)
