@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from llmgw.router.app import Receive, Scope, Send, _lifespan, send_json
+from llmgw.asgi import Receive, Scope, Send, lifespan, send_json
 from llmgw.router.core import Router
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -35,7 +35,7 @@ class AdminApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return

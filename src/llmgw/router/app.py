@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from llmgw.asgi import Receive, Scope, Send, header, lifespan, send_json
 from llmgw.router.breaker import Outcome, Ticket, classify_status
 from llmgw.router.proxy import AttemptFailed, Delivery, error_body
 from llmgw.router.usage import Usage, estimate_prompt_tokens
@@ -22,12 +23,6 @@ if TYPE_CHECKING:
     from llmgw.config import ModelConfig
     from llmgw.router.core import Router
     from llmgw.router.endpoints import EndpointState
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
-_JSON = [(b"content-type", b"application/json")]
 
 
 class HttpError(Exception):
@@ -50,29 +45,9 @@ class HttpError(Exception):
         self.headers = headers or []
 
 
-async def send_json(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [*_JSON, (b"content-length", str(len(body)).encode()), *(headers or [])],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
 async def send_error(send: Send, err: HttpError) -> None:
     body = error_body(str(err), err.type, err.code, err.param)
     await send_json(send, err.status, body, err.headers)
-
-
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return bytes(value)
-    return None
 
 
 class ClientGone(Exception):
@@ -93,7 +68,7 @@ class ClientApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
@@ -124,7 +99,7 @@ class ClientApp:
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self.router.config.router.max_body_bytes
-        declared = _header(scope, b"content-length")
+        declared = header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise HttpError(
                 413, f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes"
@@ -207,7 +182,7 @@ class ClientApp:
         `retries` + 1 attempts in all; only attempts that sent nothing to the client
         are retried."""
         router = self.router
-        session = _header(scope, router.session_header)
+        session = header(scope, router.session_header)
         session_key = session.decode(errors="replace") if session else None
         prompt_text = router.prefixes.text(body) if router.prefixes else None
         client_wants_usage = False
@@ -393,13 +368,3 @@ class _DisconnectWatch:
                     self.gone = True
                     scope.cancel()
                 return
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

@@ -1,0 +1,49 @@
+"""The few ASGI helpers llmgw's plain ASGI apps share.
+
+The client API and the admin listener are plain ASGI apps rather than built on a
+framework: on the request path every layer costs CPU per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_JSON = [(b"content-type", b"application/json")]
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of request header `name` (lower case)."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*_JSON, (b"content-length", str(len(body)).encode()), *(headers or [])],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def lifespan(receive: Receive, send: Send) -> None:
+    """Acknowledge startup and shutdown; llmgw's apps own no lifespan state."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
