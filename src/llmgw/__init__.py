@@ -2,9 +2,32 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+from llmgw.catalog import Catalog
+from llmgw.config import Config, ConfigError
+from llmgw.config import load as load_config
+from llmgw.router.core import Router
+from llmgw.router.endpoints import Endpoint, EndpointSink
+from llmgw.router.scoring import Candidate, Decision, Scorer
+from llmgw.router.usage import Usage, UsageRecord, UsageSink
+
 try:
     __version__ = version("llmgw")
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0+unknown"
 
-__all__ = ["__version__"]
+__all__ = [
+    "Candidate",
+    "Catalog",
+    "Config",
+    "ConfigError",
+    "Decision",
+    "Endpoint",
+    "EndpointSink",
+    "Router",
+    "Scorer",
+    "Usage",
+    "UsageRecord",
+    "UsageSink",
+    "__version__",
+    "load_config",
+]

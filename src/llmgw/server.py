@@ -40,12 +40,13 @@ async def serve(
     *,
     router: Router | None = None,
     shutdown: trio.Event | None = None,
+    handle_signals: bool = True,
     task_status: trio.TaskStatus[Router] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or `shutdown`); in-flight streams get
     `router.drain_timeout` to finish."""
     router = router or Router(config)
-    stop = shutdown or trio.Event()
+    stop = shutdown if shutdown is not None else trio.Event()
     admin = AdminApp(router)
     drain = config.router.drain_timeout
 
@@ -53,7 +54,8 @@ async def serve(
         await stop.wait()
 
     async with trio.open_nursery() as background:
-        background.start_soon(_watch_signals, stop)
+        if handle_signals:
+            background.start_soon(_watch_signals, stop)
         await background.start(router.run)
         # The listeners return once `stop` is set and their streams have drained
         # (hypercorn's graceful_timeout); then the background work is cancelled.
