@@ -31,6 +31,7 @@ class AdminApp:
             ("GET", "/healthz"): self.healthz,
             ("GET", "/readyz"): self.readyz,
             ("GET", "/api/v1/endpoints"): self.endpoints,
+            ("GET", "/api/v1/admission"): self.admission,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -72,3 +73,7 @@ class AdminApp:
 
     async def endpoints(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, _json({"endpoints": self.router.endpoint_views()}))
+
+    async def admission(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Live queues per pool and band, and each pool's saturation."""
+        await send_json(send, 200, _json(self.router.admission_view()))

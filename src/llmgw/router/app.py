@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from llmgw.asgi import Receive, Scope, Send, header, lifespan, send_json
+from llmgw.router.admission import AdmissionRejected, UnknownBand
 from llmgw.router.breaker import Outcome, Ticket, classify_status
 from llmgw.router.proxy import AttemptFailed, Delivery, error_body
 from llmgw.router.usage import Usage, estimate_prompt_tokens
@@ -168,6 +169,58 @@ class ClientApp:
             router.metrics.disconnects.labels(requested, "stream" if stream else "request").inc()
 
     async def _serve(
+        self,
+        scope: Scope,
+        send: Send,
+        body: dict[str, Any],
+        raw: bytes,
+        chain: list[ModelConfig],
+        stream: bool,
+        started: float,
+        requested: str,
+    ) -> None:
+        """Admission by priority band, then routing. The request waits in its band's
+        queue while the model's pool is above the band's saturation ceiling."""
+        router = self.router
+        admission = router.admission
+        value = header(scope, router.band_header)
+        try:
+            band = admission.select_band(value.decode(errors="replace") if value else None)
+        except UnknownBand as exc:
+            raise HttpError(
+                400, str(exc), param=router.band_header.decode(), code="unknown_band"
+            ) from None
+        now = trio.current_time()
+        pool = next(
+            (
+                m.name
+                for m in chain
+                if any(s.breaker.allows(now) for s in router.endpoints.serving(m.name))
+            ),
+            None,
+        )
+        if pool is None:  # nothing to queue for: routing answers 503 at once
+            await self._route(scope, send, body, raw, chain, stream, started, requested)
+            return
+        tenant = (header(scope, router.tenant_header) or b"").decode(errors="replace")
+        limit = body.get("max_tokens") or body.get("max_completion_tokens")
+        cost = len(raw) / 4 + (limit if isinstance(limit, int) else 256)
+        try:
+            ticket = await admission.admit(pool, band, tenant, cost)
+        except AdmissionRejected as exc:
+            router.metrics.admission_rejected.labels(band.name, exc.reason).inc()
+            why = "its queue is full" if exc.reason == "queue_full" else "it waited too long"
+            raise HttpError(
+                429,
+                f"band {band.name!r} cannot be admitted for {pool!r} now: {why}",
+                type_="rate_limit_exceeded",
+                code=exc.reason,
+                headers=[(b"retry-after", str(max(1, round(exc.retry_after))).encode())],
+            ) from None
+        with ticket:
+            await self._route(scope, send, body, raw, chain, stream, started, requested)
+
+    async def _route(
         self,
         scope: Scope,
         send: Send,

@@ -17,6 +17,7 @@ import trio
 
 from llmgw.catalog import Catalog
 from llmgw.config import Config, EndpointConfig, ModelConfig
+from llmgw.router.admission import AdmissionController
 from llmgw.router.affinity import (
     PrefixTable,
     SessionTable,
@@ -105,8 +106,14 @@ class Router:
             else None
         )
         self.session_header = r.session_header.lower().encode()
+        self.band_header = r.admission.band_header.lower().encode()
+        self.tenant_header = r.admission.tenant_header.lower().encode()
         self.usage_sinks = list(usage_sinks)
         self.rng = rng or random.Random()
+        self.admission = AdmissionController(
+            r.admission, self.pool_saturation, on_wait=self._observe_wait
+        )
+        self.scraper.on_pass = self.admission.poke_all
         self.app = ClientApp(self)
 
     # -- EndpointSink, forwarded so the control plane can hold the Router itself --
@@ -114,12 +121,15 @@ class Router:
     def upsert(self, endpoint: Endpoint) -> None:
         self.endpoints.upsert(endpoint)
         self.scraper.poke()
+        self.admission.poke_all()
 
     def drain(self, endpoint_id: str) -> None:
         self.endpoints.drain(endpoint_id)
+        self.admission.poke_all()
 
     def remove(self, endpoint_id: str) -> None:
         self.endpoints.remove(endpoint_id)
+        self.admission.poke_all()
         self.sessions.forget(endpoint_id)
         if self.prefixes is not None:
             self.prefixes.table.forget(endpoint_id)
@@ -131,6 +141,7 @@ class Router:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.scraper.run)
+                await nursery.start(self.admission.run)
                 task_status.started()
         finally:
             with trio.CancelScope(shield=True):
@@ -138,6 +149,17 @@ class Router:
                 await self.scraper.client.aclose()
 
     # -- decisions (called by the client app) -----------------------------------
+
+    def pool_saturation(self, pool: str) -> float:
+        """How full a model's usable replicas are, 0..1 (see Scorer.pool_saturation)."""
+        now = trio.current_time()
+        scorer = self.scorers[self.config.router.default_profile]
+        return scorer.pool_saturation(
+            [s.candidate(now) for s in self.endpoints.serving(pool) if s.breaker.allows(now)]
+        )
+
+    def _observe_wait(self, pool: str, band: str, outcome: str, seconds: float) -> None:
+        self.metrics.queue_wait.labels(band, outcome).observe(seconds)
 
     def scorer_for(self, model: ModelConfig) -> Scorer:
         profile = model.routing_profile or self.config.router.default_profile
@@ -221,6 +243,9 @@ class Router:
                 sink.record(record)
 
     # -- views --------------------------------------------------------------------
+
+    def admission_view(self) -> dict[str, Any]:
+        return self.admission.snapshot()
 
     def endpoint_views(self) -> list[dict[str, Any]]:
         """Every endpoint with its live numbers and scores, for the admin API."""

@@ -138,6 +138,20 @@ class RouterMetrics:
             ["model", "tier"],
             registry=r,
         )
+        self.queue_wait = Histogram(
+            "llmgw_admission_wait_seconds",
+            "Time requests spent queued for admission, by band and how the wait ended "
+            "(admitted, expired, abandoned).",
+            ["band", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.admission_rejected = Counter(
+            "llmgw_admission_rejected_total",
+            "Requests refused by admission, by band and reason (queue_full, expired).",
+            ["band", "reason"],
+            registry=r,
+        )
         self.scrapes = Counter(
             "llmgw_scrapes_total", "Engine metric scrapes attempted.", ["endpoint"], registry=r
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import httpx
 import trio
 
@@ -32,6 +34,8 @@ class Scraper:
         self.timeout = timeout
         self.client = client or httpx.AsyncClient(timeout=None)
         self._wake = trio.Event()
+        # Called after every pass, so admission re-reads saturation from fresh numbers.
+        self.on_pass: Callable[[], None] | None = None
 
     def poke(self) -> None:
         """Scrape now (e.g. right after a new endpoint was added)."""
@@ -40,6 +44,8 @@ class Scraper:
     async def run(self) -> None:
         while True:
             await self.scrape_all()
+            if self.on_pass is not None:
+                self.on_pass()
             with trio.move_on_after(self.interval):
                 await self._wake.wait()
             self._wake = trio.Event()
