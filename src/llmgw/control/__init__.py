@@ -1,0 +1,1 @@
+"""The control plane: inventory, placement, reconciler, controller, fleet metrics."""

@@ -1,0 +1,1 @@
+"""How agents and the server talk: messages, transport interfaces, stub and gRPC."""

@@ -1,0 +1,100 @@
+"""The agent protocol in Python terms: what flows on the one stream between an agent
+and the server. Transports move these values; the gRPC transport converts them
+to and from `proto/llmgw/agent/v1/agent.proto`, the stub passes them as they are.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from llmgw.config import DeploymentProfile
+from llmgw.control.fleet import Gpu, NodeInfo, ShardState
+
+# -- agent -> server -------------------------------------------------------------
+
+
+@attrs.frozen
+class ShardStatus:
+    """A shard's state as its agent sees it; sent on every transition."""
+
+    replica_id: str
+    rank: int
+    epoch: int
+    state: ShardState
+    model: str = ""
+    message: str = ""
+    exit_code: int | None = None
+    output_tail: tuple[str, ...] = ()  # the engine's last lines, on failure
+    endpoint_url: str | None = None  # rank 0 only: where the engine serves HTTP
+    pid: int | None = None
+
+
+@attrs.frozen
+class Register:
+    """First message of every connection: the whole inventory and every running shard,
+    so a reconnecting agent refreshes all the server knows of it."""
+
+    node: NodeInfo
+    shards: tuple[ShardStatus, ...] = ()
+
+
+@attrs.frozen
+class Heartbeat:
+    seq: int
+    gpus: tuple[Gpu, ...] = ()  # refreshed memory/utilisation/ECC
+    shards: tuple[ShardStatus, ...] = ()
+
+
+@attrs.frozen
+class CommandResult:
+    command_id: str
+    ok: bool
+    message: str = ""
+
+
+AgentMessage = Register | Heartbeat | ShardStatus | CommandResult
+
+# -- server -> agent -------------------------------------------------------------
+
+
+@attrs.frozen
+class Registered:
+    heartbeat_interval: float  # seconds
+    server_epoch: str  # changes when the server restarts
+
+
+@attrs.frozen
+class StartShard:
+    command_id: str
+    replica_id: str
+    rank: int
+    epoch: int  # fencing: a shard of an older epoch of this replica is stale
+    model: str  # served model name
+    profile: DeploymentProfile
+    gpu_indices: tuple[int, ...]
+    port: int
+    node_count: int = 1
+    master_address: str | None = None  # distributed init (multi-node)
+    master_port: int | None = None
+    mgmt_interface: str = "eth0"
+
+
+@attrs.frozen
+class StopShard:
+    command_id: str
+    replica_id: str
+    rank: int
+    epoch: int
+    grace: float = 30.0  # seconds between SIGTERM and SIGKILL
+
+
+@attrs.frozen
+class DrainShard:
+    command_id: str
+    replica_id: str
+    rank: int
+    epoch: int
+    deadline: float = 300.0  # seconds to wait for in-flight requests before stopping
+
+
+ServerMessage = Registered | StartShard | StopShard | DrainShard
