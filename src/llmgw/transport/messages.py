@@ -27,6 +27,13 @@ class ShardStatus:
     output_tail: tuple[str, ...] = ()  # the engine's last lines, on failure
     endpoint_url: str | None = None  # rank 0 only: where the engine serves HTTP
     pid: int | None = None
+    # What the shard was started with, so a restarted server can rebuild the
+    # placement from agents' reports and adopt it instead of restarting it.
+    profile: str = ""
+    node_count: int | None = None
+    gpu_indices: tuple[int, ...] = ()
+    port: int | None = None
+    dist_port: int | None = None
 
 
 @attrs.frozen
