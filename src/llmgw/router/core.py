@@ -114,6 +114,7 @@ class Router:
             r.admission, self.pool_saturation, on_wait=self._observe_wait
         )
         self.scraper.on_pass = self.admission.poke_all
+        self.metrics.watch_admission(self.admission.stats, self.pool_saturation)
         self.app = ClientApp(self)
 
     # -- EndpointSink, forwarded so the control plane can hold the Router itself --

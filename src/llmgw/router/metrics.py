@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from llmgw.router.admission import AdmissionStats
 from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoints import EndpointRegistry
 
@@ -171,6 +172,16 @@ class RouterMetrics:
     def watch_endpoints(self, endpoints: EndpointRegistry, clock: Callable[[], float]) -> None:
         self.registry.register(_EndpointCollector(endpoints, clock))
 
+    def watch_admission(
+        self, stats: Callable[[], AdmissionStats], saturation: Callable[[str], float]
+    ) -> None:
+        """Export admission queues, counters and each pool's saturation at scrape time.
+
+        `stats` is ``AdmissionController.stats``; `saturation(model)` is read fresh per
+        scrape (the controller's last reading can be arbitrarily old on a quiet model).
+        """
+        self.registry.register(_AdmissionCollector(stats, saturation))
+
 
 _BREAKER_STATES = tuple(BreakerState)
 
@@ -249,3 +260,65 @@ class _EndpointCollector(Collector):
             for bs in _BREAKER_STATES:
                 breaker.add_metric([state.endpoint.id, bs.value], 1.0 if bs is current else 0.0)
         yield from (waiting, running, kv, hit, inflight, age, up, draining, breaker)
+
+
+class _AdmissionCollector(Collector):
+    """Per model (pool) and band, from ``AdmissionController.stats()``. A pool appears
+    once admission has seen a request for it; with admission disabled, nothing does."""
+
+    def __init__(
+        self, stats: Callable[[], AdmissionStats], saturation: Callable[[str], float]
+    ) -> None:
+        self._stats = stats
+        self._saturation = saturation
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []  # computed at collection; nothing to pre-declare
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        stats = self._stats()
+        if not stats.pools:
+            return
+        label = ["model", "band"]
+        depth = GaugeMetricFamily(
+            "llmgw_admission_queue_depth",
+            "Requests waiting for admission, by model and band.",
+            labels=label,
+        )
+        tenants = GaugeMetricFamily(
+            "llmgw_admission_queue_tenants",
+            "Distinct tenants with requests waiting for admission, by model and band.",
+            labels=label,
+        )
+        inflight = GaugeMetricFamily(
+            "llmgw_admission_inflight_requests",
+            "Requests admitted and not finished yet, by model and band.",
+            labels=label,
+        )
+        saturation = GaugeMetricFamily(
+            "llmgw_admission_pool_saturation_ratio",
+            "How full the model's usable replicas are, 0..1, as admission compares it "
+            "with the band ceilings.",
+            labels=["model"],
+        )
+        admitted = CounterMetricFamily(
+            "llmgw_admission_admitted",
+            "Requests admitted, by model, band and whether they waited in the queue first.",
+            labels=["model", "band", "queued"],
+        )
+        abandoned = CounterMetricFamily(
+            "llmgw_admission_abandoned",
+            "Requests whose client went away while they waited for admission.",
+            labels=label,
+        )
+        for pool in stats.pools:
+            saturation.add_metric([pool.pool], self._saturation(pool.pool))
+            for b in pool.bands:
+                ident = [pool.pool, b.band]
+                depth.add_metric(ident, b.depth)
+                tenants.add_metric(ident, b.tenants)
+                inflight.add_metric(ident, b.inflight)
+                admitted.add_metric([*ident, "false"], b.admitted_immediate)
+                admitted.add_metric([*ident, "true"], b.admitted_queued)
+                abandoned.add_metric(ident, b.abandoned)
+        yield from (depth, tenants, inflight, saturation, admitted, abandoned)
