@@ -2,8 +2,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# buf (proto lint) comes from the npm registry; kept inside the venv so `clean` removes it.
+BUF_VERSION ?= 1.75.0
+BUF := $(VENV)/buf/node_modules/.bin/buf
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install buf clean
 
 $(BIN)/llmgw-server: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,16 +16,23 @@ $(BIN)/llmgw-server: pyproject.toml
 
 install: $(BIN)/llmgw-server
 
+$(BUF):
+	npm install --silent --no-save --no-package-lock --prefix $(VENV)/buf @bufbuild/buf@$(BUF_VERSION)
+
+buf: $(BUF)
+
 demo: install
 	$(BIN)/llmgw-server --demo
 
 test: install
 	$(BIN)/pytest -q
 
-lint: install
+lint: install $(BUF)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
+	$(BUF) lint proto
+	$(BIN)/python scripts/gen_proto.py --check
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
