@@ -1,0 +1,560 @@
+"""Shared helpers of the router benchmarks (router_overhead.py, routing_quality.py).
+
+* processes: simulators and the router on free loopback ports, always stopped on
+  exit (normal return, exception, Ctrl-C, SIGTERM, and an atexit backstop);
+* a client-side round-robin transport (the "direct" baseline);
+* interleaved turns A, B, A, B with a hook before and after each turn, one
+  warm client per target;
+* /proc readers (CPU seconds, RSS) and Prometheus text scraping;
+* statistics for side-by-side reporting (mean difference with a 95% interval);
+* tables printed with rich when it is importable, plain text otherwise.
+
+Nothing here asserts: the scripts print what they measured next to the targets.
+Only 127.0.0.1 is ever contacted.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from llmgw import bench
+
+BIN = Path(sys.executable).parent
+LOOPBACK = "127.0.0.1"
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """One started program, its output in a log file, in its own process group."""
+
+    def __init__(self, argv: Sequence[str], log: Path) -> None:
+        self.argv = list(argv)
+        self.log = log
+        self._logf = log.open("wb")
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._logf,
+            stderr=subprocess.STDOUT,
+            # Own group: a Ctrl-C in the terminal reaches only this script, which then
+            # stops its children in order (and nothing else).
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def output(self, tail: int = 4000) -> str:
+        self._logf.flush()
+        return self.log.read_text(errors="replace")[-tail:]
+
+    def wait_http(self, url: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(
+                    f"{self.argv[0]} exited with {self.popen.returncode}:\n{self.output()}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
+                    return
+            time.sleep(0.05)
+        raise TimeoutError(f"{url} not up after {timeout:g}s:\n{self.output()}")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM to the process group, SIGKILL after `timeout`."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(5)
+        self._logf.close()
+
+
+class Fleet:
+    """Every process a benchmark started; `close()` stops them all (idempotent)."""
+
+    def __init__(self) -> None:
+        self.procs: list[Proc] = []
+        self.logdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
+        self._closed = False
+        atexit.register(self.close)
+
+    def start(self, program: str, *args: str, name: str, health: str) -> Proc:
+        proc = Proc([str(BIN / program), *args], self.logdir / f"{name}.log")
+        self.procs.append(proc)
+        proc.wait_http(health)
+        return proc
+
+    def sim(self, name: str, *args: str, model: str) -> tuple[Proc, str]:
+        port = free_port()
+        base = f"http://{LOOPBACK}:{port}"
+        argv = ["--host", LOOPBACK, "--port", str(port), "--model", model, *args]
+        return self.start("llmgw-sim", *argv, name=name, health=f"{base}/health"), base
+
+    def router(
+        self, endpoints: Sequence[tuple[str, str, str]], config: str | None = None
+    ) -> RouterProc:
+        port, admin_port = free_port(), free_port()
+        argv = ["--listen", f"{LOOPBACK}:{port}", "--admin-listen", f"{LOOPBACK}:{admin_port}"]
+        if config is not None:
+            path = self.logdir / "llmgw.toml"
+            path.write_text(config)
+            argv += ["--config", str(path)]
+        for ident, url, model in endpoints:
+            argv += ["--endpoint", f"{ident}={url}={model}"]
+        admin = f"http://{LOOPBACK}:{admin_port}"
+        proc = self.start("llmgw-server", *argv, name="llmgw-server", health=f"{admin}/healthz")
+        return RouterProc(proc, f"http://{LOOPBACK}:{port}", admin)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Router first, so it does not log every simulator going away.
+        for proc in reversed(self.procs):
+            proc.stop()
+
+
+@contextlib.contextmanager
+def fleet() -> Iterator[Fleet]:
+    """A Fleet that is closed however the block ends; SIGTERM acts like Ctrl-C."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        # Whatever handles Ctrl-C now (trio's handler while trio runs, which delivers
+        # KeyboardInterrupt at a safe point; Python's default otherwise) handles this too.
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    f = Fleet()
+    try:
+        yield f
+    finally:
+        # A second Ctrl-C while stopping must not leave orphans.
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            f.close()
+        finally:
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, previous)
+
+
+@attrs.define
+class RouterProc:
+    proc: Proc
+    base: str
+    admin: str
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def endpoints(self) -> list[dict[str, Any]]:
+        r = httpx.get(f"{self.admin}/api/v1/endpoints", timeout=5, trust_env=False)
+        r.raise_for_status()
+        return list(r.json()["endpoints"])
+
+    def wait_scraped(self, timeout: float = 15.0) -> None:
+        """Until every endpoint has been scraped once (the router then scores on data)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(e.get("engine") is not None for e in self.endpoints()):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"router endpoints not scraped after {timeout:g}s")
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct child processes of `pid` (from /proc; empty when unknown)."""
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                text = Path(f"/proc/{pid}/task/{task}/children").read_text()
+                out += [int(x) for x in text.split()]
+    return out
+
+
+# -- /proc --------------------------------------------------------------------------------
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid` (all its threads), from /proc/<pid>/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    # The command name may contain spaces and parentheses: fields follow the last ')'.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    # After the name: state is field 3, so utime (14) and stime (15) are at 11 and 12.
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, all cores (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal [guest guest_nice: inside user]
+    total = sum(fields[:8])
+    idle = fields[3] + fields[4]
+    return (total - idle) / _TICKS, total / _TICKS
+
+
+def busy_fraction(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """Share of all cores busy between two machine_cpu() readings."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else None
+
+
+def clock_tick() -> float:
+    """Resolution of cpu_seconds (usually 10 ms)."""
+    return 1.0 / _TICKS
+
+
+# -- Prometheus text --------------------------------------------------------------------------
+
+
+def scrape(url: str, names: Sequence[str]) -> dict[str, float]:
+    """The sum over all label sets of each named sample in `url`'s metrics (0 when absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = dict.fromkeys(names, 0.0)
+    text = httpx.get(url, timeout=5, trust_env=False).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+    return totals
+
+
+# -- client-side round robin ----------------------------------------------------------------
+
+
+class RoundRobinTransport(httpx.AsyncBaseTransport):
+    """Sends each request to the next base URL in turn (what a plain L4/L7 balancer does).
+
+    The target URL's scheme, host and port are replaced; the path is kept. Connections
+    are pooled per replica by the wrapped transport.
+    """
+
+    def __init__(self, bases: Sequence[str], inner: httpx.AsyncBaseTransport) -> None:
+        self.urls = [httpx.URL(b) for b in bases]
+        self.inner = inner
+        self._next = itertools.cycle(range(len(self.urls)))
+        self.sent = [0] * len(self.urls)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        i = next(self._next)
+        self.sent[i] += 1
+        u = self.urls[i]
+        request.url = request.url.copy_with(scheme=u.scheme, host=u.host, port=u.port)
+        request.headers["host"] = f"{u.host}:{u.port}"
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+# Connections per client pool shard; see ShardedTransport.
+SHARD_CONNECTIONS = 8
+
+
+class _TrackedStream(httpx.AsyncByteStream):
+    """A response body that calls `done` once, when it is closed."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, done: Callable[[], None]) -> None:
+        self.inner = inner
+        self._done: Callable[[], None] | None = done
+
+    async def __aiter__(self) -> Any:
+        async for chunk in self.inner:
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self.inner.aclose()
+        finally:
+            if self._done is not None:
+                self._done()
+                self._done = None
+
+
+class ShardedTransport(httpx.AsyncBaseTransport):
+    """Several small connection pools; each request goes to the least busy one.
+
+    httpcore's pool walks all of its connections on every request and on every
+    response close, and asks each idle one whether its socket is readable (a
+    syscall): O(connections) per request. At 128 connections in one pool the load
+    generator, not the server, became the bottleneck (a full core at ~120 req/s).
+    Shards of SHARD_CONNECTIONS keep the walk short; each shard may still open more
+    connections than that, so no request ever waits for a connection.
+    """
+
+    def __init__(self, concurrency: int) -> None:
+        n = max(1, math.ceil(concurrency / SHARD_CONNECTIONS))
+        self.shards = [_pool(concurrency) for _ in range(n)]
+        self.busy = [0] * n
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        i = min(range(len(self.shards)), key=self.busy.__getitem__)
+        self.busy[i] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.busy[i] -= 1
+
+        try:
+            response = await self.shards[i].handle_async_request(request)
+        except BaseException:
+            release()
+            raise
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        return httpx.Response(
+            status_code=response.status_code,
+            headers=response.headers,
+            stream=_TrackedStream(response.stream, release),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        for shard in self.shards:
+            await shard.aclose()
+
+
+def _pool(connections: int) -> httpx.AsyncHTTPTransport:
+    return httpx.AsyncHTTPTransport(
+        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        trust_env=False,
+    )
+
+
+def pooled_transport(concurrency: int) -> httpx.AsyncBaseTransport:
+    """The load generator's transport for `concurrency` workers (see ShardedTransport)."""
+    return ShardedTransport(concurrency)
+
+
+# -- interleaved turns ------------------------------------------------------------------------
+
+
+@attrs.define
+class Turn:
+    """One run of one target in one round, with what the hooks measured around it."""
+
+    round: int
+    target: str
+    result: bench.BenchResult
+    extra: dict[str, Any] = attrs.field(factory=dict)
+
+
+async def _maybe_await(value: Awaitable[None] | None) -> None:
+    if value is not None:
+        await value
+
+
+async def interleave(
+    targets: Sequence[tuple[bench.Target, httpx.AsyncBaseTransport]],
+    config: bench.LoadConfig,
+    *,
+    rounds: int,
+    warm_requests: int = 0,
+    before: Callable[[int, bench.Target], Any] | None = None,
+    after: Callable[[int, bench.Target, bench.BenchResult], Any] | None = None,
+) -> list[list[bench.BenchResult]]:
+    """Targets A, B, A, B, ... for `rounds` rounds; per target the list of its turns.
+
+    Like `bench.run_interleaved` (same prompt indices for every target within a round,
+    fresh indices each round), but each target keeps its own client (its transport may
+    be a round robin over several replicas; the client closes it at the end), an
+    unmeasured warm-up of `warm_requests` requests per target comes first (prompt
+    indices far from the measured ones), and `before`/`after` run around every
+    measured turn (synchronous or async), e.g. to read a process's CPU time.
+    """
+    per_target: list[list[bench.BenchResult]] = [[] for _ in targets]
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(bench.runner.open_client(config, transport))
+            for _, transport in targets
+        ]
+        if warm_requests:
+            warm = attrs.evolve(
+                config, requests=warm_requests, duration=15.0, start_index=50_000_000
+            )
+            for client, (target, _) in zip(clients, targets, strict=True):
+                await bench.run_with_client(client, target, warm)
+        start_index = config.start_index
+        for r in range(rounds):
+            step = attrs.evolve(config, start_index=start_index)
+            used = 0
+            for i, (target, _) in enumerate(targets):
+                if before is not None:
+                    await _maybe_await(before(r, target))
+                result = await bench.run_with_client(clients[i], target, step)
+                if after is not None:
+                    await _maybe_await(after(r, target, result))
+                per_target[i].append(result)
+                used = max(used, len(result.samples))
+            start_index += used
+    return per_target
+
+
+# -- statistics ------------------------------------------------------------------------------
+
+
+def mean_diff(a: Sequence[float], b: Sequence[float]) -> tuple[float, float] | None:
+    """mean(b) - mean(a) and the half-width of its ~95% interval (Welch, normal approx)."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    ma, mb = math.fsum(a) / len(a), math.fsum(b) / len(b)
+    va = math.fsum((x - ma) ** 2 for x in a) / (len(a) - 1)
+    vb = math.fsum((x - mb) ** 2 for x in b) / (len(b) - 1)
+    return mb - ma, 1.96 * math.sqrt(va / len(a) + vb / len(b))
+
+
+def ok_values(result: bench.BenchResult, what: str) -> list[float]:
+    """e2e or ttft of the successful samples (seconds)."""
+    out = []
+    for s in result.samples:
+        if s.ok:
+            v = getattr(s, what)
+            if v is not None:
+                out.append(float(v))
+    return out
+
+
+# -- output ----------------------------------------------------------------------------------
+
+
+def ms(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x * 1e3:.{digits}f}"
+
+
+def dist_ms(d: bench.Dist | None, digits: int = 1) -> str:
+    """p50 / p90 / p99 (mean) in milliseconds."""
+    if d is None:
+        return "-"
+    return f"{d.p50 * 1e3:.{digits}f} / {d.p90 * 1e3:.{digits}f} / {d.p99 * 1e3:.{digits}f}"
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A table with rich when available, else aligned plain text."""
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        _plain_table(title, columns, rows)
+        return
+    table = Table(title=title, title_justify="left")
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i == 0 else "right", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    # Wide even when piped (README pastes), so that cells are not folded.
+    width = os.get_terminal_size().columns if sys.stdout.isatty() else 200
+    Console(width=max(100, width)).print(table)
+
+
+def _plain_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(name), *(len(r[i]) for r in rows)) for i, name in enumerate(columns)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            v.ljust(w) if i == 0 else v.rjust(w)
+            for i, (v, w) in enumerate(zip(cells, widths, strict=True))
+        )
+
+    print(title)
+    print(line(columns))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print(line(row))
+    print()
+
+
+def log(message: str) -> None:
+    """Progress on stderr, so --json output on stdout stays clean."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def machine() -> str:
+    cpu = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    load = os.getloadavg()
+    return (
+        f"{os.cpu_count()} cores ({cpu}), Python {sys.version.split()[0]}, "
+        f"load average at start {load[0]:.2f}"
+    )
+
+
+def revision() -> str:
+    """The repository's commit, marked "+edits" when src/ differs from it (else "?")."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--", "src"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return head + ("+edits" if dirty else "")
+
+
+def run_trio(fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    return trio.run(fn, *args)
