@@ -210,12 +210,19 @@ def test_session_guard_uses_relative_load() -> None:
 
 
 def test_prefix_best_match_wins_within_guard() -> None:
-    # Guard: load <= 1.25 * 2 + 1 = 3.5, so a (3) qualifies over the idler b and c.
-    cands = [cand("a", running=3), cand("b", running=2), cand("c", running=2)]
+    # Guard: load <= 1.25 * 2 + target_inflight/4 (2) = 4.5: a (4) qualifies over the
+    # idler b and c.
+    cands = [cand("a", running=4), cand("b", running=2), cand("c", running=2)]
     assert pick(cands, prefix={"a": 0.9, "b": 0.5}) == ("a", "prefix")
-    # Next to an idle replica the guard is 1: a at 2 is out, b at 1 is in.
-    cands = [cand("a", running=2), cand("b", running=1), cand("c")]
+    # Next to an idle replica the guard is 2: a at 3 is out, b at 1 is in.
+    cands = [cand("a", running=3), cand("b", running=1), cand("c")]
     assert pick(cands, prefix={"a": 0.9, "b": 0.5}) == ("b", "prefix")
+
+
+def test_prefix_affinity_holds_when_every_replica_is_saturated() -> None:
+    # Both at or past target_inflight (8): the prefix still decides, within the guard.
+    cands = [cand("a", running=9), cand("b", running=8)]
+    assert pick(cands, prefix={"a": 1.0}) == ("a", "prefix")
 
 
 def test_prefix_hot_replica_not_overloaded() -> None:

@@ -111,17 +111,21 @@ class PrefixTable:
     def __init__(self, size: int, ttl: float) -> None:
         self.size = size
         self.ttl = ttl
-        # chain hash -> {endpoint id: last served}; order = last-use order.
-        self._entries: OrderedDict[int, dict[str, float]] = OrderedDict()
+        # chain hash -> {endpoint id: (last served, times served)}; order = last use.
+        self._entries: OrderedDict[int, dict[str, tuple[float, int]]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def match(self, hashes: Sequence[int], now: float) -> dict[str, float]:
-        """Per endpoint, the fraction (0..1] of `hashes` it holds as a leading chain.
+        """Per endpoint, how well it holds `hashes` as a leading chain, in (0, 1].
 
-        Endpoints with no match are absent. Walks the chain from the start and stops
-        at the first hash nobody holds: a longer match needs every shorter one.
+        The fraction of the chain it holds, scaled by its share of the prefix's
+        traffic (from 1/2 for a holder that served it once in a while up to 1 for the
+        one that served it most): when load spills a prefix to a second replica, the
+        first one stays the prefix's home instead of the prefix spreading over the
+        fleet. Endpoints with no match are absent. Walks the chain from the start
+        and stops at the first hash nobody holds.
         """
         result: dict[str, float] = {}
         total = len(hashes)
@@ -133,14 +137,13 @@ class PrefixTable:
             holders = entries.get(h)
             if not holders:
                 break
-            found = False
-            fraction = (i + 1) / total
-            for ep, seen in holders.items():
-                if seen >= cutoff:
-                    result[ep] = fraction
-                    found = True
-            if not found:
+            live = {ep: count for ep, (seen, count) in holders.items() if seen >= cutoff}
+            if not live:
                 break
+            fraction = (i + 1) / total
+            most = max(live.values())
+            for ep, count in live.items():
+                result[ep] = fraction * (0.5 + 0.5 * count / most)
         return result
 
     def record(self, hashes: Sequence[int], endpoint_id: str, now: float) -> None:
@@ -153,9 +156,10 @@ class PrefixTable:
         for h in reversed(hashes):
             holders = entries.get(h)
             if holders is None:
-                entries[h] = {endpoint_id: now}
+                entries[h] = {endpoint_id: (now, 1)}
             else:
-                holders[endpoint_id] = now
+                _, count = holders.get(endpoint_id, (now, 0))
+                holders[endpoint_id] = (now, count + 1)
                 entries.move_to_end(h)
         self._trim(now)
 
@@ -179,7 +183,7 @@ class PrefixTable:
         while entries:
             h, holders = next(iter(entries.items()))
             # An entry's last use is its newest mark.
-            if max(holders.values()) >= cutoff:
+            if max(seen for seen, _ in holders.values()) >= cutoff:
                 break
             del entries[h]
 

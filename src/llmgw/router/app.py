@@ -293,7 +293,6 @@ class ClientApp:
                     state,
                     delivery,
                     session_key=session_key,
-                    prefix=prefix,
                     latency=trio.current_time() - started,
                 )
                 return
@@ -394,7 +393,6 @@ class ClientApp:
                     state,
                     partial,
                     session_key=None,
-                    prefix=None,
                     latency=trio.current_time() - started,
                     status=499,
                 )

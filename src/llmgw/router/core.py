@@ -177,9 +177,17 @@ class Router:
         candidates = [s.candidate(now) for s in usable]
         sticky = self.sessions.lookup(session_key, now) if session_key else None
         matches = self.prefixes.table.match(prefix, now) if self.prefixes and prefix else {}
-        return self.scorer_for(model).pick(
+        decision = self.scorer_for(model).pick(
             candidates, session_endpoint=sticky, prefix_matches=matches, rng=self.rng
         )
+        if decision is not None:
+            # Remembered at once, not when the answer is complete: a burst of requests
+            # from a new session or tenant must not scatter before the first finishes.
+            if session_key:
+                self.sessions.record(session_key, decision.endpoint_id, now)
+            if prefix and self.prefixes is not None:
+                self.prefixes.table.record(prefix, decision.endpoint_id, now)
+        return decision
 
     def record_attempt(
         self, state: EndpointState, ticket: Ticket, outcome: Outcome, failure: AttemptFailed | None
@@ -201,7 +209,6 @@ class Router:
         delivery: Delivery,
         *,
         session_key: str | None,
-        prefix: tuple[int, ...] | None,
         latency: float,
         status: int | None = None,
     ) -> None:
@@ -226,11 +233,14 @@ class Router:
                 m.cached_tokens.labels(model.name, ident).inc(usage.cached_tokens)
             if usage.estimated:
                 m.estimated_usage.labels(model.name).inc()
-        if code < 400 and delivery.failure is None:
-            if session_key:
-                self.sessions.record(session_key, ident, now)
-            if prefix and self.prefixes is not None:
-                self.prefixes.table.record(prefix, ident, now)
+        # A retry may have served elsewhere than the pick: the session follows it.
+        if (
+            session_key
+            and code < 400
+            and delivery.failure is None
+            and self.sessions.lookup(session_key, now) != ident
+        ):
+            self.sessions.record(session_key, ident, now)
         if self.usage_sinks and usage is not None:
             record = UsageRecord(
                 model=model.name,

@@ -107,28 +107,47 @@ def _usage_in(event: bytes) -> tuple[Usage | None, bool]:
 class Upstream:
     """Sends requests to engines over pooled connections."""
 
+    # httpcore's pool walks all of its connections for every request it assigns, so
+    # the cost grows with the square of the pool size. Many small pools (shards,
+    # taken in turn) keep that walk short at high concurrency.
+    SHARDS = 8
+
     def __init__(self, timeouts: Timeouts, client: httpx.AsyncClient | None = None) -> None:
         self.timeouts = timeouts
-        self.client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=timeouts.dial, read=None, write=None, pool=None),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+        self._shards: list[httpx.AsyncClient] = (
+            [client] if client is not None else [self._new_client() for _ in range(self.SHARDS)]
+        )
+        self._turn = 0
+
+    def _new_client(self) -> httpx.AsyncClient:
+        t = self.timeouts
+        return httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=t.dial, read=None, write=None, pool=None),
             transport=httpx.AsyncHTTPTransport(
                 retries=0,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
                 socket_options=[(6, 1, 1)],  # IPPROTO_TCP, TCP_NODELAY, on
             ),
         )
 
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The next shard in turn."""
+        self._turn = (self._turn + 1) % len(self._shards)
+        return self._shards[self._turn]
+
     async def aclose(self) -> None:
-        await self.client.aclose()
+        for shard in self._shards:
+            await shard.aclose()
 
     async def _open(
         self, url: str, body: bytes, headers: list[tuple[bytes, bytes]], phase: str, deadline: float
     ) -> httpx.Response:
-        request = self.client.build_request("POST", url, content=body, headers=headers)
+        client = self.client
+        request = client.build_request("POST", url, content=body, headers=headers)
         try:
             with trio.fail_after(deadline):
-                response = await self.client.send(request, stream=True)
+                response = await client.send(request, stream=True)
         except trio.TooSlowError:
             raise AttemptFailed(
                 Outcome.TIMEOUT, f"no response headers within {deadline:g}s", phase=phase
@@ -317,6 +336,11 @@ class Upstream:
             )
             return await self._broken(outcome, failure, send, extra_headers, body_size)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        # Read the body's end (the chunked terminator) so the connection goes back to
+        # the pool instead of being closed: a new TCP connection per stream costs CPU.
+        with trio.move_on_after(1.0):
+            async for _ in chunks:
+                pass
         if outcome.usage is None:
             outcome.usage = Usage(estimate_prompt_tokens(body_size), outcome.events, estimated=True)
         return outcome

@@ -271,11 +271,15 @@ class Scorer:
                     chosen, kind = s, "session"
 
         if chosen is None and prefix_matches:
-            limit = factor * min(rel[i] for i in eligible) + 1.0
+            # A cached prefix is worth a few queued requests (prefill is the expensive
+            # part of a long prompt), so the prefix guard is looser than the session one.
+            # When every replica is saturated, affinity still decides among them.
+            slack = max(1.0, self.scoring.target_inflight / 4)
+            limit = factor * min(rel[i] for i in eligible) + slack
             best_match = 0.0
             for i in eligible:
                 m = prefix_matches.get(candidates[i].endpoint_id, 0.0)
-                if m <= 0.0 or sats[i] or rel[i] > limit:
+                if m <= 0.0 or rel[i] > limit:
                     continue
                 if (
                     chosen is None
