@@ -170,6 +170,9 @@ class ControlConfig:
     max_backoff: Seconds = Seconds(600.0)
     unreachable_after: Seconds = Seconds(15.0)
     lost_after: Seconds = Seconds(60.0)
+    # A replica whose shards are not all ready this long after the start command
+    # failed to start (large models load for many minutes).
+    start_timeout: Seconds = Seconds(1800.0)
     port_range: tuple[int, int] = (20000, 20999)
     mgmt_interface: str = "eth0"
 
@@ -553,7 +556,14 @@ def check(config: Config) -> list[str]:
         )
 
     c = config.control
-    for key in ("interval", "base_backoff", "max_backoff", "unreachable_after", "lost_after"):
+    for key in (
+        "interval",
+        "base_backoff",
+        "max_backoff",
+        "unreachable_after",
+        "lost_after",
+        "start_timeout",
+    ):
         _positive(problems, f"control.{key}", getattr(c, key))
     if c.base_backoff > c.max_backoff:
         problems.append(

@@ -91,11 +91,14 @@ def parse_size(value: object) -> int:
 
 
 def format_size(size: int) -> str:
-    for unit in ("TiB", "GiB", "MiB", "KiB", "TB", "GB", "MB", "KB"):
+    """The exact form with the smallest number: 80000000000 -> '80GB', 2**25 -> '32MiB'."""
+    best = f"{size}B"
+    quotient = size
+    for unit in ("TiB", "TB", "GiB", "GB", "MiB", "MB", "KiB", "KB"):
         factor = _SIZE_UNITS[unit.lower()]
-        if size and size % factor == 0:
-            return f"{size // factor}{unit}"
-    return f"{size}B"
+        if size and size % factor == 0 and size // factor < quotient:
+            best, quotient = f"{size // factor}{unit}", size // factor
+    return best
 
 
 @attrs.frozen

@@ -1,0 +1,1 @@
+"""The node side of the control plane: discovery, engine adapters, supervision."""

@@ -1,0 +1,295 @@
+"""`Controller`: the control plane's I/O edge around the pure inventory and reconciler.
+
+It accepts agent connections from a transport, feeds what agents say into the
+:class:`~llmgw.control.inventory.Inventory`, runs the
+:class:`~llmgw.control.reconciler.Reconciler` every `control.interval` and after
+every event, sends the commands it decides on, and publishes ready replicas to an
+:class:`~llmgw.router.endpoints.EndpointSink` (the router). The router then talks
+to engines directly: they keep serving while the control plane restarts.
+
+After a start it waits one `settle` period before placing anything, so agents that
+still run replicas can reconnect and have them adopted instead of duplicated.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import trio
+
+from llmgw.catalog import Catalog
+from llmgw.config import ControlConfig, ModelConfig
+from llmgw.control.fleet import NodeState, ReplicaState, ShardState
+from llmgw.control.inventory import (
+    Inventory,
+    InventoryError,
+    NodeLost,
+    NodeRecord,
+    ShardReport,
+    placement_from_reports,
+)
+from llmgw.control.placement import NodeCapacity
+from llmgw.control.reconciler import Actions, NodeView, Publish, Reconciler, Unpublish
+from llmgw.router.endpoints import Endpoint, EndpointSink
+from llmgw.transport.base import AgentConnection, AgentListener, ConnectionClosed
+from llmgw.transport.messages import (
+    CommandResult,
+    Heartbeat,
+    Register,
+    Registered,
+    ServerMessage,
+    ShardStatus,
+)
+
+log = logging.getLogger("llmgw.control")
+
+OUTBOX_SIZE = 1024
+
+
+async def _send_all(
+    conn: AgentConnection, pending: trio.MemoryReceiveChannel[ServerMessage]
+) -> None:
+    async with pending:
+        async for message in pending:
+            await conn.send(message)
+
+
+class ProtocolViolation(Exception):
+    """An agent broke the protocol (e.g. did not register first)."""
+
+
+class Controller:
+    def __init__(
+        self,
+        control: ControlConfig,
+        catalog: Catalog,
+        sink: EndpointSink,
+        *,
+        heartbeat_interval: float = 5.0,
+        settle: float | None = None,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        self.control = control
+        self.catalog = catalog
+        self.sink = sink
+        self.heartbeat_interval = heartbeat_interval
+        # Long enough for every agent that survived a server restart to reconnect.
+        self.settle = 2 * heartbeat_interval if settle is None else settle
+        self.clock = clock
+        self.inventory = Inventory(control)
+        self.reconciler = Reconciler(control)
+        self.epoch = secrets.token_hex(4)  # tells agents the server restarted
+        self._outboxes: dict[str, trio.MemorySendChannel[ServerMessage]] = {}
+        self._wake = trio.Event()
+        self._settled = False
+        self.started_at: float | None = None
+
+    # -- the catalog ---------------------------------------------------------------
+
+    def set_catalog(self, catalog: Catalog) -> None:
+        """Swap the whole catalog at once; the reconciler acts on it right away."""
+        self.catalog = catalog
+        self.poke()
+
+    def deployable(self) -> list[ModelConfig]:
+        return [m for m in self.catalog.models if m.profiles]
+
+    # -- running -------------------------------------------------------------------
+
+    def poke(self) -> None:
+        """Reconcile soon (an event happened)."""
+        self._wake.set()
+
+    async def run(
+        self,
+        listener: AgentListener,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        self.started_at = self.clock()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(listener.serve, self._serve_agent)
+            nursery.start_soon(self._expiry_loop)
+            nursery.start_soon(self._reconcile_loop)
+            task_status.started()
+
+    async def _reconcile_loop(self) -> None:
+        with trio.move_on_after(self.settle):
+            while True:  # adopt as agents arrive, but place nothing yet
+                await self._wake.wait()
+                self._wake = trio.Event()
+        self._adopt_reported()
+        self._settled = True
+        while True:
+            self.reconcile()
+            with trio.move_on_after(self.control.interval):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    async def _expiry_loop(self) -> None:
+        while True:
+            deadline = self.inventory.next_deadline()
+            if deadline is None:
+                await trio.sleep(self.control.unreachable_after)
+            else:
+                await trio.sleep_until(max(deadline, trio.current_time()))
+            events = self.inventory.expire(self.clock())
+            for event in events:
+                log.warning("%s", event)
+            if any(isinstance(e, NodeLost) for e in events):
+                self.poke()
+
+    def reconcile(self) -> None:
+        """One reconciler pass with the current inventory; carries out its actions."""
+        now = self.clock()
+        views = [self._view(record) for record in self.inventory.nodes()]
+        self._apply(self.reconciler.step(now, self.deployable(), views))
+
+    def _view(self, record: NodeRecord) -> NodeView:
+        capacity = NodeCapacity.from_info(
+            record.info,
+            record.state,
+            since=record.since,
+            cordoned=record.cordoned,
+        )
+        return NodeView(record.node_id, record.state, capacity)
+
+    def _adopt_reported(self) -> None:
+        """Rebuild placements from the shards agents report and adopt the whole ones."""
+        reports = [
+            ShardReport(
+                node_id=record.node_id,
+                status=status,
+                profile=status.profile,
+                node_count=status.node_count or 1,
+                gpu_indices=status.gpu_indices,
+                port=status.port or 0,
+                dist_port=status.dist_port,
+            )
+            for record in self.inventory.nodes()
+            if record.state is not NodeState.LOST
+            for status in record.shards
+            if status.state in (ShardState.STARTING, ShardState.READY)
+        ]
+        rebuilt = placement_from_reports(reports)
+        now = self.clock()
+        wanted = {m.name for m in self.deployable()}
+        for placement in rebuilt.placements:
+            if placement.model not in wanted:
+                continue
+            shards = [r.status for r in reports if r.status.replica_id == placement.replica_id]
+            log.info("adopting replica %s (epoch %d)", placement.replica_id, placement.epoch)
+            self._apply(self.reconciler.adopt(placement, shards, now))
+        for refused in rebuilt.refused:
+            log.warning("not adopting %s: %s", refused.replica_id, refused.reason)
+
+    # -- agents --------------------------------------------------------------------
+
+    async def _serve_agent(self, conn: AgentConnection) -> None:
+        first = await conn.receive()
+        if not isinstance(first, Register):
+            raise ProtocolViolation(f"expected register first, got {type(first).__name__}")
+        node_id = first.node.node_id
+        now = self.clock()
+        try:
+            self.inventory.register(first, now, identity=conn.peer_identity)
+        except InventoryError as exc:
+            log.warning("refused registration of %r: %s", node_id, exc)
+            return  # the listener closes the connection
+        record = self.inventory.get(node_id)
+        session = record.session if record is not None else None
+        log.info("node %s registered with %d GPUs", node_id, len(first.node.gpus))
+        # Commands go through an outbox per connection, so the reconciler (which runs
+        # synchronously) never waits on a slow agent; the sender task drains it.
+        outbox, pending = trio.open_memory_channel[ServerMessage](OUTBOX_SIZE)
+        previous = self._outboxes.get(node_id)
+        if previous is not None:
+            previous.close()  # a newer connection of the same node wins
+        self._outboxes[node_id] = outbox
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_send_all, conn, pending)
+                outbox.send_nowait(Registered(self.heartbeat_interval, self.epoch))
+                if self._settled:
+                    for status in first.shards:
+                        self._apply(self.reconciler.shard_reported(node_id, status, now))
+                self.poke()
+                try:
+                    while True:
+                        message = await conn.receive()
+                        self._on_message(node_id, session, message)
+                except ConnectionClosed:
+                    log.info("node %s: connection closed", node_id)
+                except (InventoryError, ProtocolViolation) as exc:
+                    # Ends this connection only; the agent reconnects and registers anew.
+                    log.warning("node %s: %s; closing its connection", node_id, exc)
+                nursery.cancel_scope.cancel()
+        finally:
+            if self._outboxes.get(node_id) is outbox:
+                del self._outboxes[node_id]
+                self.inventory.disconnected(node_id, self.clock(), session=session)
+
+    def _on_message(self, node_id: str, session: int | None, message: Any) -> None:
+        now = self.clock()
+        if isinstance(message, Heartbeat):
+            self.inventory.heartbeat(node_id, message, now, session=session)
+            if self._settled:
+                for status in message.shards:
+                    self._apply(self.reconciler.shard_reported(node_id, status, now))
+        elif isinstance(message, ShardStatus):
+            self.inventory.shard_status(node_id, message, now, session=session)
+            if self._settled:
+                self._apply(self.reconciler.shard_reported(node_id, message, now))
+                self.poke()
+        elif isinstance(message, CommandResult):
+            if not message.ok:
+                log.warning(
+                    "node %s: command %s failed: %s", node_id, message.command_id, message.message
+                )
+        else:
+            raise ProtocolViolation(f"unexpected {type(message).__name__} from {node_id}")
+
+    def _apply(self, actions: Actions) -> None:
+        for change in actions.router:
+            if isinstance(change, Publish):
+                log.info(
+                    "replica %s of %s ready at %s", change.replica_id, change.model, change.url
+                )
+                self.sink.upsert(Endpoint(change.replica_id, change.url, (change.model,)))
+            elif isinstance(change, Unpublish):
+                if change.drain:
+                    self.sink.drain(change.replica_id)
+                else:
+                    self.sink.remove(change.replica_id)
+        for command in actions.commands:
+            outbox = self._outboxes.get(command.node_id)
+            try:
+                if outbox is None:
+                    raise trio.ClosedResourceError
+                outbox.send_nowait(command.message)
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                # The reconciler notices what never started (start timeout) and
+                # what still runs (agents report it); nothing is lost for good.
+                log.warning(
+                    "node %s unreachable: %s not sent",
+                    command.node_id,
+                    type(command.message).__name__,
+                )
+
+    # -- views -----------------------------------------------------------------------
+
+    def replicas(self) -> Sequence[Any]:
+        return list(self.reconciler.replicas.values())
+
+    def connected(self) -> Iterable[str]:
+        return self._outboxes.keys()
+
+    def replica_states(self) -> dict[str, dict[ReplicaState, int]]:
+        counts: dict[str, dict[ReplicaState, int]] = {}
+        for replica in self.reconciler.replicas.values():
+            per = counts.setdefault(replica.model, {})
+            per[replica.state] = per.get(replica.state, 0) + 1
+        return counts

@@ -1,0 +1,332 @@
+"""The reconciler: desired replicas (the catalog) against actual ones, and what to do.
+
+Level-triggered and free of I/O: the controller calls :meth:`Reconciler.step` every
+`control.interval` and after every event, and :meth:`Reconciler.shard_reported`
+for each shard status, passing `now`. Each returns :class:`Actions` — commands for
+agents and changes for the router — which the controller carries out.
+
+Replica lifecycle::
+
+    (placed) starting --all shards ready--> ready --surplus/removed--> draining --> stopped
+        \\--any shard failed / node lost--> failed (model backs off)
+
+A failed start backs the model off, doubling from `control.base_backoff` to
+`control.max_backoff`; a replica reaching ready resets it. Surplus replicas are
+drained (no new requests, in-flight ones finish) before they stop. Replicas on an
+unreachable node keep serving; on a lost node they are dropped and placed again.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+from llmgw.config import ControlConfig, ModelConfig
+from llmgw.control.fleet import NodeState, Placement, ReplicaState, ShardState
+from llmgw.control.placement import NodeCapacity, PlaceRequest, Unplaceable, plan
+from llmgw.transport.messages import (
+    DrainShard,
+    ServerMessage,
+    ShardStatus,
+    StartShard,
+    StopShard,
+)
+
+
+@attrs.frozen
+class Publish:
+    """A replica became ready: the router may send it requests."""
+
+    replica_id: str
+    model: str
+    url: str
+
+
+@attrs.frozen
+class Unpublish:
+    """Stop routing to a replica; `drain` keeps requests in flight running."""
+
+    replica_id: str
+    drain: bool
+
+
+RouterChange = Publish | Unpublish
+
+
+@attrs.frozen
+class Command:
+    node_id: str
+    message: ServerMessage
+
+
+@attrs.frozen
+class Actions:
+    commands: tuple[Command, ...] = ()
+    router: tuple[RouterChange, ...] = ()
+
+    def __add__(self, other: Actions) -> Actions:
+        return Actions(self.commands + other.commands, self.router + other.router)
+
+
+@attrs.define
+class Replica:
+    """The reconciler's record of one replica (mutable; owned by the Reconciler)."""
+
+    placement: Placement
+    state: ReplicaState
+    since: float
+    shards: dict[int, ShardStatus] = attrs.field(factory=dict)
+    url: str | None = None
+
+    @property
+    def model(self) -> str:
+        return self.placement.model
+
+    @property
+    def replica_id(self) -> str:
+        return self.placement.replica_id
+
+
+@attrs.frozen
+class NodeView:
+    """What the reconciler needs to know of a node, from the inventory."""
+
+    node_id: str
+    state: NodeState
+    capacity: NodeCapacity
+
+
+@attrs.define
+class _Backoff:
+    failures: int = 0
+    until: float = 0.0
+
+
+class Reconciler:
+    def __init__(self, control: ControlConfig, *, mgmt_interface: str | None = None) -> None:
+        self.control = control
+        self.mgmt_interface = mgmt_interface or control.mgmt_interface
+        self.replicas: dict[str, Replica] = {}
+        self.unplaced: dict[str, tuple[Unplaceable, ...]] = {}
+        self._backoff: dict[str, _Backoff] = {}
+        self._epochs = itertools.count(1)
+        self._commands = itertools.count(1)
+
+    # -- queries ------------------------------------------------------------------
+
+    def active(self, model: str) -> list[Replica]:
+        """Replicas that count towards the model's desired number."""
+        return [
+            r
+            for r in self.replicas.values()
+            if r.model == model and r.state in (ReplicaState.STARTING, ReplicaState.READY)
+        ]
+
+    def backoff_until(self, model: str) -> float | None:
+        b = self._backoff.get(model)
+        return b.until if b and b.failures else None
+
+    # -- the pass -------------------------------------------------------------------
+
+    def step(self, now: float, models: Sequence[ModelConfig], nodes: Sequence[NodeView]) -> Actions:
+        actions = Actions()
+        by_node = {n.node_id: n for n in nodes}
+        # Replicas on lost nodes are gone: unroute them and place them again.
+        for replica in list(self.replicas.values()):
+            lost = [
+                n
+                for n in replica.placement.nodes
+                if n not in by_node or by_node[n].state is NodeState.LOST
+            ]
+            if lost and replica.state is not ReplicaState.STOPPED:
+                actions += self._drop(replica, f"node {lost[0]} lost", failed=False, now=now)
+
+        # Replicas that never came up within start_timeout failed to start.
+        for replica in list(self.replicas.values()):
+            if (
+                replica.state is ReplicaState.STARTING
+                and now - replica.since > self.control.start_timeout
+            ):
+                actions += self._drop(replica, "start timed out", failed=True, now=now)
+
+        wanted = {m.name: m for m in models if m.profiles}
+        requests: list[PlaceRequest] = []
+        for model in wanted.values():
+            active = self.active(model.name)
+            if len(active) > model.replicas:
+                actions += self._scale_down(active, len(active) - model.replicas, now)
+            elif len(active) < model.replicas:
+                if (until := self.backoff_until(model.name)) is not None and now < until:
+                    continue
+                for _ in range(model.replicas - len(active)):
+                    epoch = next(self._epochs)
+                    requests.append(
+                        PlaceRequest(
+                            model=model.name,
+                            replica_id=f"{model.name}-r{epoch}",
+                            epoch=epoch,
+                            profiles=model.profiles,
+                        )
+                    )
+        for replica in list(self.replicas.values()):
+            if replica.model not in wanted and replica.state in (
+                ReplicaState.STARTING,
+                ReplicaState.READY,
+            ):
+                actions += self._drain(replica, now)
+
+        self.unplaced = {m: u for m, u in self.unplaced.items() if m in wanted}
+        if requests:
+            result = plan(
+                [n.capacity for n in nodes],
+                requests,
+                [r.placement for r in self.replicas.values()],
+                self.control.port_range,
+                now,
+            )
+            placed_models = {p.model for p in result.placed}
+            for placement in result.placed:
+                actions += self._start(placement, wanted[placement.model], by_node, now)
+            unplaced: dict[str, list[Unplaceable]] = {}
+            for u in result.unplaced:
+                unplaced.setdefault(u.request.model, []).append(u)
+            for model_name in {r.model for r in requests}:
+                if model_name in unplaced:
+                    self.unplaced[model_name] = tuple(unplaced[model_name])
+                elif model_name in placed_models:
+                    self.unplaced.pop(model_name, None)
+        return actions
+
+    def _start(
+        self, placement: Placement, model: ModelConfig, nodes: Mapping[str, NodeView], now: float
+    ) -> Actions:
+        profile = next(p for p in model.profiles if p.name == placement.profile)
+        head = placement.head
+        master = nodes[head.node_id].capacity.address if head.node_id in nodes else None
+        commands = tuple(
+            Command(
+                shard.node_id,
+                StartShard(
+                    command_id=f"c{next(self._commands)}",
+                    replica_id=placement.replica_id,
+                    rank=shard.rank,
+                    epoch=placement.epoch,
+                    model=model.name,
+                    profile=profile,
+                    gpu_indices=shard.gpu_indices,
+                    port=shard.port,
+                    node_count=len(placement.shards),
+                    master_address=master if len(placement.shards) > 1 else None,
+                    master_port=head.dist_port if len(placement.shards) > 1 else None,
+                    mgmt_interface=self.mgmt_interface,
+                ),
+            )
+            for shard in placement.shards
+        )
+        self.replicas[placement.replica_id] = Replica(placement, ReplicaState.STARTING, now)
+        return Actions(commands=commands)
+
+    def _scale_down(self, active: list[Replica], surplus: int, now: float) -> Actions:
+        # Starting replicas go first (they serve nothing yet), then the youngest ready.
+        order = sorted(
+            active, key=lambda r: (r.state is ReplicaState.READY, r.since), reverse=False
+        )
+        order = [r for r in order if r.state is ReplicaState.STARTING] + sorted(
+            (r for r in order if r.state is ReplicaState.READY), key=lambda r: -r.since
+        )
+        actions = Actions()
+        for replica in order[:surplus]:
+            actions += self._drain(replica, now)
+        return actions
+
+    def _drain(self, replica: Replica, now: float) -> Actions:
+        was_ready = replica.state is ReplicaState.READY
+        replica.state = ReplicaState.DRAINING
+        replica.since = now
+        p = replica.placement
+        commands = tuple(
+            Command(
+                s.node_id,
+                DrainShard(f"c{next(self._commands)}", p.replica_id, s.rank, p.epoch)
+                if was_ready
+                else StopShard(f"c{next(self._commands)}", p.replica_id, s.rank, p.epoch),
+            )
+            for s in p.shards
+        )
+        router = (Unpublish(p.replica_id, drain=True),) if was_ready else ()
+        return Actions(commands, router)
+
+    def _drop(self, replica: Replica, why: str, *, failed: bool, now: float) -> Actions:
+        """Forget a replica: unroute it, stop whatever of it still runs."""
+        p = replica.placement
+        del self.replicas[p.replica_id]
+        if failed:
+            b = self._backoff.setdefault(p.model, _Backoff())
+            b.failures += 1
+            delay = min(self.control.base_backoff * 2 ** (b.failures - 1), self.control.max_backoff)
+            b.until = now + delay
+        commands = tuple(
+            Command(s.node_id, StopShard(f"c{next(self._commands)}", p.replica_id, s.rank, p.epoch))
+            for s in p.shards
+            if replica.shards.get(s.rank) is None
+            or replica.shards[s.rank].state not in (ShardState.STOPPED, ShardState.FAILED)
+        )
+        return Actions(commands, (Unpublish(p.replica_id, drain=False),))
+
+    # -- events ------------------------------------------------------------------------
+
+    def shard_reported(self, node_id: str, status: ShardStatus, now: float) -> Actions:
+        replica = self.replicas.get(status.replica_id)
+        if replica is None or status.epoch != replica.placement.epoch:
+            # Not ours (anymore): a superseded placement or a replica we dropped.
+            if status.state in (ShardState.STARTING, ShardState.READY, ShardState.DRAINING):
+                stop = StopShard(
+                    f"c{next(self._commands)}", status.replica_id, status.rank, status.epoch
+                )
+                return Actions(commands=(Command(node_id, stop),))
+            return Actions()
+        replica.shards[status.rank] = status
+        ranks = {s.rank for s in replica.placement.shards}
+        states = {replica.shards[r].state for r in ranks if r in replica.shards}
+        if status.state is ShardState.FAILED and replica.state is not ReplicaState.DRAINING:
+            return self._drop(replica, status.message or "shard failed", failed=True, now=now)
+        if (
+            replica.state is ReplicaState.STARTING
+            and states == {ShardState.READY}
+            and len(replica.shards) >= len(ranks)
+        ):
+            head = replica.shards.get(0)
+            url = head.endpoint_url if head else None
+            if url is None:
+                return Actions()
+            replica.state = ReplicaState.READY
+            replica.since = now
+            replica.url = url
+            self._backoff.pop(replica.model, None)
+            return Actions(router=(Publish(replica.replica_id, replica.model, url),))
+        if (
+            replica.state is ReplicaState.DRAINING
+            and states
+            <= {
+                ShardState.STOPPED,
+                ShardState.FAILED,
+            }
+            and len(replica.shards) >= len(ranks)
+        ):
+            del self.replicas[replica.replica_id]
+            return Actions(router=(Unpublish(replica.replica_id, drain=False),))
+        return Actions()
+
+    def adopt(self, placement: Placement, shards: Iterable[ShardStatus], now: float) -> Actions:
+        """Take over a replica that agents report running (e.g. after a server restart)."""
+        replica = Replica(placement, ReplicaState.STARTING, now)
+        self.replicas[placement.replica_id] = replica
+        # Later ids and epochs must not collide with adopted ones.
+        self._epochs = itertools.count(max(placement.epoch + 1, next(self._epochs)))
+        nodes = {s.rank: s.node_id for s in placement.shards}
+        actions = Actions()
+        for status in shards:
+            actions += self.shard_reported(nodes.get(status.rank, ""), status, now)
+        return actions
