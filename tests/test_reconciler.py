@@ -1,0 +1,201 @@
+"""The reconciler as a pure state machine: values and `now` in, actions out."""
+
+from __future__ import annotations
+
+from llmgw.config import ControlConfig, DeploymentProfile, ModelConfig
+from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo, NodeState, ReplicaState, ShardState
+from llmgw.control.placement import NodeCapacity
+from llmgw.control.reconciler import (
+    Actions,
+    NodeView,
+    Publish,
+    Reconciler,
+    Unpublish,
+)
+from llmgw.transport.messages import DrainShard, ShardStatus, StartShard, StopShard
+
+CONTROL = ControlConfig(base_backoff=10.0, max_backoff=40.0, start_timeout=600.0)
+SIM = DeploymentProfile(name="sim", engine="sim", weights="w")
+TP2X2 = DeploymentProfile(
+    name="tp2x2", engine="vllm", weights="w", tensor_parallel=4, gpus_per_node=2
+)
+
+
+def node(
+    node_id: str, gpus: int = 2, state: NodeState = NodeState.READY, fabric: str = "ib-a"
+) -> NodeView:
+    info = NodeInfo(
+        node_id=node_id,
+        hostname=node_id,
+        address=f"10.0.0.{len(node_id)}",
+        fabrics=(fabric,),
+        gpus=tuple(Gpu(i, f"{node_id}-{i}", "H100", 80 * 10**9) for i in range(gpus)),
+        engines=(EngineInfo("sim"), EngineInfo("vllm")),
+    )
+    return NodeView(node_id, state, NodeCapacity.from_info(info, state, since=0.0))
+
+
+def model(replicas: int = 1, profile: DeploymentProfile = SIM, name: str = "m") -> ModelConfig:
+    return ModelConfig(name=name, replicas=replicas, profiles=(profile,))
+
+
+def starts(actions: Actions) -> list[tuple[str, StartShard]]:
+    return [(c.node_id, c.message) for c in actions.commands if isinstance(c.message, StartShard)]
+
+
+def ready(cmd: StartShard, *, url: str | None = "http://e") -> ShardStatus:
+    return ShardStatus(
+        cmd.replica_id,
+        cmd.rank,
+        cmd.epoch,
+        ShardState.READY,
+        endpoint_url=url if cmd.rank == 0 else None,
+    )
+
+
+def test_places_starts_and_publishes_when_every_shard_is_ready() -> None:
+    r = Reconciler(CONTROL)
+    actions = r.step(0.0, [model(2)], [node("a", 1), node("b", 1)])
+    started = starts(actions)
+    assert sorted(n for n, _ in started) == ["a", "b"]
+    assert all(r.replicas[c.replica_id].state is ReplicaState.STARTING for _, c in started)
+    # Level-triggered: a second pass changes nothing while they start.
+    assert r.step(1.0, [model(2)], [node("a", 1), node("b", 1)]) == Actions()
+    node_id, cmd = started[0]
+    out = r.shard_reported(node_id, ready(cmd), 2.0)
+    assert out.router == (Publish(cmd.replica_id, "m", "http://e"),)
+    assert r.replicas[cmd.replica_id].state is ReplicaState.READY
+
+
+def test_multi_node_shards_agree_on_master_and_ranks() -> None:
+    r = Reconciler(CONTROL)
+    nodes = [node("a"), node("b"), node("c", fabric="ib-b")]
+    started = starts(r.step(0.0, [model(1, TP2X2)], nodes))
+    assert len(started) == 2
+    assert {n for n, _ in started} == {"a", "b"}  # one fabric
+    cmds = sorted((c for _, c in started), key=lambda c: c.rank)
+    assert [c.rank for c in cmds] == [0, 1]
+    assert {c.node_count for c in cmds} == {2}
+    assert len({(c.master_address, c.master_port) for c in cmds}) == 1
+    head = next(n for n, c in started if c.rank == 0)
+    assert cmds[0].master_address == f"10.0.0.{len(head)}"
+    assert cmds[0].master_port is not None
+    # Published only when both shards are ready.
+    assert r.shard_reported(head, ready(cmds[0]), 1.0).router == ()
+    other = next(n for n, c in started if c.rank == 1)
+    assert r.shard_reported(other, ready(cmds[1]), 1.0).router != ()
+
+
+def test_a_failed_start_backs_the_model_off_doubling() -> None:
+    r = Reconciler(CONTROL)
+    nodes = [node("a", 1)]
+    now = 0.0
+    delays = []
+    for _ in range(4):
+        ((node_id, cmd),) = starts(r.step(now, [model()], nodes))
+        failed = ShardStatus(cmd.replica_id, 0, cmd.epoch, ShardState.FAILED, message="boom")
+        out = r.shard_reported(node_id, failed, now)
+        assert Unpublish(cmd.replica_id, drain=False) in out.router
+        until = r.backoff_until("m")
+        assert until is not None
+        delays.append(until - now)
+        assert starts(r.step(until - 0.1, [model()], nodes)) == []
+        now = until
+    assert delays == [10.0, 20.0, 40.0, 40.0]
+
+
+def test_ready_resets_the_backoff() -> None:
+    r = Reconciler(CONTROL)
+    ((n, cmd),) = starts(r.step(0.0, [model()], [node("a", 1)]))
+    r.shard_reported(n, ShardStatus(cmd.replica_id, 0, cmd.epoch, ShardState.FAILED), 0.0)
+    ((n, cmd),) = starts(r.step(10.0, [model()], [node("a", 1)]))
+    r.shard_reported(n, ready(cmd), 11.0)
+    assert r.backoff_until("m") is None
+
+
+def test_surplus_replicas_drain_then_stop() -> None:
+    r = Reconciler(CONTROL)
+    nodes = [node("a", 2)]
+    started = starts(r.step(0.0, [model(2)], nodes))
+    for n, cmd in started:
+        r.shard_reported(n, ready(cmd, url=f"http://{cmd.replica_id}"), 1.0)
+    out = r.step(2.0, [model(1)], nodes)
+    (drain,) = [c.message for c in out.commands]
+    assert isinstance(drain, DrainShard)
+    assert out.router == (Unpublish(drain.replica_id, drain=True),)
+    assert r.replicas[drain.replica_id].state is ReplicaState.DRAINING
+    # Draining does not count: no replacement is placed meanwhile.
+    assert starts(r.step(3.0, [model(1)], nodes)) == []
+    stopped = ShardStatus(drain.replica_id, 0, drain.epoch, ShardState.STOPPED)
+    assert r.shard_reported("a", stopped, 4.0).router == (Unpublish(drain.replica_id, drain=False),)
+    assert drain.replica_id not in r.replicas
+
+
+def test_a_removed_model_is_drained() -> None:
+    r = Reconciler(CONTROL)
+    ((n, cmd),) = starts(r.step(0.0, [model()], [node("a", 1)]))
+    r.shard_reported(n, ready(cmd), 1.0)
+    out = r.step(2.0, [], [node("a", 1)])
+    assert [type(c.message) for c in out.commands] == [DrainShard]
+
+
+def test_a_shard_of_a_superseded_placement_is_stopped() -> None:
+    r = Reconciler(CONTROL)
+    ((_, cmd),) = starts(r.step(0.0, [model()], [node("a", 1), node("b", 1)]))
+    stale = ShardStatus(cmd.replica_id, 0, cmd.epoch + 1, ShardState.READY)
+    out = r.shard_reported("b", stale, 1.0)
+    (stop,) = [c for c in out.commands]
+    assert stop.node_id == "b" and isinstance(stop.message, StopShard)
+    assert stop.message.epoch == stale.epoch
+    # An unknown replica is stopped too; a stopped one is left alone.
+    ghost = ShardStatus("ghost-r1", 0, 5, ShardState.READY)
+    assert len(r.shard_reported("b", ghost, 1.0).commands) == 1
+    gone = ShardStatus("ghost-r1", 0, 5, ShardState.STOPPED)
+    assert r.shard_reported("b", gone, 1.0) == Actions()
+
+
+def test_a_lost_node_loses_its_replica_which_is_placed_again() -> None:
+    r = Reconciler(CONTROL)
+    ((n, cmd),) = starts(r.step(0.0, [model()], [node("a", 1), node("b", 1)]))
+    r.shard_reported(n, ready(cmd), 1.0)
+    other = "b" if n == "a" else "a"
+    # Unreachable: nothing happens, the replica keeps serving.
+    views = [node(n, 1, NodeState.UNREACHABLE), node(other, 1)]
+    assert r.step(20.0, [model()], views) == Actions()
+    views = [node(n, 1, NodeState.LOST), node(other, 1)]
+    out = r.step(70.0, [model()], views)
+    assert Unpublish(cmd.replica_id, drain=False) in out.router
+    ((placed_on, new),) = starts(out)
+    assert placed_on == other and new.epoch > cmd.epoch
+
+
+def test_a_replica_that_never_starts_times_out() -> None:
+    r = Reconciler(CONTROL)
+    ((_, cmd),) = starts(r.step(0.0, [model()], [node("a", 1)]))
+    assert r.step(599.0, [model()], [node("a", 1)]) == Actions()
+    out = r.step(601.0, [model()], [node("a", 1)])
+    assert Unpublish(cmd.replica_id, drain=False) in out.router
+    assert r.backoff_until("m") == 611.0
+
+
+def test_unplaceable_replicas_are_explained_and_cleared_when_placed() -> None:
+    r = Reconciler(CONTROL)
+    r.step(0.0, [model(1, TP2X2)], [node("a", 2)])
+    (why,) = r.unplaced["m"]
+    assert why.summary
+    r.step(1.0, [model(1, TP2X2)], [node("a", 2), node("b", 2)])
+    assert "m" not in r.unplaced
+
+
+def test_adopted_replicas_are_kept_and_new_epochs_are_higher() -> None:
+    first = Reconciler(CONTROL)
+    ((n, cmd),) = starts(first.step(0.0, [model()], [node("a", 1), node("b", 1)]))
+    first.shard_reported(n, ready(cmd), 1.0)
+    placement = first.replicas[cmd.replica_id].placement
+    # A restarted server adopts what the agent still runs.
+    second = Reconciler(CONTROL)
+    out = second.adopt(placement, [ready(cmd)], 5.0)
+    assert out.router == (Publish(cmd.replica_id, "m", "http://e"),)
+    assert starts(second.step(6.0, [model()], [node("a", 1), node("b", 1)])) == []
+    more = starts(second.step(7.0, [model(2)], [node("a", 1), node("b", 1)]))
+    assert len(more) == 1 and more[0][1].epoch > placement.epoch
