@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from llmgw.config import ControlConfig, DeploymentProfile, ModelConfig
 from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo, NodeState, ReplicaState, ShardState
 from llmgw.control.placement import NodeCapacity
@@ -199,3 +201,25 @@ def test_adopted_replicas_are_kept_and_new_epochs_are_higher() -> None:
     assert starts(second.step(6.0, [model()], [node("a", 1), node("b", 1)])) == []
     more = starts(second.step(7.0, [model(2)], [node("a", 1), node("b", 1)]))
     assert len(more) == 1 and more[0][1].epoch > placement.epoch
+
+
+def cordoned(view: NodeView) -> NodeView:
+    return NodeView(view.node_id, view.state, attrs.evolve(view.capacity, cordoned=True))
+
+
+def test_a_cordoned_node_is_emptied_make_before_break() -> None:
+    r = Reconciler(CONTROL)
+    ((old_node, old),) = starts(r.step(0.0, [model()], [node("a", 1), node("b", 1)]))
+    r.shard_reported(old_node, ready(old), 1.0)
+    other = "b" if old_node == "a" else "a"
+    views = [cordoned(node(old_node, 1)), node(other, 1)]
+    out = r.step(2.0, [model()], views)
+    # A replacement starts elsewhere; the old replica still serves meanwhile.
+    ((new_node, new),) = starts(out)
+    assert new_node == other
+    assert not any(isinstance(c.message, DrainShard) for c in out.commands)
+    assert r.replicas[old.replica_id].state is ReplicaState.READY
+    r.shard_reported(new_node, ready(new), 3.0)
+    out = r.step(4.0, [model()], views)
+    assert [(c.node_id, type(c.message)) for c in out.commands] == [(old_node, DrainShard)]
+    assert Unpublish(old.replica_id, drain=True) in out.router

@@ -152,9 +152,21 @@ class Reconciler:
                 actions += self._drop(replica, "start timed out", failed=True, now=now)
 
         wanted = {m.name: m for m in models if m.profiles}
+        cordoned = {n.node_id for n in nodes if n.capacity.cordoned}
         requests: list[PlaceRequest] = []
         for model in wanted.values():
-            active = self.active(model.name)
+            # Make before break: replicas on cordoned nodes keep serving but no longer
+            # count, so replacements are placed elsewhere; they drain once enough
+            # replacements are ready.
+            active: list[Replica] = []
+            moving: list[Replica] = []
+            for replica in self.active(model.name):
+                on_cordoned = any(n in cordoned for n in replica.placement.nodes)
+                (moving if on_cordoned else active).append(replica)
+            ready_elsewhere = sum(r.state is ReplicaState.READY for r in active)
+            surplus_moving = len(moving) if ready_elsewhere >= model.replicas else 0
+            for replica in moving[:surplus_moving]:
+                actions += self._drain(replica, now)
             if len(active) > model.replicas:
                 actions += self._scale_down(active, len(active) - model.replicas, now)
             elif len(active) < model.replicas:
