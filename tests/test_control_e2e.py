@@ -95,3 +95,26 @@ async def test_an_unplaceable_model_is_explained() -> None:
         assert "fewer than 4 usable GPUs" in why.summary, why.summary
         (reason,) = why.attempts[0].nodes
         assert reason.message == "node-0: has 2 GPUs, needs 4"
+
+
+async def test_draining_a_node_moves_its_replica_without_a_gap() -> None:
+    async with fleet([model(replicas=1)], nodes=2, gpus="1x80GB") as f:
+        with trio.fail_after(20):
+            await f.wait_ready("m", 1)
+        (replica,) = f.controller.reconciler.replicas.values()
+        (old_node,) = replica.placement.nodes
+        f.controller.drain_node(old_node)
+
+        def moved() -> bool:
+            reps = list(f.controller.reconciler.replicas.values())
+            return len(reps) == 1 and reps[0].placement.nodes != (old_node,)
+
+        with trio.fail_after(20):
+            while not moved():
+                # Served throughout: the old replica drains only after the new one is ready.
+                r = await f.client.post(
+                    "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1}
+                )
+                assert r.status_code == 200, r.text
+                await trio.sleep(0.05)
+        assert f.controller.activity.get("m").requests_per_second > 0

@@ -29,6 +29,7 @@ from llmgw.catalog import Catalog
 from llmgw.control.controller import Controller
 from llmgw.control.fleet import EngineInfo, NodeInfo, ShardState
 from llmgw.router.core import Router
+from llmgw.router.scrape import parse_metrics
 from llmgw.sim.server import SimConfig
 from llmgw.sim.server import serve as serve_sim
 from llmgw.transport.base import ConnectFailed, ConnectionClosed
@@ -148,7 +149,23 @@ class FakeAgent:
                     elif isinstance(command, StopShard | DrainShard):
                         shard = self.shards.get((command.replica_id, command.rank))
                         if shard is not None and shard.command.epoch == command.epoch:
-                            shard.scope.cancel()
+                            if isinstance(command, DrainShard):
+                                shards.start_soon(self._drain, shard, command.deadline)
+                            else:
+                                shard.scope.cancel()
+
+    async def _drain(self, shard: _Shard, deadline: float) -> None:
+        """Stop once the engine has nothing running or waiting (or at the deadline)."""
+        url = shard.status.endpoint_url
+        with trio.move_on_after(deadline):
+            async with httpx.AsyncClient() as client:
+                while url is not None:
+                    with suppress(httpx.HTTPError):
+                        sample = parse_metrics((await client.get(f"{url}/metrics")).content)
+                        if not (sample.running or 0) and not (sample.waiting or 0):
+                            break
+                    await trio.sleep(0.05)
+        shard.scope.cancel()
 
     async def _heartbeats(self) -> None:
         seq = 0
@@ -282,6 +299,7 @@ async def fleet(
         heartbeat_interval=heartbeat_interval,
         settle=heartbeat_interval,
     )
+    router.usage_sinks.append(controller.activity)
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(

@@ -22,6 +22,7 @@ import trio
 
 from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig, ModelConfig
+from llmgw.control.activity import ActivityTracker
 from llmgw.control.fleet import NodeState, ReplicaState, ShardState
 from llmgw.control.inventory import (
     Inventory,
@@ -80,6 +81,7 @@ class Controller:
         self.settle = 2 * heartbeat_interval if settle is None else settle
         self.clock = clock
         self.inventory = Inventory(control)
+        self.activity = ActivityTracker(clock=clock)
         self.reconciler = Reconciler(control)
         self.epoch = secrets.token_hex(4)  # tells agents the server restarted
         self._outboxes: dict[str, trio.MemorySendChannel[ServerMessage]] = {}
@@ -92,6 +94,12 @@ class Controller:
     def set_catalog(self, catalog: Catalog) -> None:
         """Swap the whole catalog at once; the reconciler acts on it right away."""
         self.catalog = catalog
+        self.poke()
+
+    def drain_node(self, node_id: str, *, on: bool = True) -> None:
+        """Cordon a node (no new shards) and move its replicas elsewhere, each one
+        drained only once its replacement is ready. Raises UnknownNode."""
+        self.inventory.cordon(node_id, on)
         self.poke()
 
     def deployable(self) -> list[ModelConfig]:

@@ -245,57 +245,70 @@ class ClientApp:
         budget = router.config.router.retries + 1
         last: AttemptFailed | None = None
         attempted: ModelConfig | None = None
+        tried: set[str] = set()
         for model in chain:
-            now = trio.current_time()
-            usable = [s for s in router.endpoints.serving(model.name) if s.breaker.allows(now)]
-            prefix = (
-                router.prefixes.chain(prompt_text, model.name)
-                if router.prefixes and prompt_text
-                else None
-            )
-            decision = router.choose(model, usable, session_key, prefix, now) if usable else None
-            if decision is None:
-                continue
-            if model is not chain[0]:
-                router.metrics.fallbacks.labels(chain[0].name, model.name).inc()
-            router.metrics.decisions.labels(model.name, decision.tier).inc()
-            payload = self._payload(body, raw, model, stream, client_wants_usage)
-            router.metrics.overhead.observe(trio.current_time() - started)
-            attempted = model
-            for endpoint_id in decision.ranked:
-                if budget <= 0:
+            payload = b""
+            # Pick, try the ranked candidates, and pick again among those not yet tried:
+            # a replica published after the first pick (e.g. a replacement) counts too.
+            while budget > 0:
+                now = trio.current_time()
+                usable = [
+                    s
+                    for s in router.endpoints.serving(model.name)
+                    if s.endpoint.id not in tried and s.breaker.allows(now)
+                ]
+                prefix = (
+                    router.prefixes.chain(prompt_text, model.name)
+                    if router.prefixes and prompt_text and usable
+                    else None
+                )
+                decision = (
+                    router.choose(model, usable, session_key, prefix, now) if usable else None
+                )
+                if decision is None:
                     break
-                state = router.endpoints.get(endpoint_id)
-                ticket = state.breaker.acquire(trio.current_time()) if state else None
-                if state is None or ticket is None:
-                    continue
-                if last is not None:
-                    router.metrics.retries.labels(model.name, last.kind).inc()
-                budget -= 1
-                try:
-                    delivery = await self._attempt(
-                        scope,
-                        send,
+                if attempted is not model:
+                    if model is not chain[0]:
+                        router.metrics.fallbacks.labels(chain[0].name, model.name).inc()
+                    payload = self._payload(body, raw, model, stream, client_wants_usage)
+                    router.metrics.overhead.observe(trio.current_time() - started)
+                    attempted = model
+                router.metrics.decisions.labels(model.name, decision.tier).inc()
+                for endpoint_id in decision.ranked:
+                    if budget <= 0:
+                        break
+                    tried.add(endpoint_id)
+                    state = router.endpoints.get(endpoint_id)
+                    ticket = state.breaker.acquire(trio.current_time()) if state else None
+                    if state is None or ticket is None:
+                        continue
+                    if last is not None:
+                        router.metrics.retries.labels(model.name, last.kind).inc()
+                    budget -= 1
+                    try:
+                        delivery = await self._attempt(
+                            scope,
+                            send,
+                            model,
+                            state,
+                            ticket,
+                            payload,
+                            len(raw),
+                            stream,
+                            client_wants_usage,
+                            started,
+                        )
+                    except AttemptFailed as failure:
+                        last = failure
+                        continue
+                    router.finish(
                         model,
                         state,
-                        ticket,
-                        payload,
-                        len(raw),
-                        stream,
-                        client_wants_usage,
-                        started,
+                        delivery,
+                        session_key=session_key,
+                        latency=trio.current_time() - started,
                     )
-                except AttemptFailed as failure:
-                    last = failure
-                    continue
-                router.finish(
-                    model,
-                    state,
-                    delivery,
-                    session_key=session_key,
-                    latency=trio.current_time() - started,
-                )
-                return
+                    return
         if attempted is None:
             retry_after = str(max(1, math.ceil(router.config.router.cooldown / 3)))
             fallbacks = [m.name for m in chain[1:]]
