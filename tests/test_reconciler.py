@@ -223,3 +223,11 @@ def test_a_cordoned_node_is_emptied_make_before_break() -> None:
     out = r.step(4.0, [model()], views)
     assert [(c.node_id, type(c.message)) for c in out.commands] == [(old_node, DrainShard)]
     assert Unpublish(old.replica_id, drain=True) in out.router
+
+
+def test_an_explanation_goes_away_when_fewer_replicas_are_wanted() -> None:
+    r = Reconciler(CONTROL)
+    r.step(0.0, [model(1, TP2X2)], [node("a", 2)])
+    assert "m" in r.unplaced
+    r.step(1.0, [model(0, TP2X2)], [node("a", 2)])
+    assert "m" not in r.unplaced

@@ -167,6 +167,8 @@ class Reconciler:
             surplus_moving = len(moving) if ready_elsewhere >= model.replicas else 0
             for replica in moving[:surplus_moving]:
                 actions += self._drain(replica, now)
+            if len(active) >= model.replicas:
+                self.unplaced.pop(model.name, None)  # nothing is missing any more
             if len(active) > model.replicas:
                 actions += self._scale_down(active, len(active) - model.replicas, now)
             elif len(active) < model.replicas:
