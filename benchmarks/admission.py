@@ -1,0 +1,580 @@
+"""Admission under overload: priority bands and tenant fairness, on and off.
+
+    python benchmarks/admission.py            # about 2 minutes
+    python benchmarks/admission.py --quick    # about 40 seconds
+    python benchmarks/admission.py --json     # the numbers as JSON on stdout
+
+Starts two simulators (``--max-num-seqs 4``) behind one llmgw-server with
+``[router.scoring] target_inflight = 4``, so the pool's saturation is "requests in
+flight / 8". Then, once with admission enabled and once with it disabled
+(``LLMGW_ROUTER__ADMISSION__ENABLED=false``, a fresh router on the same simulators):
+
+1. **unloaded**: platinum requests one at a time; their TTFT is the reference;
+2. **overload**: an open-loop Poisson arrival stream at ``--load`` (default 2) times
+   the simulators' capacity, measured at the start of the run directly on the
+   simulators. Bands: platinum 10 %, gold 30 % (three equal tenants g1, g2, g3),
+   silver 30 %, bronze 30 %. The same seeded schedule is replayed in both modes.
+   Every request streams ``--tokens`` tokens. Arrivals stop after ``--duration``
+   seconds; requests still unfinished ``--drain`` seconds later are cut and counted.
+
+The simulators run 40 ms decode steps and every request asks for 16 tokens, so a
+request lasts about 0.7 s and the pool serves about 11 requests per second: small
+enough for two shared cores. The router scrapes every 0.25 s (``--scrape``), scaled
+down with the requests (production requests last seconds to minutes against a 2 s
+default); ``queue_ttl`` is 10 s (quick: 5 s) so that expiries happen within the run.
+
+Per band it reports requests served, rejected at once (``queue_full``), expired
+(``queue_ttl`` passed) and failed otherwise; TTFT p50/p99 of served requests; and the
+queue wait p50/p99, measured on the client as TTFT minus the unloaded platinum
+median TTFT (time spent waiting anywhere: in the router's admission queue when
+admission is on, in the engines' queues when it is off). For gold: each tenant's
+share of the served requests and Jain's fairness index over the three. Per mode: the
+requests completed per second while arrivals lasted (how much of the capacity was
+used). Targets,
+printed beside the measurements: platinum TTFT p99 under overload within 1.5x of its
+unloaded p99; Jain's index across the equal gold tenants >= 0.9.
+
+Only 127.0.0.1 is contacted. Every process started is stopped on exit (normal
+return, exception, Ctrl-C, SIGTERM). Nothing here asserts; it prints what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import json
+import math
+import os
+import platform
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+BIN = Path(sys.executable).parent
+LOOPBACK = "127.0.0.1"
+MODEL = "m"
+BANDS = ("platinum", "gold", "silver", "bronze")
+MIX = (("platinum", 0.10), ("gold", 0.30), ("silver", 0.30), ("bronze", 0.30))
+GOLD_TENANTS = ("g1", "g2", "g3")
+TARGET_PLATINUM_RATIO = 1.5
+TARGET_JAIN = 0.9
+
+
+# -- processes (a small copy of what tests/procs.py does; benchmarks stand alone) ---------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """One program in its own process group, its output in a log file."""
+
+    def __init__(self, argv: Sequence[str], log: Path, env: dict[str, str] | None) -> None:
+        self.argv = list(argv)
+        self.log = log
+        self._logf = log.open("wb")
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._logf,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+    def wait_http(self, url: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                self._logf.flush()
+                out = self.log.read_text(errors="replace")[-4000:]
+                raise RuntimeError(f"{self.argv[0]} exited with {self.popen.returncode}:\n{out}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
+                    return
+            time.sleep(0.05)
+        raise TimeoutError(f"{url} not up after {timeout:g}s")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM to the process group, SIGKILL after `timeout`; idempotent."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(5)
+        self._logf.close()
+
+
+class Fleet:
+    """Every process this run started; close() stops them, newest first."""
+
+    def __init__(self) -> None:
+        self.procs: list[Proc] = []
+        self.logdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-admission-"))
+        atexit.register(self.close)
+
+    def start(
+        self, program: str, *args: str, name: str, health: str, env: dict[str, str] | None = None
+    ) -> Proc:
+        proc = Proc([str(BIN / program), *args], self.logdir / f"{name}.log", env)
+        self.procs.append(proc)
+        proc.wait_http(health)
+        return proc
+
+    def sim(self, name: str, *args: str) -> str:
+        port = free_port()
+        base = f"http://{LOOPBACK}:{port}"
+        argv = ["--host", LOOPBACK, "--port", str(port), "--model", MODEL, *args]
+        self.start("llmgw-sim", *argv, name=name, health=f"{base}/health")
+        return base
+
+    def router(
+        self, name: str, sims: Sequence[str], config: str, env: dict[str, str]
+    ) -> tuple[Proc, str, str]:
+        port, admin_port = free_port(), free_port()
+        path = self.logdir / f"{name}.toml"
+        path.write_text(config)
+        argv = [
+            "--listen",
+            f"{LOOPBACK}:{port}",
+            "--admin-listen",
+            f"{LOOPBACK}:{admin_port}",
+            "--config",
+            str(path),
+        ]
+        for i, base in enumerate(sims):
+            argv += ["--endpoint", f"s{i}={base}={MODEL}"]
+        admin = f"http://{LOOPBACK}:{admin_port}"
+        proc = self.start("llmgw-server", *argv, name=name, health=f"{admin}/healthz", env=env)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:  # scored on data from the first request on
+            r = httpx.get(f"{admin}/api/v1/endpoints", timeout=5, trust_env=False)
+            if all(e.get("engine") is not None for e in r.json()["endpoints"]):
+                break
+            time.sleep(0.05)
+        return proc, f"http://{LOOPBACK}:{port}", admin
+
+    def close(self) -> None:
+        while self.procs:
+            self.procs.pop().stop()
+
+
+@contextlib.contextmanager
+def fleet() -> Iterator[Fleet]:
+    """A Fleet closed however the block ends; SIGTERM is handled like Ctrl-C."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        # Re-raise as SIGINT: whoever handles Ctrl-C now (trio while it runs, which
+        # unwinds its tasks cleanly; Python otherwise) handles this too.
+        os.kill(os.getpid(), signal.SIGINT)
+
+    # A shell starts background jobs with SIGINT ignored; trio only takes over Ctrl-C
+    # from Python's default handler, so restore it for SIGTERM to work as well.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous = signal.signal(signal.SIGTERM, on_term)
+    f = Fleet()
+    try:
+        yield f
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan
+        try:
+            f.close()
+        finally:
+            signal.signal(signal.SIGINT, previous_int)
+            signal.signal(signal.SIGTERM, previous)
+
+
+# -- load ---------------------------------------------------------------------------------
+
+
+@attrs.define
+class Result:
+    band: str
+    tenant: str
+    at: float  # scheduled offset in the run
+    status: int = 0  # 0: no answer (cut at the end, or a transport error)
+    code: str | None = None
+    ttft: float | None = None
+    total: float | None = None
+    end: float | None = None  # completion, seconds since the start of the run
+
+
+def body(tokens: int, stream: bool = True) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Summarise the admission benchmark."}],
+        "max_tokens": tokens,
+        "stream": stream,
+    }
+
+
+async def one(
+    client: httpx.AsyncClient, r: Result, tokens: int, url: str = "", origin: float = 0.0
+) -> None:
+    headers = {"x-llmgw-band": r.band}
+    if r.tenant:
+        headers["x-llmgw-tenant"] = r.tenant
+    start = time.monotonic()
+    try:
+        async with client.stream(
+            "POST", f"{url}/v1/chat/completions", json=body(tokens), headers=headers
+        ) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    r.code = resp.json()["error"]["code"]
+                r.status = resp.status_code
+                return
+            async for line in resp.aiter_lines():
+                if r.ttft is None and line.startswith("data: {") and '"content"' in line:
+                    r.ttft = time.monotonic() - start
+            r.total = time.monotonic() - start
+            r.end = time.monotonic() - origin
+            r.status = 200
+    except httpx.HTTPError as exc:
+        r.code = type(exc).__name__
+
+
+def new_client(base: str, timeout: float) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=4000, max_keepalive_connections=4000)
+    return httpx.AsyncClient(base_url=base, timeout=timeout, limits=limits, trust_env=False)
+
+
+async def capacity(sims: Sequence[str], seqs: int, tokens: int, seconds: float) -> float:
+    """Requests per second the simulators complete when each has a queue (twice as many
+    requests outstanding as it runs at once), so no slot idles between requests."""
+    done = 0
+
+    async def worker(client: httpx.AsyncClient, url: str, stop: float) -> None:
+        nonlocal done
+        while time.monotonic() < stop:
+            r = Result("", "", 0.0)
+            await one(client, r, tokens, url)
+            if r.status == 200 and time.monotonic() <= stop:
+                done += 1
+
+    async with new_client("", 60) as client:
+        await one(client, Result("", "", 0.0), 2, sims[0])  # warm up connections
+        start = time.monotonic()
+        stop = start + seconds
+        async with trio.open_nursery() as nursery:
+            for url in sims:
+                for _ in range(2 * seqs):
+                    nursery.start_soon(worker, client, url, stop)
+    return done / seconds
+
+
+def schedule(rate: float, duration: float, seed: int) -> list[Result]:
+    """Poisson arrivals at `rate` for `duration` seconds, bands and tenants by MIX."""
+    rng = random.Random(seed)
+    names = [b for b, _ in MIX]
+    weights = [w for _, w in MIX]
+    out: list[Result] = []
+    gold = 0
+    t = rng.expovariate(rate)
+    while t < duration:
+        band = rng.choices(names, weights)[0]
+        tenant = f"{band}-tenant"
+        if band == "gold":  # in turn, so the gold tenants offer exactly equal loads
+            tenant = GOLD_TENANTS[gold % len(GOLD_TENANTS)]
+            gold += 1
+        out.append(Result(band, tenant, t))
+        t += rng.expovariate(rate)
+    return out
+
+
+async def unloaded(base: str, n: int, tokens: int) -> list[float]:
+    async with new_client(base, 60) as client:
+        await one(client, Result("platinum", "", 0.0), 2)  # warm up
+        ttfts = []
+        for _ in range(n):
+            r = Result("platinum", "p", 0.0)
+            await one(client, r, tokens)
+            if r.ttft is not None:
+                ttfts.append(r.ttft)
+            await trio.sleep(0.05)
+    return ttfts
+
+
+async def overload(base: str, plan: list[Result], tokens: int, drain: float) -> float:
+    """Replay `plan` (fresh Results); returns the seconds from first arrival to the end."""
+    async with new_client(base, 600) as client:
+        await one(client, Result("platinum", "", 0.0), 2)  # warm up
+        start = trio.current_time()
+        origin = time.monotonic()
+        end = plan[-1].at if plan else 0.0
+        with trio.move_on_at(start + end + drain):
+            async with trio.open_nursery() as nursery:
+                for r in plan:
+                    await trio.sleep_until(start + r.at)
+                    nursery.start_soon(one, client, r, tokens, "", origin)
+        return trio.current_time() - start
+
+
+# -- statistics -----------------------------------------------------------------------------
+
+
+def pct(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+
+
+def jain(xs: Sequence[float]) -> float | None:
+    if not xs or not any(xs):
+        return None
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
+
+
+def tenant_ttft(plan: list[Result], tenant: str) -> list[float]:
+    return [r.ttft for r in plan if r.tenant == tenant and r.ttft is not None and r.status == 200]
+
+
+def summarize(
+    plan: list[Result], base_ttft: float, elapsed: float, window: float
+) -> dict[str, Any]:
+    bands: dict[str, Any] = {}
+    for band in BANDS:
+        rs = [r for r in plan if r.band == band]
+        ttft = [r.ttft for r in rs if r.status == 200 and r.ttft is not None]
+        wait = [max(0.0, t - base_ttft) for t in ttft]
+        bands[band] = {
+            "offered": len(rs),
+            "served": sum(1 for r in rs if r.status == 200),
+            "rejected": sum(1 for r in rs if r.code == "queue_full"),
+            "expired": sum(1 for r in rs if r.code == "expired"),
+            "failed": sum(1 for r in rs if r.status not in (0, 200, 429)),
+            "cut": sum(1 for r in rs if r.status == 0),
+            "ttft_p50": pct(ttft, 50),
+            "ttft_p90": pct(ttft, 90),
+            "ttft_p99": pct(ttft, 99),
+            "wait_p50": pct(wait, 50),
+            "wait_p99": pct(wait, 99),
+        }
+    gold = [sum(1 for r in plan if r.tenant == t and r.status == 200) for t in GOLD_TENANTS]
+    total = sum(gold)
+    # Completions while arrivals still overloaded the pool: how much of the simulators'
+    # capacity was used (the rest of the run is draining, or waiting for expiries).
+    in_window = sum(1 for r in plan if r.end is not None and r.end <= window)
+    return {
+        "elapsed_s": elapsed,
+        "served_per_s": in_window / window if window > 0 else 0.0,
+        "bands": bands,
+        "gold_tenants": {
+            t: {
+                "served": n,
+                "share": n / total if total else None,
+                "ttft_p50": pct(tenant_ttft(plan, t), 50),
+                "ttft_p99": pct(tenant_ttft(plan, t), 99),
+            }
+            for t, n in zip(GOLD_TENANTS, gold, strict=True)
+        },
+        "gold_jain": jain(gold),
+    }
+
+
+# -- run ------------------------------------------------------------------------------------
+
+
+def config(scrape: float, ttl: float) -> str:
+    return f"""
+[router]
+scrape_interval = "{scrape * 1000:.0f}ms"
+scrape_timeout = "{min(1.0, scrape) * 800:.0f}ms"
+
+[router.scoring]
+target_inflight = 4.0
+
+[router.admission]
+queue_ttl = "{ttl:g}s"
+"""
+
+
+def measure(
+    f: Fleet, sims: Sequence[str], enabled: bool, args: argparse.Namespace, plan: list[Result]
+) -> dict[str, Any]:
+    mode = "on" if enabled else "off"
+    env = {"LLMGW_ROUTER__ADMISSION__ENABLED": "true" if enabled else "false"}
+    proc, base, admin = f.router(f"router-{mode}", sims, config(args.scrape, args.ttl), env)
+    try:
+        # TTFT does not depend on the output length: short requests keep this phase short.
+        idle = trio.run(unloaded, base, args.unloaded, 2)
+        base_ttft = pct(idle, 50) or 0.0
+        fresh = [Result(r.band, r.tenant, r.at) for r in plan]
+        elapsed = trio.run(overload, base, fresh, args.tokens, args.drain)
+        out = summarize(fresh, base_ttft, elapsed, args.duration)
+        out["unloaded_platinum_ttft_p50"] = base_ttft
+        out["unloaded_platinum_ttft_p99"] = pct(idle, 99)
+        over = out["bands"]["platinum"]["ttft_p99"]
+        idle99 = out["unloaded_platinum_ttft_p99"]
+        out["platinum_p99_ratio"] = over / idle99 if over is not None and idle99 else None
+        with contextlib.suppress(httpx.HTTPError):
+            out["server_metrics"] = server_counts(admin)
+        return out
+    finally:
+        proc.stop()
+        f.procs.remove(proc)
+
+
+def server_counts(admin: str) -> dict[str, float]:
+    """The router's own admission counters, to cross-check the client's view."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{admin}/metrics", timeout=5, trust_env=False).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in (
+                "llmgw_admission_admitted_total",
+                "llmgw_admission_rejected_total",
+                "llmgw_admission_abandoned_total",
+                "llmgw_admission_wait_seconds_count",
+                "llmgw_admission_wait_seconds_sum",
+            ):
+                key = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "model")
+                out[f"{s.name}{{{key}}}"] = out.get(f"{s.name}{{{key}}}", 0.0) + s.value
+    return out
+
+
+def ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def verdict(value: float | None, ok: bool) -> str:
+    return "" if value is None else (" ok" if ok else " MISSED")
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = []
+    head = (
+        "| admission | band | offered | served | rejected | expired | other | "
+        "TTFT p50 ms | TTFT p99 ms | wait p50 ms | wait p99 ms |"
+    )
+    lines += [head, "|" + "---|" * 11]
+    for mode in ("on", "off"):
+        if mode not in result:
+            continue
+        run = result[mode]
+        for band in BANDS:
+            b = run["bands"][band]
+            lines.append(
+                f"| {mode} | {band} | {b['offered']} | {b['served']} | {b['rejected']} | "
+                f"{b['expired']} | {b['failed'] + b['cut']} | {ms(b['ttft_p50'])} | "
+                f"{ms(b['ttft_p99'])} | {ms(b['wait_p50'])} | {ms(b['wait_p99'])} |"
+            )
+    lines.append("")
+    lines.append(
+        "| admission | served/s during arrivals | unloaded platinum TTFT p99 ms "
+        "| overload platinum TTFT p99 ms "
+        f"| ratio (target <= {TARGET_PLATINUM_RATIO:g}) | gold shares g1/g2/g3 "
+        f"| Jain (target >= {TARGET_JAIN:g}) |"
+    )
+    lines.append("|" + "---|" * 7)
+    for mode in ("on", "off"):
+        if mode not in result:
+            continue
+        run = result[mode]
+        ratio = run["platinum_p99_ratio"]
+        shares = "/".join(
+            "-" if v["share"] is None else f"{v['share']:.2f}" for v in run["gold_tenants"].values()
+        )
+        j = run["gold_jain"]
+        lines.append(
+            f"| {mode} | {run['served_per_s']:.1f} | {ms(run['unloaded_platinum_ttft_p99'])} | "
+            f"{ms(run['bands']['platinum']['ttft_p99'])} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}'}"
+            f"{verdict(ratio, ratio is not None and ratio <= TARGET_PLATINUM_RATIO)} | "
+            f"{shares} | {'-' if j is None else f'{j:.3f}'}"
+            f"{verdict(j, j is not None and j >= TARGET_JAIN)} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="shorter phases (about 40 s in all)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--load", type=float, default=2.0, help="offered load / capacity (2)")
+    p.add_argument("--duration", type=float, help="seconds of arrivals (30; quick 8)")
+    p.add_argument("--drain", type=float, help="seconds to finish after arrivals (45; quick 10)")
+    p.add_argument("--ttl", type=float, help="router.admission.queue_ttl seconds (10; quick 5)")
+    p.add_argument("--scrape", type=float, default=0.25, help="scrape interval seconds (0.25)")
+    p.add_argument("--tokens", type=int, default=16, help="tokens per request (16)")
+    p.add_argument("--step-ms", type=float, default=40.0, help="simulator decode step (40)")
+    p.add_argument("--seqs", type=int, default=4, help="simulator --max-num-seqs (4)")
+    p.add_argument("--unloaded", type=int, help="unloaded platinum requests (40; quick 15)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--mode", choices=("both", "on", "off"), default="both", help="admission")
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.duration = args.duration or (8.0 if quick else 30.0)
+    args.drain = args.drain or (10.0 if quick else 45.0)
+    args.ttl = args.ttl or (5.0 if quick else 10.0)
+    args.unloaded = args.unloaded or (15 if quick else 40)
+
+    started = time.monotonic()
+    log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
+    with fleet() as f:
+        sim_args = ("--max-num-seqs", str(args.seqs), "--decode-step-ms", f"{args.step_ms:g}")
+        sims = [f.sim(f"sim{i}", *sim_args) for i in range(2)]
+        cap = trio.run(capacity, sims, args.seqs, args.tokens, 3.0 if quick else 5.0)
+        rate = args.load * cap
+        plan = schedule(rate, args.duration, args.seed)
+        log(
+            f"capacity {cap:.1f} req/s; offering {rate:.1f} req/s ({len(plan)} requests "
+            f"over {args.duration:g}s)"
+        )
+        result: dict[str, Any] = {
+            "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
+            f"{platform.python_version()}",
+            "settings": {
+                k: getattr(args, k)
+                for k in ("load", "duration", "drain", "ttl", "scrape", "tokens", "step_ms", "seqs")
+            },
+            "capacity_per_s": cap,
+            "offered_per_s": rate,
+        }
+        for enabled in {"both": (True, False), "on": (True,), "off": (False,)}[args.mode]:
+            result["on" if enabled else "off"] = measure(f, sims, enabled, args, plan)
+            log(
+                f"admission {'on' if enabled else 'off'}: done at {time.monotonic() - started:.0f}s"
+            )
+    result["wall_s"] = time.monotonic() - started
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(table(result))
+        print(f"\nwall time {result['wall_s']:.0f}s; logs in {f.logdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    code = 130
+    try:
+        code = main()
+    except* KeyboardInterrupt:  # bare, or from inside a trio nursery
+        print("interrupted; every process started was stopped", file=sys.stderr)
+    sys.exit(code)
