@@ -51,6 +51,7 @@ class EndpointState:
         "draining",
         "endpoint",
         "inflight",
+        "inflight_at_scrape",
         "last_error",
         "last_scrape",
         "last_scrape_attempt",
@@ -65,6 +66,7 @@ class EndpointState:
         self.last_scrape_attempt: float | None = None
         self.last_error: str | None = None
         self.inflight = 0
+        self.inflight_at_scrape = 0  # our in-flight count when the sample was taken
         self.draining = False
 
     def age(self, now: float) -> float | None:
@@ -73,10 +75,13 @@ class EndpointState:
     def candidate(self, now: float) -> Candidate:
         s = self.sample
         e = self.endpoint
+        waiting, running = (None, None) if s is None else (s.waiting, s.running)
+        if waiting is not None and running is not None:
+            waiting, running = self._since_scrape(waiting, running)
         return Candidate(
             endpoint_id=e.id,
-            waiting=None if s is None else s.waiting,
-            running=None if s is None else s.running,
+            waiting=waiting,
+            running=running,
             kv_usage=None if s is None else s.kv_usage,
             inflight=self.inflight,
             age=self.age(now),
@@ -84,6 +89,24 @@ class EndpointState:
             priority=e.priority,
             throttled=self.breaker.throttled(now),
         )
+
+    def _since_scrape(self, waiting: float, running: float) -> tuple[float, float]:
+        """The scraped queue corrected by what this router sent and saw finish since.
+
+        A scrape is a snapshot: without this, a slot freed by one of our requests
+        would look busy until the next scrape, which holds saturation (and so
+        admission) up for a whole scrape interval. Finished requests leave the
+        running set, and waiting ones move up into it; new ones join the queue when
+        there is one.
+        """
+        delta = self.inflight - self.inflight_at_scrape
+        if delta < 0:
+            total = max(0.0, waiting + running + delta)
+            running = min(running, total)
+            return total - running, running
+        if delta > 0:
+            return (waiting + delta, running) if waiting > 0 else (waiting, running + delta)
+        return waiting, running
 
 
 class EndpointRegistry:

@@ -80,6 +80,7 @@ class Scraper:
             self._failed(state, "the /metrics page has no metrics of a known engine")
             return
         state.sample = sample
+        state.inflight_at_scrape = state.inflight
         state.last_scrape = now
         state.last_error = None
 
