@@ -63,9 +63,17 @@ async def serving(
         nursery.cancel_scope.cancel()
 
 
-def connector(listener: GrpcListener, **kwargs: object) -> GrpcConnector:
+def connector(
+    listener: GrpcListener,
+    *,
+    tls: TlsConfig | None = None,
+    node_id: str | None = None,
+    server_name: str | None = None,
+) -> GrpcConnector:
+    """A connector to `listener` on 127.0.0.1."""
     assert listener.port is not None
-    return GrpcConnector(f"127.0.0.1:{listener.port}", **kwargs)  # type: ignore[arg-type]
+    address = f"127.0.0.1:{listener.port}"
+    return GrpcConnector(address, tls=tls, node_id=node_id, server_name=server_name)
 
 
 async def echo_registration(conn: AgentConnection) -> None:
@@ -550,13 +558,13 @@ async def test_an_invalid_message_ends_the_stream() -> None:
             reasons.append(str(exc))
             raise
 
-    def stock_client(port: int) -> grpc.StatusCode:
+    def stock_client(port: int) -> object:
         bad = pb.ConnectRequest(shard_status=pb.ShardStatus(replica_id="r1", state=0))
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             responses = agent_pb2_grpc.AgentServiceStub(channel).Connect(iter([bad]), timeout=5)
             with pytest.raises(grpc.RpcError) as caught:
                 list(responses)
-            return caught.value.code()  # type: ignore[no-any-return, attr-defined]
+            return caught.value.code()  # an RpcError from a call is also a grpc.Call
 
     with trio.fail_after(5):
         async with serving(handler) as listener:
@@ -790,7 +798,7 @@ async def test_plaintext_client_cannot_reach_a_tls_listener(pki: Pki) -> None:
 
     with trio.fail_after(5):
         async with serving(handler, tls=pki.server) as listener:
-            with pytest.raises(ConnectFailed):
+            with pytest.raises(ConnectFailed, match="require TLS"):
                 async with connector(listener).connect():
                     pass
     assert not called
@@ -799,9 +807,22 @@ async def test_plaintext_client_cannot_reach_a_tls_listener(pki: Pki) -> None:
 async def test_tls_client_cannot_reach_a_plaintext_listener(pki: Pki) -> None:
     with trio.fail_after(5):
         async with serving(echo_registration) as listener:
-            with pytest.raises(ConnectFailed):
+            with pytest.raises(ConnectFailed, match="TLS handshake failed"):
                 async with connector(listener, tls=pki.node).connect():
                     pass
+
+
+async def test_mtls_client_checks_the_server_name(pki: Pki) -> None:
+    with trio.fail_after(5):
+        async with serving(echo_registration, tls=pki.server) as listener:
+            wrong_name = connector(listener, tls=pki.node, server_name="ctl.example.com")
+            with pytest.raises(ConnectFailed, match="does not name this host"):
+                async with wrong_name.connect():
+                    pass
+            right_name = connector(listener, tls=pki.node, server_name="localhost")
+            async with right_name.connect() as conn:
+                await conn.send(register("gpu-1"))
+                assert await conn.receive() == REGISTERED
 
 
 def test_tls_listener_requires_a_client_ca(pki: Pki) -> None:

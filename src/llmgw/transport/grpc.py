@@ -121,6 +121,8 @@ class Keepalive:
             ("grpc.keepalive_permit_without_calls", 1),
             # 0: keep pinging however long the stream is idle (default: stop after 2).
             ("grpc.http2.max_pings_without_data", 0),
+            # grpcio 1.85 gives a keepalive ping's ack this long, not keepalive_timeout_ms
+            # (default 60 s; measured: without it a silent peer went unnoticed for a minute).
             ("grpc.http2.ping_timeout_ms", _ms(self.timeout)),
         ]
 
@@ -618,11 +620,13 @@ def _connect_failure(target: str, exc: grpc.aio.AioRpcError, tls: bool) -> Conne
     text = details.lower()
     if "connection refused" in text:
         why = "connection refused"
+    elif any(m in text for m in ("errors resolving", "dns resolution", "domain name not found")):
+        why = "cannot resolve the host name"
     elif "certificate_verify_failed" in text or "certificate verify failed" in text:
         why = "certificate verify failed: the server's certificate is not signed by our CA"
-    elif "not in peer certificate" in text or "hostname" in text:
+    elif "hostname verification" in text or "not in peer certificate" in text:
         why = "certificate verify failed: the server's certificate does not name this host"
-    elif "wrong_version_number" in text or "handshake" in text:
+    elif "wrong_version_number" in text or "handshake failed" in text:
         why = "TLS handshake failed (does the server speak TLS?)" if tls else "handshake failed"
     elif "socket closed" in text or "connection reset" in text:
         why = (
@@ -631,8 +635,6 @@ def _connect_failure(target: str, exc: grpc.aio.AioRpcError, tls: bool) -> Conne
             if tls
             else "the server closed the connection: does it require TLS?"
         )
-    elif "dns resolution failed" in text or "name resolution" in text:
-        why = "cannot resolve the host"
     else:
         why = exc.code().name
     return ConnectFailed(f"cannot connect to {target}: {why} [{exc.code().name}: {details}]")
