@@ -727,6 +727,7 @@ class Pki:
     node: TlsConfig  # gpu-1's: its cert and key, the CA that signed the server's
     rogue: TlsConfig  # a "gpu-1" certificate from another CA
     wrong_trust: TlsConfig  # gpu-1's certificate, but trusting the other CA for the server
+    ca: certs.CertPair
 
 
 @pytest.fixture(scope="module")
@@ -742,6 +743,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
         node=TlsConfig(str(node.cert), str(node.key), str(ca.cert)),
         rogue=TlsConfig(str(rogue.cert), str(rogue.key), str(ca.cert)),
         wrong_trust=TlsConfig(str(node.cert), str(node.key), str(other_ca.cert)),
+        ca=ca,
     )
 
 
@@ -763,6 +765,37 @@ async def test_mtls_accepts_the_right_certificate_and_reports_its_identity(pki: 
                 await conn.send(register("gpu-1"))
                 assert await conn.receive() == REGISTERED
     assert identities == ["gpu-1", "gpu-1"]
+
+
+async def test_mtls_identity_falls_back_to_the_san(pki: Pki, tmp_path: Path) -> None:
+    """A client certificate without a common name is known by its first SAN."""
+    key, csr, ext, cert = (tmp_path / name for name in ("n.key", "n.csr", "n.ext", "n.pem"))
+    ext.write_text("extendedKeyUsage=clientAuth\nsubjectAltName=DNS:gpu-5.fleet\n")
+    newkey = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    await trio.run_process(
+        ["openssl", "req", "-new", *newkey, "-keyout", key, "-out", csr, "-subj", "/O=llmgw"],
+        capture_stderr=True,
+    )
+    await trio.run_process(
+        ["openssl", "x509", "-req", "-in", csr, "-CA", pki.ca.cert, "-CAkey", pki.ca.key,
+         "-set_serial", "0x1234", "-days", "2", "-extfile", ext, "-out", cert],
+        capture_stderr=True,
+    )  # fmt: skip
+    identities: list[str | None] = []
+
+    async def handler(conn: AgentConnection) -> None:
+        identities.append(conn.peer_identity)
+        await echo_registration(conn)
+
+    san_only = TlsConfig(str(cert), str(key), pki.node.client_ca)
+    with trio.fail_after(5):
+        async with (
+            serving(handler, tls=pki.server) as listener,
+            connector(listener, tls=san_only).connect() as conn,
+        ):
+            await conn.send(register("gpu-5.fleet"))
+            assert await conn.receive() == REGISTERED
+    assert identities == ["gpu-5.fleet"]
 
 
 async def test_mtls_refuses_a_client_certificate_from_another_ca(pki: Pki) -> None:

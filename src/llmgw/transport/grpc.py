@@ -423,9 +423,9 @@ def _peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     if auth.get("transport_security_type") != [b"ssl"]:
         return None
     for key in ("x509_common_name", "x509_subject_alternative_name"):
-        values = auth.get(key)
-        if values:
-            return values[0].decode("utf-8", "replace")
+        for value in auth.get(key, ()):
+            if value:  # a certificate without a CN reports an empty one
+                return value.decode("utf-8", "replace")
     return None
 
 
