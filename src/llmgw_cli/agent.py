@@ -2,22 +2,245 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import argparse
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from llmgw_cli._common import EXIT_RUNTIME, fail, parser
+import trio
+
+from llmgw import units
+from llmgw.agent.discovery import fake_gpus
+from llmgw.config import TlsConfig
+from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, fail, parser
 
 PROG = "llmgw-agent"
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def _duration(minimum: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = units.parse_duration(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}s, got {text}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = parser(PROG, "Node agent: registers this machine's GPUs and runs engine replicas.")
-    p.add_argument("--server", metavar="HOST:PORT", required=True, help="control plane address")
+    # Checked in main, not by argparse: its "required" error ignores exit_on_error and
+    # prints the whole usage instead of one line.
+    p.add_argument("--server", metavar="HOST:PORT", help="control plane address (required)")
     p.add_argument("--node-id", metavar="ID", help="node identity (default: hostname)")
     p.add_argument("--label", action="append", default=[], metavar="K=V", help="node label")
     p.add_argument("--fabric", action="append", default=[], metavar="NAME", help="fabric name")
     p.add_argument("--fake-gpus", metavar="SPEC", help="pretend GPUs, e.g. 4x80GB")
-    p.add_argument("--tls-cert", metavar="FILE")
-    p.add_argument("--tls-key", metavar="FILE")
-    p.add_argument("--tls-ca", metavar="FILE")
-    p.parse_args(argv)
-    fail(PROG, "the agent is not implemented yet", EXIT_RUNTIME)
+    p.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="management address engines bind and the router reaches (default: the address "
+        "of the interface that routes to the server; 127.0.0.1 for a loopback server)",
+    )
+    p.add_argument("--tls-cert", metavar="FILE", help="this agent's certificate (mTLS)")
+    p.add_argument("--tls-key", metavar="FILE", help="its private key")
+    p.add_argument("--tls-ca", metavar="FILE", help="CA that signed the server's certificate")
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="engine logs and pid records (default: /var/lib/llmgw-agent as root, "
+        "else $XDG_STATE_HOME/llmgw-agent or ~/.local/state/llmgw-agent)",
+    )
+    p.add_argument(
+        "--heartbeat",
+        type=_duration(0.05),
+        default=5.0,
+        metavar="DURATION",
+        help="heartbeat interval until the server sets one at registration (default 5s)",
+    )
+    p.add_argument(
+        "--max-backoff",
+        type=_duration(0.1),
+        default=30.0,
+        metavar="DURATION",
+        help="longest wait between reconnect attempts (default 30s)",
+    )
+    p.add_argument(
+        "--shutdown-grace",
+        type=_duration(0),
+        default=15.0,
+        metavar="DURATION",
+        help="on exit, how long engines get after SIGTERM before SIGKILL (default 15s)",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="(default %(default)s)",
+    )
+    return p
+
+
+def _labels(items: Sequence[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--label: expected KEY=VALUE, got {item!r}")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+def default_state_dir() -> Path:
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return Path("/var/lib/llmgw-agent")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "llmgw-agent"
+
+
+def management_address(server_host: str, server_port: int) -> str:
+    """The local address of the interface that routes to the server (no packet is
+    sent: a UDP socket's connect only picks a route); 127.0.0.1 for a loopback one."""
+    host = server_host or "127.0.0.1"
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        infos = socket.getaddrinfo(host, server_port, type=socket.SOCK_DGRAM)
+    except socket.gaierror as e:
+        raise RuntimeError(f"cannot resolve the server's host {host!r}: {e.strerror}") from None
+    family, _type, _proto, _name, sockaddr = infos[0]
+    if ipaddress.ip_address(sockaddr[0]).is_loopback:
+        return "127.0.0.1" if family == socket.AF_INET else "::1"
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(sockaddr)
+        except OSError as e:
+            raise RuntimeError(f"no route to the server {host}: {e.strerror or e}") from None
+        return str(s.getsockname()[0])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = build_parser()
+    p.exit_on_error = False
+    try:
+        args, extra = p.parse_known_args(argv)
+    except argparse.ArgumentError as e:
+        fail(PROG, str(e), EXIT_USAGE)
+    if extra:
+        fail(PROG, f"unrecognized arguments: {' '.join(extra)}", EXIT_USAGE)
+
+    # -- usage and configuration: exit 2 ------------------------------------------------
+    if args.server is None:
+        fail(PROG, "the following arguments are required: --server", EXIT_USAGE)
+    try:
+        server = units.parse_address(args.server)
+        if not server.port:
+            raise ValueError(f"--server: a port is needed, got {args.server!r}")
+        node_id = args.node_id or socket.gethostname()
+        if not node_id.strip():
+            raise ValueError("--node-id must not be empty")
+        labels = _labels(args.label)
+        fabrics = tuple(dict.fromkeys(f.strip() for f in args.fabric if f.strip()))
+        if args.fake_gpus is not None:
+            fake_gpus(args.fake_gpus, node_id=node_id)  # check the spec now
+        tls = _tls(args.tls_cert, args.tls_key, args.tls_ca)
+        if args.address is not None:
+            ipaddress.ip_address(args.address.strip("[]"))
+    except ValueError as e:
+        fail(PROG, str(e), EXIT_USAGE)
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        address = args.address.strip("[]") if args.address else None
+        address = address or management_address(server.host, server.port)
+        state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+        state_dir.mkdir(parents=True, exist_ok=True)
+    except (RuntimeError, OSError) as e:
+        fail(PROG, str(e) if isinstance(e, RuntimeError) else f"state dir: {e}", EXIT_RUNTIME)
+
+    from llmgw.agent.agent import Agent, NodeSettings
+
+    try:
+        from llmgw.transport.grpc import GrpcConnector
+    except ImportError as e:  # pragma: no cover - the transport ships with llmgw
+        fail(PROG, f"the gRPC transport is not available: {e}", EXIT_RUNTIME)
+
+    if tls is None:
+        logging.getLogger(PROG).warning(
+            "no TLS: the connection to %s is plaintext and unauthenticated; "
+            "use --tls-cert/--tls-key/--tls-ca outside a trusted network",
+            args.server,
+        )
+    settings = NodeSettings(
+        node_id=node_id,
+        address=address,
+        labels=labels,
+        fabrics=fabrics,
+        fake_gpus=args.fake_gpus,
+    )
+    connector = GrpcConnector(str(server), tls=tls, node_id=node_id)
+    agent = Agent(
+        connector,
+        settings,
+        state_dir=state_dir,
+        heartbeat_interval=args.heartbeat,
+        max_backoff=args.max_backoff,
+        shutdown_grace=args.shutdown_grace,
+    )
+
+    async def run() -> None:
+        # The receiver stays open until the engines are stopped, so a second Ctrl-C
+        # cannot interrupt that (it is bounded by --shutdown-grace).
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def on_signal() -> None:
+                    async for signum in signals:
+                        logging.getLogger(PROG).info(
+                            "%s: stopping engines, then exiting", signal.Signals(signum).name
+                        )
+                        nursery.cancel_scope.cancel()
+
+                nursery.start_soon(on_signal)
+                await agent.run()
+
+    try:
+        trio.run(run)
+    except KeyboardInterrupt:
+        pass
+    except Exception as e:
+        fail(PROG, _first_line(e), EXIT_RUNTIME)
+    return EXIT_OK
+
+
+def _tls(cert: str | None, key: str | None, ca: str | None) -> TlsConfig | None:
+    if cert is None and key is None and ca is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("--tls-cert and --tls-key go together")
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key), ("--tls-ca", ca)):
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"{flag}: no such file: {path}")
+    return TlsConfig(cert=cert, key=key, client_ca=ca)
+
+
+def _first_line(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,448 @@
+"""The node agent (DESIGN §6): registers the machine, heartbeats, runs engine shards.
+
+::
+
+    agent = Agent(connector, NodeSettings(node_id="gpu-1", address="10.0.0.5"),
+                  state_dir=Path("/var/lib/llmgw-agent"))
+    await agent.run()        # until cancelled; then every engine is stopped
+
+One connection at a time, reconnecting forever:
+
+* **Register** first, with the whole inventory (GPUs freshly discovered, engines
+  found installed, labels, fabrics) and every shard it knows: live ones with the
+  launch fields a restarted server needs to adopt them, and ended ones whose final
+  status no server has received yet.
+* **Registered** sets the heartbeat interval. From then on a **Heartbeat** goes out
+  every interval with the GPUs rediscovered (memory used, utilisation, ECC; bounded
+  by half an interval, the last known inventory otherwise) and a summary of every
+  shard (without output tails), and every shard transition is sent as it happens.
+* **Commands**: each StartShard is checked by its engine's adapter and against
+  this node (GPUs and ports not taken by another shard, ports free, network
+  interface present) and either rejected at once (CommandResult failed, FAILED with
+  the problems, nothing launched) or launched in a supervised task of its own
+  (CommandResult ok). StopShard and DrainShard go to the shard of that epoch.
+* **Reconnect**: when the stream fails, or no Registered arrives within
+  ``register_timeout``, the agent waits a full-jitter exponential backoff
+  (uniform in ``[0, min(max_backoff, base_backoff * 2**failures))``, so a fleet
+  reconnecting to a restarted server spreads out instead of arriving in lockstep)
+  and connects again. ``failures`` counts attempts since the last Registered. The
+  engines keep running throughout: a server restart costs no engine restart.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import random
+import socket
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from pathlib import Path
+
+import attrs
+import trio
+
+from llmgw import __version__
+from llmgw.agent.adapters import EngineAdapter, default_adapters
+from llmgw.agent.discovery import DiscoveryError, discover
+from llmgw.agent.supervisor import Shard, Supervisor
+from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo
+from llmgw.transport.base import AgentConnector, ServerConnection, TransportError
+from llmgw.transport.messages import (
+    AgentMessage,
+    CommandResult,
+    DrainShard,
+    Heartbeat,
+    Register,
+    Registered,
+    ServerMessage,
+    ShardStatus,
+    StartShard,
+    StopShard,
+)
+
+__all__ = ["Agent", "NodeSettings", "backoff_delay"]
+
+log = logging.getLogger(__name__)
+
+OUTBOX_SIZE = 1024
+
+
+def backoff_delay(failures: int, base: float, cap: float, rng: random.Random) -> float:
+    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**failures))."""
+    return rng.uniform(0.0, min(cap, base * 2.0 ** min(failures, 60)))
+
+
+@attrs.frozen
+class NodeSettings:
+    """What the operator says about the node (the rest is discovered)."""
+
+    node_id: str
+    address: str  # management address: engines bind it, the router reaches them on it
+    hostname: str = attrs.field(factory=socket.gethostname)
+    labels: Mapping[str, str] = attrs.field(factory=dict)
+    fabrics: tuple[str, ...] = ()
+    fake_gpus: str | None = None  # a spec such as "4x80GB": pretend instead of nvidia-smi
+
+
+_Outgoing = tuple[AgentMessage, tuple[ShardStatus, ...]]  # the message, the statuses it carries
+
+
+class Agent:
+    def __init__(
+        self,
+        connector: AgentConnector,
+        settings: NodeSettings,
+        *,
+        state_dir: Path,
+        adapters: Mapping[str, EngineAdapter] | None = None,
+        heartbeat_interval: float = 5.0,
+        base_backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        register_timeout: float = 30.0,
+        shutdown_grace: float = 15.0,
+        health_interval: float = 0.5,
+        discover_gpus: Callable[[], Awaitable[tuple[Gpu, ...]]] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.connector = connector
+        self.settings = settings
+        self.adapters: dict[str, EngineAdapter] = dict(
+            adapters if adapters is not None else default_adapters()
+        )
+        self.heartbeat_interval = heartbeat_interval  # until a Registered says otherwise
+        self.base_backoff = base_backoff
+        self.max_backoff = max_backoff
+        self.register_timeout = register_timeout
+        self.supervisor = Supervisor(
+            Path(state_dir),
+            self._report,
+            shutdown_grace=shutdown_grace,
+            health_interval=health_interval,
+        )
+        self._discover = discover_gpus or self._discover_default
+        self._rng = rng or random.Random()
+        self.gpus: tuple[Gpu, ...] = ()
+        self.engines: tuple[EngineInfo, ...] = ()
+        self.connections = 0  # streams opened
+        self.registrations = 0  # Registered answers received
+        self.failures = 0  # connect attempts since the last Registered
+        self.server_epoch: str | None = None
+        self._outbox: trio.MemorySendChannel[_Outgoing] | None = None
+        self._seq = 0
+        self._discovery_error: str | None = None
+
+    @property
+    def node_id(self) -> str:
+        return self.settings.node_id
+
+    def node_info(self) -> NodeInfo:
+        s = self.settings
+        return NodeInfo(
+            node_id=s.node_id,
+            hostname=s.hostname,
+            address=s.address,
+            agent_version=__version__,
+            labels=dict(s.labels),
+            fabrics=tuple(s.fabrics),
+            gpus=self.gpus,
+            engines=self.engines,
+        )
+
+    # -- running -------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Probe engines and GPUs, then serve the control plane until cancelled;
+        cancelling stops every engine this agent runs before returning."""
+        await self._probe_engines()
+        await self._refresh_gpus(time_limit=30.0)
+        log.info(
+            "node %s (%s): %d GPU(s), engines: %s",
+            self.node_id,
+            self.settings.address,
+            len(self.gpus),
+            ", ".join(f"{e.name} {e.version or '?'}" for e in self.engines) or "none",
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.supervisor.run)
+            task_status.started()
+            await self._connect_forever()
+
+    async def _probe_engines(self) -> None:
+        found: dict[str, EngineInfo | None] = {}
+
+        async def probe(name: str, adapter: EngineAdapter) -> None:
+            try:
+                found[name] = await adapter.available()
+            except Exception:
+                log.exception("probing engine %s failed", name)
+                found[name] = None
+
+        async with trio.open_nursery() as nursery:
+            for name, adapter in self.adapters.items():
+                nursery.start_soon(probe, name, adapter)
+        self.engines = tuple(info for name in self.adapters if (info := found.get(name)))
+
+    async def _discover_default(self) -> tuple[Gpu, ...]:
+        return await discover(self.settings.fake_gpus, node_id=self.node_id)
+
+    async def _refresh_gpus(self, time_limit: float) -> None:
+        """Rediscover the GPUs; on failure or timeout keep the last known ones."""
+        error: str | None = None
+        with trio.move_on_after(time_limit) as scope:
+            try:
+                self.gpus = await self._discover()
+            except (DiscoveryError, OSError) as exc:
+                error = str(exc)
+        if scope.cancelled_caught:
+            error = f"GPU discovery took longer than {time_limit:g}s"
+        if error != self._discovery_error:  # say it once, and once when it clears
+            if error is not None:
+                log.warning("GPU discovery failed (keeping the last known GPUs): %s", error)
+            elif self._discovery_error is not None:
+                log.info("GPU discovery works again")
+            self._discovery_error = error
+
+    async def _connect_forever(self) -> None:
+        while True:
+            try:
+                async with self.connector.connect() as conn:
+                    self.connections += 1
+                    await self._session(conn)
+            except Exception as exc:
+                if _only(exc, (TransportError, trio.TooSlowError)):
+                    log.warning("connection to the server: %s", _first_line(exc))
+                else:
+                    log.exception("agent session failed; reconnecting")
+            delay = backoff_delay(self.failures, self.base_backoff, self.max_backoff, self._rng)
+            self.failures += 1
+            log.info("reconnecting in %.2fs (attempt %d)", delay, self.failures)
+            await trio.sleep(delay)
+
+    async def _session(self, conn: ServerConnection) -> None:
+        send, receive = trio.open_memory_channel[_Outgoing](OUTBOX_SIZE)
+        # From here every transition is queued for this connection, and the snapshot
+        # below is taken with no checkpoint in between: nothing falls in the gap.
+        self._outbox = send
+        try:
+            shards = tuple(self.supervisor.statuses())
+            await conn.send(Register(self.node_info(), shards))
+            self.supervisor.delivered(shards)
+            with trio.fail_after(self.register_timeout):
+                first = await conn.receive()
+            if isinstance(first, Registered):
+                self._registered(first)
+            else:
+                log.warning("expected Registered first, got %s", type(first).__name__)
+                self._handle(first)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._send_all, conn, receive)
+                nursery.start_soon(self._heartbeats)
+                while True:
+                    self._handle(await conn.receive())
+        finally:
+            self._outbox = None
+            send.close()
+
+    def _registered(self, message: Registered) -> None:
+        self.registrations += 1
+        self.failures = 0
+        if message.heartbeat_interval > 0:
+            self.heartbeat_interval = message.heartbeat_interval
+        if self.server_epoch is not None and message.server_epoch != self.server_epoch:
+            log.info("the server restarted (epoch %s)", message.server_epoch)
+        self.server_epoch = message.server_epoch
+        log.info(
+            "registered with the server; heartbeat every %gs, %d shard(s) reported",
+            self.heartbeat_interval,
+            len(self.supervisor.shards),
+        )
+
+    async def _send_all(
+        self, conn: ServerConnection, receive: trio.MemoryReceiveChannel[_Outgoing]
+    ) -> None:
+        async for message, carried in receive:
+            await conn.send(message)
+            self.supervisor.delivered(carried)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await trio.sleep(self.heartbeat_interval)
+            await self._refresh_gpus(time_limit=max(0.2, min(10.0, self.heartbeat_interval / 2)))
+            self._seq += 1
+            statuses = tuple(self.supervisor.statuses())
+            summary = tuple(
+                attrs.evolve(s, output_tail=()) if s.output_tail else s for s in statuses
+            )
+            self._queue(Heartbeat(self._seq, self.gpus, summary), statuses)
+
+    def _queue(self, message: AgentMessage, carried: tuple[ShardStatus, ...] = ()) -> None:
+        if self._outbox is None:
+            return  # not connected: the next registration carries the state
+        try:
+            self._outbox.send_nowait((message, carried))
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            log.warning("outbox full: %s not sent (the next heartbeat carries the state)", message)
+
+    def _report(self, status: ShardStatus) -> None:
+        self._queue(status, (status,))
+
+    def _result(self, command_id: str, ok: bool, message: str = "") -> None:
+        self._queue(CommandResult(command_id, ok, message))
+
+    # -- commands --------------------------------------------------------------------------
+
+    def _handle(self, message: ServerMessage) -> None:
+        if isinstance(message, Registered):
+            self._registered(message)
+        elif isinstance(message, StartShard):
+            self._start(message)
+        elif isinstance(message, StopShard):
+            key = (message.replica_id, message.rank)
+            why = self.supervisor.stop(key, message.epoch, message.grace, reason="stopped")
+            self._answer(message.command_id, key, why, "stopping")
+        elif isinstance(message, DrainShard):
+            key = (message.replica_id, message.rank)
+            why = self.supervisor.drain(key, message.epoch, message.deadline)
+            self._answer(message.command_id, key, why, "draining")
+        else:
+            log.warning("ignoring unexpected %s from the server", type(message).__name__)
+
+    def _answer(self, command_id: str, key: tuple[str, int], why: str | None, doing: str) -> None:
+        if why is None:
+            self._result(command_id, True, doing)
+            return
+        shard = self.supervisor.shards.get(key)
+        if shard is None or not shard.live:
+            # Nothing of it runs here: what the server wanted is already true.
+            self._result(command_id, True, why)
+            if shard is not None:
+                self._report(shard.status)  # say again how it ended
+        else:
+            self._result(command_id, False, why)
+
+    def _start(self, cmd: StartShard) -> None:
+        key = (cmd.replica_id, cmd.rank)
+        existing = self.supervisor.shards.get(key)
+        replacing: Shard | None = None
+        if existing is not None and existing.live:
+            if existing.command.epoch == cmd.epoch:
+                self._result(cmd.command_id, True, "already running")
+                self._report(existing.status)
+                return
+            if existing.command.epoch > cmd.epoch:
+                self._result(
+                    cmd.command_id,
+                    False,
+                    f"stale: this node runs epoch {existing.command.epoch} of {cmd.replica_id}",
+                )
+                return
+            replacing = existing  # an older epoch: stopped before the new one launches
+        adapter = self.adapters.get(cmd.profile.engine)
+        if adapter is None:
+            have = ", ".join(sorted(self.adapters)) or "none"
+            problems = [
+                f"engine {cmd.profile.engine!r} is not supported by this agent (it has: {have})"
+            ]
+        else:
+            problems = adapter.validate(cmd, self.gpus) + self._node_problems(cmd, replacing)
+        if adapter is not None and not problems:
+            try:
+                spec = adapter.command(cmd, self.node_info())
+            except Exception as exc:
+                log.exception("building the %s command failed", adapter.name)
+                problems = [f"cannot build the {adapter.name} command: {exc}"]
+        if problems:
+            self._result(cmd.command_id, False, "; ".join(problems))
+            self.supervisor.reject(cmd, problems)
+            return
+        self._result(cmd.command_id, True, "starting")
+        self.supervisor.launch(cmd, spec)
+
+    def _node_problems(self, cmd: StartShard, replacing: Shard | None) -> list[str]:
+        """What keeps `cmd` from running on this node now, whatever its engine."""
+        problems: list[str] = []
+        others = [s for s in self.supervisor.live() if s is not replacing]
+        taken = {i: s for s in others for i in s.command.gpu_indices}
+        busy = sorted({i for i in cmd.gpu_indices if i in taken})
+        for index in busy:
+            problems.append(f"GPU {index} is in use by {_describe(taken[index])}")
+        ports = {cmd.port}
+        if cmd.node_count > 1 and cmd.rank == 0 and cmd.master_port is not None:
+            ports.add(cmd.master_port)
+        ours = set() if replacing is None else _ports(replacing.command)
+        for s in others:
+            for port in sorted(ports & _ports(s.command)):
+                problems.append(f"port {port} is in use by {_describe(s)}")
+        if cmd.rank == 0:
+            for port in sorted(ports - ours - {p for s in others for p in _ports(s.command)}):
+                problem = _bind_problem(self.settings.address, port)
+                if problem:
+                    problems.append(problem)
+        if cmd.node_count > 1 and "NCCL_SOCKET_IFNAME" not in cmd.profile.env:
+            problem = _interface_problem(cmd.mgmt_interface)
+            if problem:
+                problems.append(problem)
+        return problems
+
+
+def _ports(cmd: StartShard) -> set[int]:
+    ports = {cmd.port}
+    if cmd.node_count > 1 and cmd.rank == 0 and cmd.master_port is not None:
+        ports.add(cmd.master_port)
+    return ports
+
+
+def _describe(shard: Shard) -> str:
+    c = shard.command
+    return f"replica {c.replica_id} rank {c.rank} (epoch {c.epoch})"
+
+
+def _bind_problem(host: str, port: int) -> str | None:
+    """Whether an engine could listen on host:port now (as it would: SO_REUSEADDR)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is in use by another process"
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return f"address {host} is not an address of this node (cannot listen on it)"
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
+def _interface_problem(spec: str, names: Iterable[str] | None = None) -> str | None:
+    """Whether NCCL_SOCKET_IFNAME=`spec` names an interface of this node (NCCL's syntax:
+    comma-separated prefixes, ``=`` for an exact name, ``^`` to exclude)."""
+    if not spec or spec.startswith("^"):
+        return None
+    if names is None:
+        try:
+            names = [name for _index, name in socket.if_nameindex()]
+        except OSError:
+            return None
+    have = list(names)
+    exact = spec.startswith("=")
+    wanted = [w for w in spec.lstrip("=").split(",") if w]
+    if any(n == w if exact else n.startswith(w) for w in wanted for n in have):
+        return None
+    return (
+        f"network interface {spec!r} (for NCCL/Gloo) is not on this node "
+        f"(it has: {', '.join(have) or 'none'})"
+    )
+
+
+def _only(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
+    """Whether `exc` is, or is a group of nothing but, `kinds`."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only(e, kinds) for e in exc.exceptions)
+    return isinstance(exc, kinds)
+
+
+def _first_line(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,625 @@
+"""Engine processes: launch, keep the output, wait for health, stop, drain.
+
+Every shard is a child process in a session (and so a process group) of its own,
+watched by one task of the supervisor's nursery. Rules:
+
+* **Output**: stdout and stderr, merged, go line by line into a ring of the last
+  ``tail_lines`` lines (ANSI colours stripped, long lines cut) and, verbatim, to
+  ``<state_dir>/logs/<replica>-r<rank>-e<epoch>.log`` (rotated once to ``.1`` past
+  ``log_max_bytes``).
+* **Ready**: the shard is STARTING until its health URL answers 200 (polled every
+  ``health_interval``), then READY with its endpoint URL. A shard without a health
+  URL (a headless rank) is READY once launched. The agent sets no start timeout: a
+  large model loads for tens of minutes, and the controller owns that deadline.
+* **Exit**: a process that exits without being asked to is FAILED, with its exit
+  code (negative: killed by that signal), a message naming it, and the output tail,
+  so a crash at start is reported with the engine's own error. Whatever is left of
+  its process group is then killed, so a dead engine's workers do not hold GPUs.
+* **Stop**: SIGTERM to the process group, SIGKILL to the group after ``grace``; a
+  second stop with an earlier deadline brings the SIGKILL forward. STOPPED.
+* **Drain**: DRAINING; the engine's ``/metrics`` is read every ``drain_interval``
+  until it has no running and no waiting request (or the deadline passes), then the
+  shard is stopped. A stop during a drain cuts it short. A shard without a metrics
+  URL (a headless rank) waits for its deadline or a stop.
+* **Shutdown**: when the supervisor is cancelled (the agent stops), every engine is
+  stopped as above with ``shutdown_grace``, all at once: no orphans. Each running
+  engine's pid is recorded under ``<state_dir>/run``; an agent that died without
+  stopping its engines (SIGKILL, power cut) finds those records when it starts
+  again and kills the engines that are still there (same pid, same command line),
+  since nothing would supervise or report them.
+* **Replacement**: a shard started for the (replica, rank) of a live shard with an
+  older epoch waits until that one is stopped, so the two never share GPUs or ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from llmgw.agent.adapters.base import LaunchSpec
+from llmgw.control.fleet import ShardState
+from llmgw.router.scrape import parse_metrics
+from llmgw.transport.messages import ShardStatus, StartShard
+
+__all__ = ["DEFAULT_GRACE", "Key", "Shard", "Supervisor", "sweep_orphans"]
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]  # (replica_id, rank)
+DEFAULT_GRACE = 30.0  # seconds between SIGTERM and SIGKILL when nobody said otherwise
+LIVE = frozenset({ShardState.STARTING, ShardState.READY, ShardState.DRAINING})
+MAX_LINE = 1000  # characters of one output line kept in the tail
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def shard_name(cmd: StartShard) -> str:
+    """A file name for the shard: ``<replica>-r<rank>-e<epoch>``."""
+    return f"{_UNSAFE.sub('_', cmd.replica_id)}-r{cmd.rank}-e{cmd.epoch}"
+
+
+@attrs.define(eq=False)
+class _Stop:
+    grace: float
+
+
+@attrs.define(eq=False)
+class _Drain:
+    deadline: float
+
+
+@attrs.define(eq=False)
+class Shard:
+    """One shard as the supervisor tracks it."""
+
+    command: StartShard
+    spec: LaunchSpec | None
+    status: ShardStatus
+    tail: deque[str]
+    requests_tx: trio.MemorySendChannel[_Stop | _Drain]
+    requests_rx: trio.MemoryReceiveChannel[_Stop | _Drain]
+    process: trio.Process | None = None
+    log_path: Path | None = None
+    stop_requested: bool = False
+    stop_reason: str = ""
+    terminating: bool = False
+    kill_scope: trio.CancelScope | None = None
+    killed: bool = False
+    exited: trio.Event = attrs.Factory(trio.Event)
+    pump_done: trio.Event = attrs.Factory(trio.Event)
+    done: trio.Event = attrs.Factory(trio.Event)
+
+    @property
+    def key(self) -> Key:
+        return (self.command.replica_id, self.command.rank)
+
+    @property
+    def state(self) -> ShardState:
+        return self.status.state
+
+    @property
+    def live(self) -> bool:
+        return self.status.state in LIVE
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+
+class Supervisor:
+    """Runs engine processes for the agent and reports every shard transition through
+    `report` (called synchronously; it must not block)."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        report: Callable[[ShardStatus], None],
+        *,
+        health_interval: float = 0.5,
+        drain_interval: float = 1.0,
+        shutdown_grace: float = 15.0,
+        tail_lines: int = 200,
+        log_max_bytes: int = 64 * 1024 * 1024,
+        base_env: dict[str, str] | None = None,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.report = report
+        self.health_interval = health_interval
+        self.drain_interval = drain_interval
+        self.shutdown_grace = shutdown_grace
+        self.tail_lines = tail_lines
+        self.log_max_bytes = log_max_bytes
+        self.base_env = base_env
+        self.shards: dict[Key, Shard] = {}
+        self.launched = 0  # processes started over the supervisor's life
+        self._nursery: trio.Nursery | None = None
+        self._http: httpx.AsyncClient | None = None
+
+    # -- running -------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Supervise until cancelled; then stop every engine (``shutdown_grace``)."""
+        (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "run").mkdir(parents=True, exist_ok=True)
+        await sweep_orphans(self.state_dir / "run")
+        async with httpx.AsyncClient(timeout=2.0) as http, trio.open_nursery() as nursery:
+            self._http = http
+            self._nursery = nursery
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    # -- commands ------------------------------------------------------------------------
+
+    def launch(self, cmd: StartShard, spec: LaunchSpec) -> Shard:
+        """Start `cmd`'s engine as `spec` says (after a live older epoch of the same
+        replica and rank has stopped). Reports STARTING at once."""
+        if self._nursery is None:
+            raise RuntimeError("the supervisor is not running")
+        previous = self.shards.get((cmd.replica_id, cmd.rank))
+        if previous is not None and previous.live and previous.command.epoch < cmd.epoch:
+            self.stop(previous.key, previous.command.epoch, DEFAULT_GRACE, reason="superseded")
+        else:
+            previous = None
+        shard = self._new(cmd, spec)
+        self._set(shard, ShardState.STARTING)
+        self._nursery.start_soon(self._run, shard, previous, name=f"shard {shard_name(cmd)}")
+        return shard
+
+    def reject(self, cmd: StartShard, problems: Iterable[str]) -> Shard:
+        """Record `cmd` as FAILED without launching anything (the adapter or the node
+        refused it): fails in milliseconds instead of after minutes of loading."""
+        shard = self._new(cmd, None)
+        text = "; ".join(problems)
+        self._set(shard, ShardState.FAILED, message=f"not started: {text}")
+        shard.done.set()
+        return shard
+
+    def stop(self, key: Key, epoch: int, grace: float, *, reason: str = "") -> str | None:
+        """Ask the shard at `key` of `epoch` to stop; returns why not (None: asked)."""
+        shard = self.shards.get(key)
+        problem = self._check(shard, epoch)
+        if problem is not None or shard is None:
+            return problem
+        shard.stop_requested = True
+        shard.stop_reason = shard.stop_reason or reason
+        shard.requests_tx.send_nowait(_Stop(grace))
+        return None
+
+    def drain(self, key: Key, epoch: int, deadline: float) -> str | None:
+        """Ask the shard at `key` of `epoch` to drain then stop; returns why not."""
+        shard = self.shards.get(key)
+        problem = self._check(shard, epoch)
+        if problem is not None or shard is None:
+            return problem
+        shard.stop_requested = True
+        shard.requests_tx.send_nowait(_Drain(deadline))
+        return None
+
+    @staticmethod
+    def _check(shard: Shard | None, epoch: int) -> str | None:
+        if shard is None:
+            return "not running on this node"
+        if shard.command.epoch != epoch:
+            return f"this node runs epoch {shard.command.epoch}, not {epoch}"
+        if not shard.live:
+            return f"already {shard.state.value}"
+        return None
+
+    # -- what the agent reports ----------------------------------------------------------
+
+    def statuses(self) -> list[ShardStatus]:
+        """The latest status of every shard still known (live, or ended but not yet
+        delivered to a server)."""
+        return [s.status for s in self.shards.values()]
+
+    def live(self) -> list[Shard]:
+        return [s for s in self.shards.values() if s.live]
+
+    def delivered(self, statuses: Iterable[ShardStatus]) -> None:
+        """A server has received these: forget the ended shards among them (the
+        ones whose latest status this still is)."""
+        for status in statuses:
+            key = (status.replica_id, status.rank)
+            shard = self.shards.get(key)
+            if shard is not None and shard.status is status and not shard.live:
+                del self.shards[key]
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _new(self, cmd: StartShard, spec: LaunchSpec | None) -> Shard:
+        send, receive = trio.open_memory_channel[_Stop | _Drain](16)
+        shard = Shard(
+            command=cmd,
+            spec=spec,
+            status=_status(cmd, ShardState.STARTING),
+            tail=deque(maxlen=self.tail_lines),
+            requests_tx=send,
+            requests_rx=receive,
+        )
+        self.shards[shard.key] = shard
+        return shard
+
+    def _set(self, shard: Shard, state: ShardState, **extra: Any) -> None:
+        if state is ShardState.FAILED:
+            extra.setdefault("output_tail", tuple(shard.tail))
+        if state in (ShardState.READY, ShardState.DRAINING) and shard.spec is not None:
+            extra.setdefault("endpoint_url", shard.spec.endpoint_url)
+        shard.status = _status(shard.command, state, pid=shard.pid, **extra)
+        log.info(
+            "shard %s: %s%s",
+            shard_name(shard.command),
+            state.value,
+            f" ({shard.status.message})" if shard.status.message else "",
+        )
+        self.report(shard.status)
+
+    async def _run(self, shard: Shard, previous: Shard | None) -> None:
+        try:
+            if previous is not None:
+                await previous.done.wait()
+            if shard.stop_requested:
+                self._set(shard, ShardState.STOPPED, message="stopped before it was launched")
+                return
+            await self._supervise(shard)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._shutdown(shard)
+
+    async def _shutdown(self, shard: Shard) -> None:
+        """The shard's task is over (or cancelled): the engine must not outlive it."""
+        process = shard.process
+        if process is not None and process.returncode is None:
+            shard.stop_requested = True
+            shard.stop_reason = shard.stop_reason or "the agent is shutting down"
+            _signal_group(process.pid, signal.SIGTERM)
+            with trio.move_on_after(self.shutdown_grace):
+                await process.wait()
+            if process.returncode is None:
+                _signal_group(process.pid, signal.SIGKILL)
+                shard.killed = True
+                await process.wait()
+        if process is not None:
+            _signal_group(process.pid, signal.SIGKILL)  # whatever of its group is left
+            _forget_pid(self.state_dir / "run", shard_name(shard.command))
+        if shard.live:  # cancelled before it could say how it ended
+            shard.stop_reason = shard.stop_reason or "the agent is shutting down"
+            self._set(
+                shard,
+                ShardState.STOPPED,
+                message=self._stopped_message(shard),
+                exit_code=process.returncode if process is not None else None,
+            )
+        shard.done.set()
+
+    async def _supervise(self, shard: Shard) -> None:
+        spec = shard.spec
+        assert spec is not None
+        name = shard_name(shard.command)
+        shard.log_path = self.state_dir / "logs" / f"{name}.log"
+        env = dict(os.environ if self.base_env is None else self.base_env)
+        env.update(spec.env)
+        logf = await _LogFile.open(shard.log_path, self.log_max_bytes)
+        try:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            await logf.write(f"--- {stamp} llmgw-agent: {shlex.join(spec.argv)}\n".encode())
+            try:
+                process = await trio.lowlevel.open_process(
+                    list(spec.argv),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                self._set(
+                    shard,
+                    ShardState.FAILED,
+                    message=f"cannot start {spec.argv[0]}: {exc.strerror or exc}",
+                )
+                return
+            self.launched += 1
+            shard.process = process
+            _record_pid(self.state_dir / "run", name, process.pid, spec.argv)
+            self._set(shard, ShardState.STARTING)  # now with its pid
+            async with trio.open_nursery() as outer:
+                outer.start_soon(self._pump, shard, process, logf)
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(self._control, shard)
+                    if spec.health_url is not None:
+                        inner.start_soon(self._watch_health, shard, spec.health_url)
+                    else:
+                        self._set(shard, ShardState.READY)
+                    await process.wait()
+                    shard.exited.set()
+                    inner.cancel_scope.cancel()
+                # Workers the engine forked may live on (and hold GPUs and our pipe).
+                _signal_group(process.pid, signal.SIGKILL)
+                with trio.move_on_after(2.0):
+                    await shard.pump_done.wait()
+                outer.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await logf.aclose()
+        code = process.returncode
+        if shard.stop_requested:
+            message = self._stopped_message(shard)
+            self._set(shard, ShardState.STOPPED, message=message, exit_code=code)
+        else:
+            when = "before it was ready" if shard.state is ShardState.STARTING else "unexpectedly"
+            self._set(
+                shard,
+                ShardState.FAILED,
+                message=f"{_describe_exit(code)} {when}{_last_line(shard.tail)}",
+                exit_code=code,
+            )
+
+    @staticmethod
+    def _stopped_message(shard: Shard) -> str:
+        message = shard.stop_reason or "stopped"
+        if shard.killed:
+            message += "; killed (did not exit within its grace period after SIGTERM)"
+        return message
+
+    async def _pump(self, shard: Shard, process: trio.Process, logf: _LogFile) -> None:
+        """Engine output -> the tail and the log file."""
+        stream = process.stdout
+        assert stream is not None
+        partial = b""
+        try:
+            while True:
+                try:
+                    chunk = await stream.receive_some(65536)
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    break
+                if not chunk:
+                    break
+                await logf.write(chunk)
+                lines = (partial + chunk).split(b"\n")
+                partial = lines.pop()
+                if len(partial) > 4 * MAX_LINE:  # a line without end: keep what fits
+                    lines.append(partial)
+                    partial = b""
+                for line in lines:
+                    self._keep(shard, line)
+            if partial:
+                self._keep(shard, partial)
+        finally:
+            shard.pump_done.set()
+
+    @staticmethod
+    def _keep(shard: Shard, raw: bytes) -> None:
+        text = _ANSI.sub("", raw.decode("utf-8", "replace")).rstrip("\r")
+        # A progress bar redraws with \r: keep only its last state.
+        text = text.rsplit("\r", 1)[-1]
+        if len(text) > MAX_LINE:
+            text = text[:MAX_LINE] + "..."
+        shard.tail.append(text)
+
+    async def _watch_health(self, shard: Shard, url: str) -> None:
+        assert self._http is not None
+        while shard.state is ShardState.STARTING:
+            with contextlib.suppress(httpx.HTTPError):
+                response = await self._http.get(url)
+                if response.status_code == 200:
+                    if shard.state is ShardState.STARTING and not shard.terminating:
+                        self._set(shard, ShardState.READY)
+                    return
+            await trio.sleep(self.health_interval)
+
+    async def _control(self, shard: Shard) -> None:
+        """Carries out stop and drain requests until the process exits."""
+        drain_scope: trio.CancelScope | None = None
+        async with trio.open_nursery() as nursery:
+            async for request in shard.requests_rx:
+                if isinstance(request, _Stop):
+                    if drain_scope is not None:
+                        drain_scope.cancel()
+                    nursery.start_soon(self._terminate, shard, request.grace)
+                elif shard.terminating or drain_scope is not None:
+                    continue  # already on its way out
+                elif shard.state is ShardState.READY:
+                    drain_scope = trio.CancelScope()
+                    nursery.start_soon(self._drain, shard, request.deadline, drain_scope)
+                else:  # not serving yet: nothing in flight to wait for
+                    shard.stop_reason = shard.stop_reason or "drained (it was not serving yet)"
+                    nursery.start_soon(self._terminate, shard, DEFAULT_GRACE)
+
+    async def _terminate(self, shard: Shard, grace: float) -> None:
+        process = shard.process
+        assert process is not None
+        deadline = trio.current_time() + grace
+        if shard.terminating:
+            if shard.kill_scope is not None:  # an earlier SIGKILL, if asked
+                shard.kill_scope.deadline = min(shard.kill_scope.deadline, deadline)
+            return
+        shard.terminating = True
+        shard.stop_reason = shard.stop_reason or "stopped"
+        _signal_group(process.pid, signal.SIGTERM)
+        with trio.move_on_at(deadline) as scope:
+            shard.kill_scope = scope
+            await shard.exited.wait()
+        if not shard.exited.is_set():
+            shard.killed = True
+            _signal_group(process.pid, signal.SIGKILL)
+
+    async def _drain(self, shard: Shard, deadline: float, scope: trio.CancelScope) -> None:
+        assert shard.spec is not None
+        url = shard.spec.metrics_url
+        with scope:
+            self._set(shard, ShardState.DRAINING)
+            reason = f"drain deadline ({deadline:g}s) passed with requests in flight"
+            with trio.move_on_after(deadline):
+                while True:
+                    if url is not None and self._http is not None:
+                        with contextlib.suppress(httpx.HTTPError):
+                            response = await self._http.get(url)
+                            sample = parse_metrics(response.content)
+                            if (
+                                sample.running is not None
+                                and sample.waiting is not None
+                                and sample.running + sample.waiting == 0
+                            ):
+                                reason = "drained"
+                                break
+                    await trio.sleep(self.drain_interval)
+            if url is None:
+                reason = f"drain deadline ({deadline:g}s) passed"
+        if scope.cancelled_caught:
+            return  # a stop cut the drain short; it terminates the engine
+        shard.stop_reason = reason
+        await self._terminate(shard, DEFAULT_GRACE)
+
+
+class _LogFile:
+    """An engine's log: appended to, flushed per chunk, rotated once to ``.1``."""
+
+    def __init__(self, path: Path, max_bytes: int, f: Any, size: int) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self._f = f
+        self._size = size
+
+    @classmethod
+    async def open(cls, path: Path, max_bytes: int) -> _LogFile:
+        f = await trio.open_file(path, "ab")
+        return cls(path, max_bytes, f, await f.tell())
+
+    async def write(self, data: bytes | bytearray) -> None:
+        await self._f.write(data)
+        await self._f.flush()
+        self._size += len(data)
+        if self._size > self.max_bytes:
+            await self._f.aclose()
+            await trio.Path(self.path).replace(trio.Path(f"{self.path}.1"))
+            self._f = await trio.open_file(self.path, "ab")
+            self._size = 0
+
+    async def aclose(self) -> None:
+        await self._f.aclose()
+
+
+def _status(cmd: StartShard, state: ShardState, **extra: Any) -> ShardStatus:
+    return ShardStatus(
+        replica_id=cmd.replica_id,
+        rank=cmd.rank,
+        epoch=cmd.epoch,
+        state=state,
+        model=cmd.model,
+        profile=cmd.profile.name,
+        node_count=cmd.node_count,
+        gpu_indices=cmd.gpu_indices,
+        port=cmd.port,
+        # The distributed-init port lives on rank 0's node (ShardAssignment.dist_port).
+        dist_port=cmd.master_port if cmd.node_count > 1 and cmd.rank == 0 else None,
+        **extra,
+    )
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exited"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}"
+    return f"exited with code {code}"
+
+
+def _last_line(tail: Iterable[str]) -> str:
+    lines = [line for line in tail if line.strip()]
+    return f": {lines[-1].strip()}" if lines else ""
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    """Signal a whole process group; a group that is gone already is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+# -- pid records and orphans ---------------------------------------------------------------
+
+
+def _record_pid(run_dir: Path, name: str, pid: int, argv: Iterable[str]) -> None:
+    try:
+        (run_dir / f"{name}.json").write_text(json.dumps({"pid": pid, "argv": list(argv)}))
+    except OSError as exc:
+        log.warning("cannot record engine pid %d in %s: %s", pid, run_dir, exc)
+
+
+def _forget_pid(run_dir: Path, name: str) -> None:
+    with contextlib.suppress(OSError):
+        (run_dir / f"{name}.json").unlink()
+
+
+def _read_orphans(run_dir: Path) -> list[tuple[Path, int]]:
+    """(record, pid) of every recorded engine that still runs the recorded command."""
+    found: list[tuple[Path, int]] = []
+    for record in sorted(run_dir.glob("*.json")):
+        try:
+            data = json.loads(record.read_text())
+            pid, argv = int(data["pid"]), [str(a) for a in data["argv"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            record.unlink(missing_ok=True)
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            record.unlink(missing_ok=True)  # gone (or no /proc to tell: leave it be)
+            continue
+        if [c.decode("utf-8", "replace") for c in cmdline if c] == argv:
+            found.append((record, pid))
+        else:
+            record.unlink(missing_ok=True)  # the pid was reused by something else
+    return found
+
+
+async def sweep_orphans(run_dir: Path, *, grace: float = 10.0) -> list[int]:
+    """Kill the engines a previous agent left running (see the module docstring);
+    returns their pids."""
+    orphans = _read_orphans(run_dir)
+    for _record, pid in orphans:
+        log.warning("stopping engine pid %d left running by a previous agent", pid)
+        _signal_group(pid, signal.SIGTERM)
+    with trio.move_on_after(grace):
+        while any(_alive(pid) for _record, pid in orphans):  # noqa: ASYNC110 (not our children)
+            await trio.sleep(0.1)
+    for record, pid in orphans:
+        _signal_group(pid, signal.SIGKILL)
+        record.unlink(missing_ok=True)
+    return [pid for _record, pid in orphans]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().split(b") ", 1)[-1][:1] != b"Z"
+    except OSError:
+        return True
