@@ -118,3 +118,40 @@ async def test_draining_a_node_moves_its_replica_without_a_gap() -> None:
                 assert r.status_code == 200, r.text
                 await trio.sleep(0.05)
         assert f.controller.activity.get("m").requests_per_second > 0
+
+
+async def test_the_admin_api_shows_the_fleet_and_drains_a_node() -> None:
+    big = {"name": "big", "engine": "sim", "weights": "w", "tensor_parallel": 8}
+    async with fleet([model(replicas=1), {"name": "huge", "profiles": [big]}], nodes=2) as f:
+        with trio.fail_after(20):
+            await f.wait_ready("m", 1)
+        nodes = (await f.admin.get("/api/v1/nodes")).json()["nodes"]
+        assert [n["id"] for n in nodes] == ["node-0", "node-1"]
+        assert all(len(n["gpus"]) == 4 and n["state"] == "ready" for n in nodes)
+        # Fake GPUs report no utilisation: null in JSON, no sample in Prometheus.
+        assert all(g["utilization"] is None for n in nodes for g in n["gpus"])
+        metrics = (await f.admin.get("/metrics")).text
+        assert 'llmgw_fleet_nodes{state="ready"} 2.0' in metrics
+        assert "llmgw_fleet_gpu_memory_capacity_bytes{" in metrics
+        assert "llmgw_fleet_gpu_utilization_ratio{" not in metrics
+
+        replicas = (await f.admin.get("/api/v1/replicas")).json()
+        (rep,) = replicas["replicas"]
+        assert rep["model"] == "m" and rep["state"] == "ready" and rep["url"]
+        with trio.fail_after(10):
+            await until(lambda: "huge" in f.controller.reconciler.unplaced)
+        placement = (await f.admin.get("/api/v1/placement")).json()
+        (huge,) = [m for m in placement["models"] if m["model"] == "huge"]
+        assert "8" in huge["summary"], huge
+
+        node_id = rep["nodes"][0]["node_id"]
+        r = await f.admin.post(f"/api/v1/nodes/{node_id}/drain")
+        assert r.status_code == 202 and r.json()["cordoned"] is True
+        assert (await f.admin.post("/api/v1/nodes/nope/drain")).status_code == 404
+
+        def moved() -> bool:
+            reps = list(f.controller.reconciler.replicas.values())
+            return len(reps) == 1 and node_id not in reps[0].placement.nodes
+
+        with trio.fail_after(20):
+            await until(moved)

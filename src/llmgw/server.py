@@ -14,7 +14,10 @@ from hypercorn.trio import serve as hypercorn_serve
 from llmgw import units
 from llmgw.admin.api import AdminApp
 from llmgw.config import Config
+from llmgw.control.controller import Controller
+from llmgw.control.fleet_metrics import register_fleet_metrics
 from llmgw.router.core import Router
+from llmgw.transport.base import AgentListener
 
 log = logging.getLogger("llmgw.server")
 # httpx logs every request at INFO: far too much on a proxy's hot path.
@@ -39,15 +42,29 @@ async def serve(
     config: Config,
     *,
     router: Router | None = None,
+    controller: Controller | None = None,
+    listener: AgentListener | None = None,
     shutdown: trio.Event | None = None,
     handle_signals: bool = True,
     task_status: trio.TaskStatus[Router] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or `shutdown`); in-flight streams get
-    `router.drain_timeout` to finish."""
+    `router.drain_timeout` to finish.
+
+    With deployable models (or a `controller` given) the control plane runs too,
+    accepting agents on `listener` (default: gRPC on `agent_listen`)."""
     router = router or Router(config)
     stop = shutdown if shutdown is not None else trio.Event()
-    admin = AdminApp(router)
+    if controller is None and config.control_plane:
+        controller = Controller(config.control, router.catalog, router)
+    if controller is not None:
+        router.usage_sinks.append(controller.activity)
+        register_fleet_metrics(router.metrics.registry, controller, controller.clock)
+        if listener is None:
+            from llmgw.transport.grpc import GrpcListener
+
+            listener = GrpcListener(config.agent_listen, tls=config.agent_tls)
+    admin = AdminApp(router, controller=controller)
     drain = config.router.drain_timeout
 
     async def trigger() -> None:
@@ -57,6 +74,9 @@ async def serve(
         if handle_signals:
             background.start_soon(_watch_signals, stop)
         await background.start(router.run)
+        if controller is not None and listener is not None:
+            await background.start(controller.run, listener)
+            log.info("control plane: agents connect on %s", config.agent_listen)
         # The listeners return once `stop` is set and their streams have drained
         # (hypercorn's graceful_timeout); then the background work is cancelled.
         async with trio.open_nursery() as listeners:

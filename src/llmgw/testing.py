@@ -299,15 +299,19 @@ async def fleet(
         heartbeat_interval=heartbeat_interval,
         settle=heartbeat_interval,
     )
-    router.usage_sinks.append(controller.activity)
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(
             lambda task_status: server.serve(
-                conf, router=router, shutdown=stop, handle_signals=False, task_status=task_status
+                conf,
+                router=router,
+                controller=controller,
+                listener=network.listener(),
+                shutdown=stop,
+                handle_signals=False,
+                task_status=task_status,
             )
         )
-        await nursery.start(controller.run, network.listener())
         agents = []
         for i in range(nodes):
             # Every node gets its own loopback address (all of 127/8 is local on

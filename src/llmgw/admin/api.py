@@ -83,6 +83,7 @@ class AdminApp:
         # Tried in order after the exact routes.
         self.templates: list[tuple[str, tuple[str, ...], Handler]] = [
             ("GET", _segments("/api/v1/nodes/{id}"), self.node),
+            ("POST", _segments("/api/v1/nodes/{id}/drain"), self.drain_node),
         ]
 
     def resolve(self, method: str, path: str) -> tuple[Handler, dict[str, str]] | None:
@@ -179,3 +180,16 @@ class AdminApp:
             await self._router_only(send)
             return
         await send_json(send, 200, _json(views.placement_json(self.controller)))
+
+    async def drain_node(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Cordon the node and move its replicas elsewhere, make before break."""
+        if self.controller is None:
+            await self._router_only(send)
+            return
+        node_id = scope["path_params"]["id"]
+        if self.controller.inventory.get(node_id) is None:
+            await send_json(send, 404, _error(f"no node {node_id!r}", "node_not_found"))
+            return
+        self.controller.drain_node(node_id)
+        body = views.node_json(self.controller, node_id)
+        await send_json(send, 202, _json(body))
