@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.resources
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,8 @@ def _rewrite(text: str) -> str:
     # `from llmgw.agent.v1 import agent_pb2 as ...` in the gRPC module.
     text = text.replace(f"from {PROTO_MODULE} import ", f"from {PACKAGE} import ")
     # The module name the message classes report (`__module__`), quoted in agent_pb2.py.
-    return text.replace(f"'{PROTO_MODULE}.", f"'{PACKAGE}.")
+    # Only module names (`..._pb2`): the service's full name on the wire stays as is.
+    return re.sub(rf"'{re.escape(PROTO_MODULE)}\.(\w+_pb2)'", rf"'{PACKAGE}.\1'", text)
 
 
 def generate() -> dict[str, str]:

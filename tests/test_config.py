@@ -238,6 +238,11 @@ def test_routing_profiles_merge_with_the_builtins() -> None:
             {"agent_tls": {"cert": "/nonexistent/c.pem", "key": "/nonexistent/k.pem"}},
             "agent_tls.cert: no such file: /nonexistent/c.pem",
         ),
+        (
+            {"agent_tls": {"cert": "/nonexistent/c.pem", "key": "/nonexistent/k.pem"}},
+            "agent_tls.client_ca: required: with TLS the agent port requires client "
+            "certificates; name the CA that signs the nodes' certificates",
+        ),
     ],
 )
 def test_each_rule_names_its_key(data: dict[str, object], message: str) -> None:

@@ -344,7 +344,6 @@ async def test_our_connector_talks_to_a_stock_grpcio_server() -> None:
     assert servicer.seen[0].register.node.node_id == "gpu-1"
 
 
-@pytest.mark.xfail(reason="scripts/gen_proto.py rewrites the service name in agent_pb2_grpc")
 def test_generated_servicer_helper_serves_the_proto_service() -> None:
     server = grpc.server(ThreadPoolExecutor(max_workers=2))
     agent_pb2_grpc.add_AgentServiceServicer_to_server(PlainServicer(), server)

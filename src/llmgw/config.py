@@ -600,6 +600,11 @@ def check(config: Config) -> list[str]:
 
     problems.extend(catalog.check_models(config.models, set(r.profiles), "models"))
     if config.agent_tls is not None:
+        if config.agent_tls.client_ca is None:
+            problems.append(
+                "agent_tls.client_ca: required: with TLS the agent port requires client "
+                "certificates; name the CA that signs the nodes' certificates"
+            )
         for key in ("cert", "key", "client_ca"):
             path = getattr(config.agent_tls, key)
             if path is not None and not Path(path).is_file():

@@ -144,6 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = units.parse_address(args.server)
         if not server.port:
             raise ValueError(f"--server: a port is needed, got {args.server!r}")
+        if not server.host:
+            raise ValueError(
+                f"--server: a host is needed (e.g. 127.0.0.1:7443), got {args.server!r}"
+            )
         node_id = args.node_id or socket.gethostname()
         if not node_id.strip():
             raise ValueError("--node-id must not be empty")

@@ -61,9 +61,9 @@ def add_AgentServiceServicer_to_server(servicer, server):
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'llmgw.transport.pb.AgentService', rpc_method_handlers)
+            'llmgw.agent.v1.AgentService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('llmgw.transport.pb.AgentService', rpc_method_handlers)
+    server.add_registered_method_handlers('llmgw.agent.v1.AgentService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
