@@ -1,77 +1,78 @@
-"""`llmgw-server --demo`: a self-contained fleet for a newcomer.
+"""`llmgw-server --demo`: the whole system on one machine, for a newcomer.
 
-Until the control plane deploys replicas itself, the demo starts simulated
-engines as child processes on loopback and puts the router in front of them.
+A built-in catalog of two small simulated models, the server in control-plane
+mode, and an agent with pretended GPUs running in the same process. The agent
+dials the server's gRPC agent port like any other, and the engines it starts are
+real `llmgw-sim` processes, so within seconds the OpenAI API answers and the
+admin API shows a fleet.
 """
 
 from __future__ import annotations
 
-import functools
-import socket
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import tempfile
+from pathlib import Path
 from typing import Any
 
-import httpx
 import trio
 
-DEMO_MODELS = (("demo-chat", ("chat",)), ("demo-small", ("small",)))
-REPLICAS = 2
+from llmgw import server
+from llmgw.agent.agent import Agent, NodeSettings
+from llmgw.config import Config
+from llmgw.control.controller import Controller
+from llmgw.router.core import Router
+from llmgw.transport.grpc import GrpcConnector, GrpcListener
+
+DEMO_GPUS = "4x24GB:Demo-GPU"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _sim(name: str) -> dict[str, Any]:
+    return {"name": "sim", "engine": "sim", "weights": name}
 
 
-async def _wait_healthy(url: str, process: trio.Process) -> None:
-    async with httpx.AsyncClient() as client:
-        with trio.fail_after(30):
-            while True:
-                if process.returncode is not None:
-                    raise RuntimeError(f"simulator exited with {process.returncode}")
-                try:
-                    if (await client.get(url, timeout=1.0)).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                await trio.sleep(0.05)
+#: Overlaid on the configuration (file, environment, flags) with --demo.
+DEMO_OVERLAY: dict[str, Any] = {
+    "models": [
+        {"name": "demo-chat", "aliases": ["chat"], "replicas": 2, "profiles": [_sim("demo-chat")]},
+        {
+            "name": "demo-small",
+            "aliases": ["small"],
+            "replicas": 1,
+            "fallbacks": ["demo-chat"],
+            "profiles": [_sim("demo-small")],
+        },
+    ],
+    "control": {"interval": "1s"},
+    "router": {"scrape_interval": "500ms", "scrape_timeout": "400ms"},
+}
 
 
-@asynccontextmanager
-async def demo_fleet() -> AsyncIterator[dict[str, Any]]:
-    """Start the simulators; yields the config overlay (endpoints and models) for them."""
-    endpoints = []
-    async with trio.open_nursery() as nursery:
-        processes = []
-        for name, _ in DEMO_MODELS:
-            for i in range(REPLICAS):
-                port = _free_port()
-                argv = [
-                    sys.executable,
-                    "-m",
-                    "llmgw_cli.sim",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--model",
-                    name,
-                    "--seed",
-                    str(i),
-                ]
-                process: trio.Process = await nursery.start(
-                    functools.partial(trio.run_process, argv, check=False)
-                )
-                processes.append(process)
-                url = f"http://127.0.0.1:{port}"
-                await _wait_healthy(f"{url}/health", process)
-                endpoints.append({"id": f"{name}-{i}", "url": url, "models": [name]})
-        models = [{"name": name, "aliases": list(aliases)} for name, aliases in DEMO_MODELS]
-        try:
-            yield {"endpoints": endpoints, "models": models}
-        finally:
-            for process in processes:
-                process.terminate()
+async def run_demo(config: Config, *, announce: Any = print) -> None:
+    """Serve `config` (which includes DEMO_OVERLAY) with one in-process demo agent."""
+    router = Router(config)
+    # Nothing survives from a previous run to adopt: place at once.
+    controller = Controller(config.control, router.catalog, router, settle=0.2)
+    listener = GrpcListener(config.agent_listen, tls=config.agent_tls)
+    agent_scope = trio.CancelScope()
+
+    async def serve_then_stop_agent(task_status: trio.TaskStatus[Any]) -> None:
+        # serve() returns on SIGINT/SIGTERM once streams have drained; then the agent
+        # stops, and with it its engines.
+        await server.serve(
+            config, router=router, controller=controller, listener=listener, task_status=task_status
+        )
+        agent_scope.cancel()
+
+    with tempfile.TemporaryDirectory(prefix="llmgw-demo-") as state:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_then_stop_agent)
+            agent = Agent(
+                GrpcConnector(f"127.0.0.1:{listener.port}"),
+                NodeSettings(node_id="demo-node", address="127.0.0.1", fake_gpus=DEMO_GPUS),
+                state_dir=Path(state),
+            )
+            announce(
+                "llmgw demo: a node with 4 pretended GPUs; models demo-chat (2 replicas) and "
+                "demo-small start in a few seconds"
+            )
+            with agent_scope:
+                await agent.run()

@@ -12,7 +12,7 @@ import trio
 
 from llmgw import config as cfg
 from llmgw import server, units
-from llmgw.demo import demo_fleet
+from llmgw.demo import DEMO_OVERLAY, run_demo
 from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, fail, parser
 
 PROG = "llmgw-server"
@@ -49,16 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_config(args: argparse.Namespace, demo: dict[str, Any] | None = None) -> cfg.Config:
+def load_config(args: argparse.Namespace, demo: bool = False) -> cfg.Config:
     overrides: dict[str, Any] = {}
     for flag in ("listen", "admin_listen", "agent_listen"):
         if getattr(args, flag) is not None:
             overrides[flag] = getattr(args, flag)
     base = cfg.read_toml(args.config) if args.config else {}
     endpoints = [*base.get("endpoints", []), *(parse_endpoint(e) for e in args.endpoint)]
-    if demo is not None:
-        endpoints += demo["endpoints"]
-        base = {**base, "models": [*base.get("models", []), *demo["models"]]}
+    if demo:
+        base = cfg._merge(
+            {**DEMO_OVERLAY, "agent_listen": "127.0.0.1:7443"},
+            {**base, "models": [*DEMO_OVERLAY["models"], *base.get("models", [])]},
+        )
     if endpoints:
         overrides["endpoints"] = endpoints
     return cfg.load(data=base, overrides=overrides)
@@ -74,28 +76,29 @@ def _config_error(exc: cfg.ConfigError) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
-async def _run_demo(args: argparse.Namespace) -> None:
-    async with demo_fleet() as overlay:
-        config = load_config(args, overlay)
-        listen = units.parse_address(config.listen)
-        host = listen.host or "127.0.0.1"
+async def _run_demo(config: cfg.Config) -> None:
+    listen = units.parse_address(config.listen)
+    host = listen.host or "127.0.0.1"
+
+    def announce(line: str) -> None:
         print(
-            f"llmgw demo: {len(overlay['endpoints'])} simulated engines serving "
-            f"{', '.join(m['name'] for m in overlay['models'])}\n"
+            f"{line}\n"
             f"  try: curl http://{host}:{listen.port}/v1/chat/completions "
             "-H 'content-type: application/json' "
             '-d \'{"model": "demo-chat", "messages": [{"role": "user", "content": "hi"}]}\'\n'
-            f"  metrics and admin API: http://{config.admin_listen}/metrics, "
-            f"http://{config.admin_listen}/api/v1/endpoints",
+            f"  fleet: http://{config.admin_listen}/api/v1/nodes, "
+            f"http://{config.admin_listen}/api/v1/replicas, "
+            f"http://{config.admin_listen}/metrics",
             flush=True,
         )
-        await server.serve(config)
+
+    await run_demo(config, announce=announce)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
-        config = load_config(args)
+        config = load_config(args, demo=args.demo)
     except cfg.ConfigError as exc:
         _config_error(exc)
     except CliError as exc:
@@ -116,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     try:
         if args.demo:
-            trio.run(_run_demo, args)
+            trio.run(_run_demo, config)
         else:
             trio.run(server.serve, config)
     except cfg.ConfigError as exc:

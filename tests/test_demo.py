@@ -1,0 +1,52 @@
+"""`llmgw-server --demo`, the README's main job, as a real process."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import httpx
+import openai
+
+from .procs import free_port, running
+
+
+def test_demo_serves_a_fleet_and_stops_its_engines() -> None:
+    port, admin, agents = free_port(), free_port(), free_port()
+    base = free_port()
+    with running(
+        "llmgw-server",
+        "--demo",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--admin-listen",
+        f"127.0.0.1:{admin}",
+        "--agent-listen",
+        f"127.0.0.1:{agents}",
+        env={"LLMGW_CONTROL__PORT_RANGE": f"[{base}, {base + 50}]"},
+        health=f"http://127.0.0.1:{admin}/healthz",
+    ) as proc:
+        deadline = time.monotonic() + 30
+        ids: list[str] = []
+        while time.monotonic() < deadline:
+            ids = [m["id"] for m in httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]]
+            if {"demo-chat", "demo-small"} <= set(ids):
+                break
+            time.sleep(0.2)
+        assert {"demo-chat", "chat", "demo-small", "small"} <= set(ids), proc.output()
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        reply = client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        assert reply.model == "demo-chat" and reply.usage and reply.usage.completion_tokens == 4
+        nodes = httpx.get(f"http://127.0.0.1:{admin}/api/v1/nodes").json()["nodes"]
+        assert [n["id"] for n in nodes] == ["demo-node"] and len(nodes[0]["gpus"]) == 4
+        assert proc.stop() == 0
+    # The demo's engines went with it.
+    sims = subprocess.run(["pgrep", "-af", "llmgw_cli.sim"], capture_output=True, text=True)
+    ours = [
+        line
+        for line in sims.stdout.splitlines()
+        if any(f"--port {p} " in line + " " for p in range(base, base + 51))
+    ]
+    assert ours == []
