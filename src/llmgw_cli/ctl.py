@@ -31,6 +31,7 @@ from llmgw import bench
 from llmgw.bench.runner import BAND_HEADER, SESSION_HEADER
 from llmgw.bench.sweeping import PERCENTILES
 from llmgw.units import parse_duration
+from llmgw_cli import ctl_views
 from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, fail, parser
 
 PROG = "llmgw-ctl"
@@ -440,7 +441,11 @@ def cmd_listing(args: argparse.Namespace) -> int:
         _print_json(data)
     else:
         console = _stdout()
-        console.print(render_table(data, collection, console.width))
+        renderer = ctl_views.RENDERERS.get(collection)
+        if renderer is not None and isinstance(data, dict):
+            console.print(renderer(data))
+        else:
+            console.print(render_table(data, collection, console.width))
     return EXIT_OK
 
 
