@@ -1,0 +1,258 @@
+"""The store's interface and the values it returns.
+
+A store holds API keys (only their hashes), usage records, models added at
+runtime and dashboard sessions (DESIGN §8). Two backends implement :class:`Store`:
+SQLite for one server (:mod:`llmgw.store.sqlite`) and PostgreSQL for several
+(:mod:`llmgw.store.postgres`); :func:`llmgw.store.open_store` picks one from a URL.
+
+Times are wall-clock seconds since the epoch (``time.time()``), as floats, in
+every column and value: usage buckets are whole multiples of the bucket size
+since the epoch (so in UTC).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, NamedTuple, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+import attrs
+
+from llmgw.config import ModelConfig, converter
+from llmgw.router.usage import UsageRecord
+
+__all__ = [
+    "GroupBy",
+    "KeyRecord",
+    "SchemaTooNew",
+    "Session",
+    "Store",
+    "StoreClosed",
+    "StoreError",
+    "StoreUnavailable",
+    "StoredModel",
+    "TimedUsage",
+    "UnsupportedStoreURL",
+    "UsageRow",
+    "model_from_dict",
+    "model_to_dict",
+    "redact_url",
+]
+
+GroupBy = Literal["key", "model"]
+
+# One finished request and the wall-clock time it finished (the batcher stamps it).
+TimedUsage = tuple[float, UsageRecord]
+
+
+class StoreError(Exception):
+    """The store could not do what was asked (a database error, named)."""
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be opened or reached."""
+
+
+class StoreClosed(StoreError):
+    """The store was closed; nothing more can be asked of it."""
+
+
+class UnsupportedStoreURL(StoreError, ValueError):
+    """The URL's scheme names no backend."""
+
+
+class SchemaTooNew(StoreError):
+    """The database was migrated by a newer llmgw than this one."""
+
+    def __init__(self, found: int, known: int) -> None:
+        self.found = found
+        self.known = known
+        super().__init__(
+            f"database schema version {found} is newer than this llmgw "
+            f"(knows up to {known}): upgrade llmgw"
+        )
+
+
+@attrs.frozen
+class KeyRecord:
+    """An API key as stored: everything but the secret, which only its creator saw."""
+
+    id: str
+    name: str
+    # The secret's first characters (``llmgw-AbCd1234``), to tell keys apart in listings.
+    prefix: str
+    # The admission band its requests go to; None: the configured default band.
+    band: str | None
+    # The models (names or aliases) it may use; None: all of them.
+    models: tuple[str, ...] | None
+    # Requests and tokens per minute; None: unlimited.
+    rpm: int | None
+    tpm: int | None
+    admin: bool
+    created_at: float
+    expires_at: float | None = None
+    revoked_at: float | None = None
+
+    def usable(self, now: float) -> bool:
+        """Neither revoked nor expired at `now`."""
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
+
+
+@attrs.frozen
+class Session:
+    """A dashboard login: the key that logged in and until when."""
+
+    key: KeyRecord
+    created_at: float
+    expires_at: float
+
+
+@attrs.frozen
+class UsageRow:
+    """One group (a key or a model) in one time bucket of a usage summary."""
+
+    # The key id or model name; None for requests made without a key.
+    group: str | None
+    # The bucket's start (a multiple of the bucket size); None when not bucketed.
+    bucket: float | None
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    # Requests that ended with a status outside 2xx/3xx.
+    errors: int
+    mean_latency: float
+    # None when no request in the group reported a time to first token.
+    mean_ttft: float | None
+
+
+class StoredModel(NamedTuple):
+    """A model added at runtime: its catalog entry in the config's own shape, and when."""
+
+    config: dict[str, Any]
+    updated_at: float
+
+
+def model_to_dict(model: ModelConfig) -> dict[str, Any]:
+    """A catalog entry as the configuration writes it (durations and sizes as strings)."""
+    data: dict[str, Any] = converter.unstructure(model)
+    return data
+
+
+def model_from_dict(data: dict[str, Any]) -> ModelConfig:
+    """The inverse of :func:`model_to_dict`; raises what the config converter raises.
+
+    Validating a catalog that includes it is the caller's job (``catalog.check_models``).
+    """
+    return converter.structure(data, ModelConfig)
+
+
+def redact_url(url: str) -> str:
+    """`url` without its password (in the authority or a ``password=`` parameter)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable store URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":***"
+        netloc = f"{userinfo}@{host}"
+    query = "&".join(
+        "password=***" if p.lower().startswith("password=") else p
+        for p in parts.query.split("&")
+        if p
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+class Store(Protocol):
+    """What llmgw persists; every method is async (trio) and safe to call concurrently.
+
+    Cancelling a caller never leaves a half-done change: a write that was handed
+    to the database completes (its result is dropped); a long read is interrupted.
+    """
+
+    async def migrate(self) -> int:
+        """Apply pending migrations (one transaction); returns the schema version.
+
+        Re-running is a no-op. Raises :class:`SchemaTooNew` when the database was
+        migrated by a newer llmgw.
+        """
+
+    async def aclose(self) -> None:
+        """Finish queued writes, wait for running reads, close every connection."""
+
+    async def schema_version(self) -> int:
+        """The database's applied schema version (0 before the first migration)."""
+
+    # -- API keys ------------------------------------------------------------------
+
+    async def create_key(
+        self,
+        name: str,
+        *,
+        band: str | None = None,
+        models: tuple[str, ...] | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        admin: bool = False,
+        expires_at: float | None = None,
+    ) -> tuple[KeyRecord, str]:
+        """A new key and its secret (``llmgw-…``): show the secret once, it is not kept."""
+
+    async def lookup_key(self, secret: str) -> KeyRecord | None:
+        """The usable key with this secret; None when unknown, revoked or expired."""
+
+    async def list_keys(self) -> list[KeyRecord]:
+        """Every key, revoked and expired ones included, oldest first."""
+
+    async def get_key(self, key_id: str) -> KeyRecord | None:
+        """The key with this id, whatever its state."""
+
+    async def revoke_key(self, key_id: str) -> bool:
+        """Revoke a key; False when there is no such key or it was already revoked."""
+
+    async def count_keys(self, *, admin: bool | None = None) -> int:
+        """How many keys are usable now (only admin ones, or only others, if asked)."""
+
+    # -- usage ---------------------------------------------------------------------
+
+    async def record_usage(self, batch: Sequence[TimedUsage]) -> None:
+        """Write finished requests in one transaction (the batcher calls this)."""
+
+    async def usage_summary(
+        self,
+        group_by: GroupBy,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        bucket: float | None = None,
+    ) -> list[UsageRow]:
+        """Totals per key or model over ``[since, until)``, per `bucket` seconds if given.
+
+        Rows are ordered by bucket, then group (requests without a key first).
+        """
+
+    # -- models added at runtime ----------------------------------------------------
+
+    async def put_model(self, model: ModelConfig) -> None:
+        """Add or replace a model by name (not validated here: use catalog.check_models)."""
+
+    async def delete_model(self, name: str) -> bool:
+        """Forget a runtime model; False when there was none by that name."""
+
+    async def list_models(self) -> list[StoredModel]:
+        """Every runtime model as a config dict with its update time, by name."""
+
+    # -- dashboard sessions ----------------------------------------------------------
+
+    async def create_session(self, key_id: str, ttl: float) -> str:
+        """A new session token for `key_id`, valid `ttl` seconds (kept only as a hash)."""
+
+    async def get_session(self, token: str) -> Session | None:
+        """The live session; None when unknown, expired, or its key is no longer usable."""
+
+    async def delete_session(self, token: str) -> bool:
+        """Log out; False when there was no such session."""

@@ -1,0 +1,65 @@
+"""The PostgreSQL schema, as numbered migrations (the same numbers as SQLite's)."""
+
+from __future__ import annotations
+
+from llmgw.store.migrations import Migration
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "api keys, usage records, runtime models, dashboard sessions",
+        (
+            """
+            CREATE TABLE api_keys (
+                id TEXT PRIMARY KEY,
+                name TEXT NOT NULL,
+                prefix TEXT NOT NULL,
+                hash TEXT NOT NULL UNIQUE,
+                band TEXT,
+                models TEXT,
+                rpm BIGINT,
+                tpm BIGINT,
+                admin BOOLEAN NOT NULL DEFAULT FALSE,
+                created_at DOUBLE PRECISION NOT NULL,
+                expires_at DOUBLE PRECISION,
+                revoked_at DOUBLE PRECISION
+            )
+            """,
+            """
+            CREATE TABLE usage_records (
+                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                ts DOUBLE PRECISION NOT NULL,
+                key_id TEXT,
+                band TEXT,
+                tenant TEXT,
+                model TEXT NOT NULL,
+                endpoint TEXT,
+                status INTEGER NOT NULL,
+                prompt_tokens BIGINT NOT NULL,
+                completion_tokens BIGINT NOT NULL,
+                cached_tokens BIGINT,
+                estimated BOOLEAN NOT NULL,
+                latency DOUBLE PRECISION NOT NULL,
+                ttft DOUBLE PRECISION
+            )
+            """,
+            "CREATE INDEX usage_records_ts ON usage_records (ts)",
+            """
+            CREATE TABLE runtime_models (
+                name TEXT PRIMARY KEY,
+                config TEXT NOT NULL,
+                updated_at DOUBLE PRECISION NOT NULL
+            )
+            """,
+            """
+            CREATE TABLE dashboard_sessions (
+                token_hash TEXT PRIMARY KEY,
+                key_id TEXT NOT NULL REFERENCES api_keys (id) ON DELETE CASCADE,
+                created_at DOUBLE PRECISION NOT NULL,
+                expires_at DOUBLE PRECISION NOT NULL
+            )
+            """,
+            "CREATE INDEX dashboard_sessions_expires ON dashboard_sessions (expires_at)",
+        ),
+    ),
+)
