@@ -441,11 +441,8 @@ def cmd_listing(args: argparse.Namespace) -> int:
         _print_json(data)
     else:
         console = _stdout()
-        renderer = ctl_views.RENDERERS.get(collection)
-        if renderer is not None and isinstance(data, dict):
-            console.print(renderer(data))
-        else:
-            console.print(render_table(data, collection, console.width))
+        view = ctl_views.render(collection, data)
+        console.print(view if view is not None else render_table(data, collection, console.width))
     return EXIT_OK
 
 

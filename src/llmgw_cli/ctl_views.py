@@ -104,4 +104,25 @@ def placement(data: dict[str, Any]) -> RenderableType:
     return Group(*parts)
 
 
-RENDERERS = {"nodes": nodes, "replicas": replicas, "placement": placement}
+def _records(data: Any, key: str, *fields: str) -> bool:
+    """Whether `data[key]` is a list of objects with `fields` (llmgw's own API shape)."""
+    items = data.get(key) if isinstance(data, dict) else None
+    return isinstance(items, list) and all(
+        isinstance(i, dict) and all(f in i for f in fields) for i in items
+    )
+
+
+def render(collection: str, data: Any) -> RenderableType | None:
+    """A readable view when `data` has llmgw's shape for `collection`; else None (the
+    caller falls back to a generic table, e.g. for another tool's admin API)."""
+    if collection == "nodes" and _records(data, "nodes", "id", "gpus", "state"):
+        return nodes(data)
+    if (
+        collection == "replicas"
+        and _records(data, "replicas", "id", "model", "state", "nodes")
+        and _records(data, "models", "model", "desired")
+    ):
+        return replicas(data)
+    if collection == "placement" and _records(data, "models", "model", "explanations"):
+        return placement(data)
+    return None
