@@ -115,7 +115,7 @@ def _records(data: Any, key: str, *fields: str) -> bool:
 def render(collection: str, data: Any) -> RenderableType | None:
     """A readable view when `data` has llmgw's shape for `collection`; else None (the
     caller falls back to a generic table, e.g. for another tool's admin API)."""
-    if collection == "nodes" and _records(data, "nodes", "id", "gpus", "state"):
+    if collection == "nodes" and _records(data, "nodes", "id", "gpus_total", "state"):
         return nodes(data)
     if (
         collection == "replicas"
