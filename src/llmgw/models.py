@@ -1,0 +1,172 @@
+"""The live model catalog: the configuration's models plus those added at runtime.
+
+Runtime models (admin API) are validated by the catalog's one set of rules against
+the whole catalog, persisted in the store, and only then swapped in: the router and
+the controller see a new :class:`~llmgw.catalog.Catalog` value at once, never half a
+change. Without a store, changes are refused instead of vanishing on restart.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+import cattrs
+
+from llmgw import catalog as cat
+from llmgw.config import ConfigError, ModelConfig, converter
+from llmgw.store.base import Store, model_from_dict, model_to_dict
+
+log = logging.getLogger("llmgw.models")
+
+
+class ModelChangeError(Exception):
+    """A runtime change was refused; `status` is the HTTP status that fits."""
+
+    def __init__(self, status: int, message: str, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.problems = tuple(problems)
+
+
+def parse_model(data: Mapping[str, Any]) -> ModelConfig:
+    """A catalog entry from JSON in the configuration's shape; ConfigError names keys."""
+    try:
+        return converter.structure(dict(data), ModelConfig)
+    except Exception as exc:  # cattrs' error tree, flattened by the config module
+        from llmgw.config import _structure_problems
+
+        raise ConfigError(_structure_problems(exc, "")) from None
+
+
+class ModelRegistry:
+    """Owns the catalog; `on_change` callbacks get every new Catalog."""
+
+    def __init__(
+        self,
+        configured: Sequence[ModelConfig],
+        routing_profiles: Collection[str],
+        *,
+        store: Store | None = None,
+        extra: Sequence[ModelConfig] = (),
+    ) -> None:
+        self.configured = {m.name: m for m in configured}
+        self.routing_profiles = set(routing_profiles)
+        self.store = store
+        self.runtime: dict[str, ModelConfig] = {}
+        # Models only endpoints name (router-only mode): served, not editable.
+        self.extra = tuple(extra)
+        self.listeners: list[Callable[[cat.Catalog], None]] = []
+        self.catalog = self._build(self.runtime)
+
+    def _models(self, runtime: Mapping[str, ModelConfig]) -> list[ModelConfig]:
+        names = set(self.configured) | set(runtime)
+        models = [*self.configured.values(), *runtime.values()]
+        return models + [m for m in self.extra if m.name not in names]
+
+    def _build(self, runtime: Mapping[str, ModelConfig]) -> cat.Catalog:
+        return cat.Catalog(tuple(self._models(runtime)))
+
+    def _check(self, runtime: Mapping[str, ModelConfig]) -> list[str]:
+        return cat.check_models(self._models(runtime), self.routing_profiles, "models")
+
+    def _publish(self, runtime: dict[str, ModelConfig]) -> None:
+        self.runtime = runtime
+        self.catalog = self._build(runtime)
+        for listener in self.listeners:
+            listener(self.catalog)
+
+    async def load(self) -> list[str]:
+        """Merge the stored runtime models; returns a warning per one that was skipped
+        (no longer valid, or shadowed by the configuration), never fails."""
+        if self.store is None:
+            return []
+        warnings: list[str] = []
+        runtime: dict[str, ModelConfig] = {}
+        for stored in await self.store.list_models():
+            name = stored.config.get("name", "?")
+            try:
+                model = model_from_dict(stored.config)
+            except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
+                warnings.append(f"stored model {name!r} skipped: cannot be read: {exc}")
+                continue
+            if model.name in self.configured:
+                warnings.append(
+                    f"stored model {name!r} skipped: the configuration defines it (it wins)"
+                )
+                continue
+            problems = self._check({**runtime, model.name: model})
+            if problems:
+                warnings.append(f"stored model {name!r} skipped: {'; '.join(problems)}")
+                continue
+            runtime[model.name] = model
+        for warning in warnings:
+            log.warning("%s", warning)
+        self._publish(runtime)
+        return warnings
+
+    def _require_store(self) -> Store:
+        if self.store is None:
+            raise ModelChangeError(
+                409,
+                "no store is configured (store.url), so a model added now would vanish on "
+                "restart; configure a store or add the model to the configuration file",
+            )
+        return self.store
+
+    async def put(self, model: ModelConfig, *, create: bool) -> ModelConfig:
+        """Add (`create`) or replace a runtime model; validated, persisted, then live."""
+        store = self._require_store()
+        if model.name in self.configured:
+            raise ModelChangeError(
+                409, f"model {model.name!r} is defined in the configuration file; edit it there"
+            )
+        if create and model.name in self.runtime:
+            raise ModelChangeError(409, f"model {model.name!r} exists; PATCH it instead")
+        if not create and model.name not in self.runtime:
+            raise ModelChangeError(404, f"no runtime model {model.name!r}")
+        runtime = {**self.runtime, model.name: model}
+        problems = self._check(runtime)
+        if problems:
+            raise ModelChangeError(400, problems[0], problems)
+        await store.put_model(model)
+        self._publish(runtime)
+        return model
+
+    async def patch(self, name: str, changes: Mapping[str, Any]) -> ModelConfig:
+        current = self.runtime.get(name)
+        if current is None:
+            if name in self.configured:
+                raise ModelChangeError(
+                    409, f"model {name!r} is defined in the configuration file; edit it there"
+                )
+            raise ModelChangeError(404, f"no runtime model {name!r}")
+        if "name" in changes and changes["name"] != name:
+            raise ModelChangeError(400, "a model cannot be renamed; add a new one instead")
+        merged = {**model_to_dict(current), **dict(changes)}
+        try:
+            model = parse_model(merged)
+        except ConfigError as exc:
+            raise ModelChangeError(400, exc.problems[0], exc.problems) from None
+        return await self.put(model, create=False)
+
+    async def delete(self, name: str) -> None:
+        store = self._require_store()
+        if name in self.configured:
+            raise ModelChangeError(
+                409, f"model {name!r} is defined in the configuration file; remove it there"
+            )
+        if name not in self.runtime:
+            raise ModelChangeError(404, f"no runtime model {name!r}")
+        runtime = {k: v for k, v in self.runtime.items() if k != name}
+        problems = self._check(runtime)
+        if problems:  # e.g. another model falls back to it
+            raise ModelChangeError(409, problems[0], problems)
+        await store.delete_model(name)
+        self._publish(runtime)
+
+    def describe(self, model: ModelConfig) -> dict[str, Any]:
+        data = model_to_dict(model)
+        data["source"] = "runtime" if model.name in self.runtime else "config"
+        return data
