@@ -35,6 +35,7 @@ from llmgw import units
 __all__ = [
     "AdmissionConfig",
     "AffinityConfig",
+    "AuthConfig",
     "Band",
     "Config",
     "ConfigError",
@@ -228,6 +229,15 @@ class TlsConfig:
 
 
 @attrs.frozen
+class AuthConfig:
+    # Require API keys on the client port even before the first key exists (keys
+    # are required anyway as soon as one exists).
+    required: bool = False
+    # How long a key lookup is cached: a revoked key stops working within this.
+    cache_ttl: Seconds = Seconds(1.0)
+
+
+@attrs.frozen
 class StoreConfig:
     # None: no store; endpoints that would persist something refuse instead.
     url: str | None = None
@@ -241,6 +251,7 @@ class Config:
     router: RouterConfig = RouterConfig()
     control: ControlConfig = ControlConfig()
     store: StoreConfig = StoreConfig()
+    auth: AuthConfig = AuthConfig()
     agent_tls: TlsConfig | None = None
     endpoints: tuple[EndpointConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
@@ -609,6 +620,12 @@ def check(config: Config) -> list[str]:
             path = getattr(config.agent_tls, key)
             if path is not None and not Path(path).is_file():
                 problems.append(f"agent_tls.{key}: no such file: {path}")
+    _positive(problems, "auth.cache_ttl", config.auth.cache_ttl)
+    if config.auth.required and config.store.url is None:
+        problems.append(
+            "auth.required: API keys live in the store; set store.url (e.g. "
+            "sqlite:///var/lib/llmgw/llmgw.db) or turn auth.required off"
+        )
     if config.store.url is not None and not config.store.url.startswith(
         ("sqlite://", "postgresql://", "postgres://")
     ):

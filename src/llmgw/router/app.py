@@ -16,9 +16,11 @@ import trio
 
 from llmgw.asgi import Receive, Scope, Send, header, lifespan, send_json
 from llmgw.router.admission import AdmissionRejected, UnknownBand
+from llmgw.router.auth import AuthError
 from llmgw.router.breaker import Outcome, Ticket, classify_status
 from llmgw.router.proxy import AttemptFailed, Delivery, error_body
-from llmgw.router.usage import Usage, estimate_prompt_tokens
+from llmgw.router.usage import Caller, Usage, estimate_prompt_tokens
+from llmgw.store.base import KeyRecord
 
 if TYPE_CHECKING:
     from llmgw.config import ModelConfig
@@ -49,6 +51,14 @@ class HttpError(Exception):
 async def send_error(send: Send, err: HttpError) -> None:
     body = error_body(str(err), err.type, err.code, err.param)
     await send_json(send, err.status, body, err.headers)
+
+
+def _auth_error(exc: AuthError) -> HttpError:
+    retry = [(b"retry-after", str(int(exc.retry_after)).encode())] if exc.retry_after else []
+    kind = {401: "authentication_error", 403: "permission_error"}.get(
+        exc.status, "rate_limit_exceeded"
+    )
+    return HttpError(exc.status, str(exc), type_=kind, code=exc.code, headers=retry)
 
 
 class ClientGone(Exception):
@@ -89,14 +99,24 @@ class ClientApp:
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         router = self.router
+        key = await self._authenticate(scope)
         served = router.endpoints.models()
         data = []
         for model in router.catalog.models:
             if model.name not in served:
                 continue
+            permitted = None if key is None else key.models
             for name in (model.name, *model.aliases):
-                data.append({"id": name, "object": "model", "created": 0, "owned_by": "llmgw"})
+                # A key limited to some models sees those (by name or alias) only.
+                if permitted is None or model.name in permitted or name in permitted:
+                    data.append({"id": name, "object": "model", "created": 0, "owned_by": "llmgw"})
         await send_json(send, 200, json.dumps({"object": "list", "data": data}).encode())
+
+    async def _authenticate(self, scope: Scope) -> KeyRecord | None:
+        try:
+            return await self.router.auth.authenticate(header(scope, b"authorization"))
+        except AuthError as exc:
+            raise _auth_error(exc) from None
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self.router.config.router.max_body_bytes
@@ -122,6 +142,7 @@ class ClientApp:
     async def _inference(self, scope: Scope, receive: Receive, send: Send) -> None:
         router = self.router
         started = trio.current_time()
+        key = await self._authenticate(scope)
         raw = await self._read_body(scope, receive)
         try:
             body = json.loads(raw)
@@ -158,7 +179,9 @@ class ClientApp:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch.run, receive, nursery.cancel_scope)
             try:
-                await self._serve(scope, tracked_send, body, raw, chain, stream, started, requested)
+                await self._serve(
+                    scope, tracked_send, body, raw, chain, stream, started, requested, key
+                )
             except HttpError as err:
                 refused = err  # raised outside, so no exception group wraps it
             finally:
@@ -178,18 +201,36 @@ class ClientApp:
         stream: bool,
         started: float,
         requested: str,
+        key: KeyRecord | None,
     ) -> None:
         """Admission by priority band, then routing. The request waits in its band's
         queue while the model's pool is above the band's saturation ceiling."""
         router = self.router
         admission = router.admission
-        value = header(scope, router.band_header)
+        # With keys, the key decides the band and is the tenant; the headers are
+        # trusted only without them.
+        value = None if key is not None else header(scope, router.band_header)
         try:
-            band = admission.select_band(value.decode(errors="replace") if value else None)
+            band = admission.select_band(
+                value.decode(errors="replace") if value else None,
+                key.band if key is not None else None,
+            )
         except UnknownBand as exc:
             raise HttpError(
                 400, str(exc), param=router.band_header.decode(), code="unknown_band"
             ) from None
+        limit = body.get("max_tokens") or body.get("max_completion_tokens")
+        expected = len(raw) // 4 + (limit if isinstance(limit, int) else 256)
+        if key is not None:
+            try:
+                router.auth.check_model(key, requested, chain[0].name)
+                router.auth.admit(key, expected)
+            except AuthError as exc:
+                raise _auth_error(exc) from None
+            tenant = key.id
+        else:
+            tenant = (header(scope, router.tenant_header) or b"").decode(errors="replace")
+        caller = Caller(key.id if key is not None else None, band.name, tenant or None)
         now = trio.current_time()
         pool = next(
             (
@@ -200,13 +241,10 @@ class ClientApp:
             None,
         )
         if pool is None:  # nothing to queue for: routing answers 503 at once
-            await self._route(scope, send, body, raw, chain, stream, started, requested)
+            await self._route(scope, send, body, raw, chain, stream, started, requested, caller)
             return
-        tenant = (header(scope, router.tenant_header) or b"").decode(errors="replace")
-        limit = body.get("max_tokens") or body.get("max_completion_tokens")
-        cost = len(raw) / 4 + (limit if isinstance(limit, int) else 256)
         try:
-            ticket = await admission.admit(pool, band, tenant, cost)
+            ticket = await admission.admit(pool, band, tenant, expected)
         except AdmissionRejected as exc:
             router.metrics.admission_rejected.labels(band.name, exc.reason).inc()
             why = "its queue is full" if exc.reason == "queue_full" else "it waited too long"
@@ -218,7 +256,7 @@ class ClientApp:
                 headers=[(b"retry-after", str(max(1, round(exc.retry_after))).encode())],
             ) from None
         with ticket:
-            await self._route(scope, send, body, raw, chain, stream, started, requested)
+            await self._route(scope, send, body, raw, chain, stream, started, requested, caller)
 
     async def _route(
         self,
@@ -230,6 +268,7 @@ class ClientApp:
         stream: bool,
         started: float,
         requested: str,
+        caller: Caller,
     ) -> None:
         """Try the model's replicas in score order, then its fallbacks' replicas, within
         `retries` + 1 attempts in all; only attempts that sent nothing to the client
@@ -297,6 +336,7 @@ class ClientApp:
                             stream,
                             client_wants_usage,
                             started,
+                            caller,
                         )
                     except AttemptFailed as failure:
                         last = failure
@@ -307,6 +347,7 @@ class ClientApp:
                         delivery,
                         session_key=session_key,
                         latency=trio.current_time() - started,
+                        caller=caller,
                     )
                     return
         if attempted is None:
@@ -363,6 +404,7 @@ class ClientApp:
         stream: bool,
         client_wants_usage: bool,
         started: float,
+        caller: Caller,
     ) -> Delivery:
         """One attempt at one endpoint; raises AttemptFailed when it may be retried."""
         router = self.router
@@ -407,6 +449,7 @@ class ClientApp:
                     partial,
                     session_key=None,
                     latency=trio.current_time() - started,
+                    caller=caller,
                     status=499,
                 )
             raise

@@ -25,13 +25,16 @@ from llmgw.router.affinity import (
     prompt_text_for_affinity,
 )
 from llmgw.router.app import ClientApp
+from llmgw.router.auth import Authenticator
 from llmgw.router.breaker import BreakerState, Outcome, Ticket
 from llmgw.router.endpoints import Endpoint, EndpointRegistry, EndpointState
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
 from llmgw.router.scoring import Candidate, Decision, Scorer
 from llmgw.router.scraper import Scraper
-from llmgw.router.usage import UsageRecord, UsageSink
+from llmgw.router.usage import Caller, UsageRecord, UsageSink
+
+NOBODY = Caller()
 
 
 class PrefixIndex:
@@ -110,6 +113,10 @@ class Router:
         self.tenant_header = r.admission.tenant_header.lower().encode()
         self.usage_sinks = list(usage_sinks)
         self.rng = rng or random.Random()
+        # Keys come from the store, when there is one (see server.serve).
+        self.auth = Authenticator(
+            None, None, required=config.auth.required, cache_ttl=config.auth.cache_ttl
+        )
         self.admission = AdmissionController(
             r.admission, self.pool_saturation, on_wait=self._observe_wait
         )
@@ -210,6 +217,7 @@ class Router:
         *,
         session_key: str | None,
         latency: float,
+        caller: Caller = NOBODY,
         status: int | None = None,
     ) -> None:
         """Account a request that reached the client."""
@@ -241,6 +249,8 @@ class Router:
             and self.sessions.lookup(session_key, now) != ident
         ):
             self.sessions.record(session_key, ident, now)
+        if caller.key_id is not None and usage is not None:
+            self.auth.used(caller.key_id, usage.prompt_tokens + usage.completion_tokens)
         if self.usage_sinks and usage is not None:
             record = UsageRecord(
                 model=model.name,
@@ -249,6 +259,9 @@ class Router:
                 usage=usage,
                 latency=latency,
                 ttft=delivery.ttft,
+                key_id=caller.key_id,
+                band=caller.band,
+                tenant=caller.tenant,
             )
             for sink in self.usage_sinks:
                 sink.record(record)

@@ -37,6 +37,15 @@ def estimate_prompt_tokens(body_size: int) -> int:
 
 
 @attrs.frozen
+class Caller:
+    """Who sent a request: the API key (when keys are in use), its band and tenant."""
+
+    key_id: str | None = None
+    band: str | None = None
+    tenant: str | None = None
+
+
+@attrs.frozen
 class UsageRecord:
     """One finished request, as the store and the dashboard see it."""
 

@@ -1,0 +1,166 @@
+"""API keys on the client port: who is asking, what they may use, how fast.
+
+Once any key exists (or `auth.required` is set), every request needs
+`Authorization: Bearer <secret>`. The key decides the admission band (the band
+header is then ignored), is the tenant for fairness inside a band, may be limited
+to some models, and may carry requests-per-minute and tokens-per-minute limits.
+
+Key lookups are cached for `auth.cache_ttl` (1 s by default): the store is one
+thread hop and a query away, and a revoked key must stop working within a second,
+not at the next restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
+
+import attrs
+
+from llmgw.store.base import KeyRecord
+
+Lookup = Callable[[str], Awaitable[KeyRecord | None]]
+Count = Callable[[], Awaitable[int]]
+
+
+class AuthError(Exception):
+    """A request refused for who sent it; `status` 401, 403 or 429."""
+
+    def __init__(
+        self, status: int, message: str, code: str, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.retry_after = retry_after
+
+
+@attrs.define
+class _Window:
+    """A key's requests and tokens over the last minute."""
+
+    requests: deque[float] = attrs.field(factory=deque)
+    tokens: deque[tuple[float, int]] = attrs.field(factory=deque)
+    token_sum: int = 0
+
+    def trim(self, now: float) -> None:
+        cutoff = now - 60.0
+        while self.requests and self.requests[0] <= cutoff:
+            self.requests.popleft()
+        while self.tokens and self.tokens[0][0] <= cutoff:
+            self.token_sum -= self.tokens.popleft()[1]
+
+
+class Authenticator:
+    def __init__(
+        self,
+        lookup: Lookup | None,
+        count: Count | None,
+        *,
+        required: bool = False,
+        cache_ttl: float = 1.0,
+        cache_size: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lookup = lookup
+        self._count = count
+        self.required = required
+        self.cache_ttl = cache_ttl
+        self.cache_size = cache_size
+        self.clock = clock
+        self._cache: OrderedDict[str, tuple[float, KeyRecord | None]] = OrderedDict()
+        self._keys_exist: tuple[float, bool] | None = None
+        self._windows: dict[str, _Window] = {}
+
+    async def enforced(self) -> bool:
+        """Whether requests need a key: required, or any key exists (checked at most
+        once per cache_ttl)."""
+        if self.required:
+            return True
+        if self._count is None:
+            return False
+        now = self.clock()
+        if self._keys_exist is None or now - self._keys_exist[0] > self.cache_ttl:
+            self._keys_exist = (now, await self._count() > 0)
+        return self._keys_exist[1]
+
+    async def authenticate(self, authorization: bytes | None) -> KeyRecord | None:
+        """The key behind an `Authorization` header; None when keys are not in use.
+        Raises AuthError 401 when a key is needed and missing or invalid."""
+        if not await self.enforced():
+            return None
+        if authorization is None:
+            raise AuthError(
+                401, "an API key is required: Authorization: Bearer <key>", "missing_key"
+            )
+        scheme, _, secret = authorization.decode(errors="replace").partition(" ")
+        secret = secret.strip()
+        if scheme.lower() != "bearer" or not secret:
+            raise AuthError(401, "expected Authorization: Bearer <key>", "invalid_authorization")
+        key = await self._cached(secret)
+        if key is None:
+            raise AuthError(401, "invalid, revoked or expired API key", "invalid_api_key")
+        return key
+
+    async def _cached(self, secret: str) -> KeyRecord | None:
+        # Cached by digest, so secrets are not kept in memory as they are.
+        digest = hashlib.sha256(secret.encode()).hexdigest()
+        now = self.clock()
+        hit = self._cache.get(digest)
+        if hit is not None and now - hit[0] <= self.cache_ttl:
+            key = hit[1]
+        else:
+            key = await self._lookup(secret) if self._lookup is not None else None
+            self._cache[digest] = (now, key)
+            self._cache.move_to_end(digest)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        if key is not None and not key.usable(time.time()):
+            return None
+        return key
+
+    @staticmethod
+    def check_model(key: KeyRecord, requested: str, canonical: str) -> None:
+        """403 unless the key may use the model (by its name or the alias asked for)."""
+        if key.models is not None and requested not in key.models and canonical not in key.models:
+            raise AuthError(
+                403,
+                f"this API key may not use model {requested!r} "
+                f"(allowed: {', '.join(key.models) or 'none'})",
+                "model_not_allowed",
+            )
+
+    def admit(self, key: KeyRecord, expected_tokens: int) -> None:
+        """Count a request against the key's limits; 429 naming the limit when over."""
+        if key.rpm is None and key.tpm is None:
+            return
+        now = self.clock()
+        window = self._windows.setdefault(key.id, _Window())
+        window.trim(now)
+        if key.rpm is not None and len(window.requests) >= key.rpm:
+            wait = window.requests[0] + 60.0 - now
+            raise AuthError(
+                429,
+                f"rate limit of {key.rpm} requests per minute reached for this API key",
+                "rpm_exceeded",
+                retry_after=max(1.0, math.ceil(wait)),
+            )
+        if key.tpm is not None and window.token_sum + expected_tokens > key.tpm and window.tokens:
+            wait = window.tokens[0][0] + 60.0 - now
+            raise AuthError(
+                429,
+                f"rate limit of {key.tpm} tokens per minute reached for this API key",
+                "tpm_exceeded",
+                retry_after=max(1.0, math.ceil(wait)),
+            )
+        window.requests.append(now)
+
+    def used(self, key_id: str, tokens: int) -> None:
+        """Tokens a finished request of the key used (for its tokens-per-minute limit)."""
+        window = self._windows.get(key_id)
+        if window is not None and tokens > 0:
+            window.tokens.append((self.clock(), tokens))
+            window.token_sum += tokens
