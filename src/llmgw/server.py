@@ -13,7 +13,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from llmgw import units
 from llmgw.admin.api import AdminApp
-from llmgw.config import Config
+from llmgw.config import Config, ControlConfig
 from llmgw.control.controller import Controller
 from llmgw.control.fleet_metrics import register_fleet_metrics
 from llmgw.router.core import Router
@@ -38,6 +38,22 @@ def hypercorn_config(bind: str, *, graceful: float) -> HypercornConfig:
     return hc
 
 
+#: How often agents heartbeat unless `control.unreachable_after` needs it more often.
+HEARTBEAT_INTERVAL = 5.0
+
+
+def control_timings(control: ControlConfig) -> tuple[float, float]:
+    """The controller's (heartbeat interval, settle) for `control`.
+
+    Agents heartbeat at least three times per `unreachable_after` (a fixed 5 s made
+    every node flap to unreachable with `unreachable_after = "2s"`, and go lost before
+    its next heartbeat with `lost_after = "5s"`). After a start the controller waits
+    one `unreachable_after` for agents that still run replicas to reconnect (a node
+    not heard from by then would be unreachable anyway), at most 10 s as before."""
+    heartbeat = min(HEARTBEAT_INTERVAL, control.unreachable_after / 3)
+    return heartbeat, min(2 * HEARTBEAT_INTERVAL, float(control.unreachable_after))
+
+
 async def serve(
     config: Config,
     *,
@@ -56,7 +72,10 @@ async def serve(
     router = router or Router(config)
     stop = shutdown if shutdown is not None else trio.Event()
     if controller is None and config.control_plane:
-        controller = Controller(config.control, router.catalog, router)
+        heartbeat, settle = control_timings(config.control)
+        controller = Controller(
+            config.control, router.catalog, router, heartbeat_interval=heartbeat, settle=settle
+        )
     if controller is not None:
         router.usage_sinks.append(controller.activity)
         register_fleet_metrics(router.metrics.registry, controller, controller.clock)
