@@ -293,6 +293,14 @@ class Reconciler:
 
     def shard_reported(self, node_id: str, status: ShardStatus, now: float) -> Actions:
         replica = self.replicas.get(status.replica_id)
+        if replica is not None and not any(
+            s.rank == status.rank and s.node_id == node_id for s in replica.placement.shards
+        ):
+            # Same id and epoch, but not where the placement put that rank: a replica of
+            # a previous server run (ids and epochs restart with the server) on a node
+            # that came back late. Not ours: taking its reports would publish the wrong
+            # engine, or drop our healthy replica when that one fails.
+            replica = None
         if replica is None or status.epoch != replica.placement.epoch:
             # Not ours (anymore): a superseded placement or a replica we dropped.
             if status.state in (ShardState.STARTING, ShardState.READY, ShardState.DRAINING):
