@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import signal
 import socket
@@ -10,12 +12,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 
 BIN = Path(sys.executable).parent
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -192,3 +196,227 @@ def sim_metric(base: str, name: str) -> float | None:
 
 def set_faults(base: str, **faults: object) -> None:
     httpx.post(f"{base}/sim/faults", json=faults, timeout=5).raise_for_status()
+
+
+# -- the control plane: a server with agents -----------------------------------------------
+
+
+def engine_port_range(size: int = 60) -> tuple[int, int]:
+    """A block of ports for `control.port_range`, below the kernel's ephemeral range
+    (32768+, where `free_port` and outgoing connections take theirs) and picked at
+    random so tests that run at once rarely share one."""
+    import random
+
+    low = random.randrange(21000, 32000 - size)
+    return low, low + size - 1
+
+
+def wait_for(
+    check: Callable[[], T | None],
+    what: str,
+    timeout: float = 20.0,
+    *,
+    interval: float = 0.1,
+    context: Callable[[], str] | None = None,
+) -> T:
+    """Poll `check()` until it returns something truthy and return that; on timeout fail
+    with `what`, the last value seen, and `context()` (e.g. a process's output)."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            last = check()
+        except (httpx.HTTPError, OSError, ValueError) as exc:  # a server (re)starting
+            last = exc
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            extra = f"\n{context()}" if context is not None else ""
+            raise TimeoutError(f"{what}: not within {timeout:g}s; last: {last!r}{extra}")
+        time.sleep(interval)
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetPorts:
+    """The three ports of a control-plane server: keep them to restart it in place."""
+
+    listen: int
+    admin: int
+    agent: int
+
+    @classmethod
+    def free(cls) -> FleetPorts:
+        return cls(free_port(), free_port(), free_port())
+
+
+class FleetServer(Server):
+    """A running llmgw-server in control-plane mode."""
+
+    def __init__(self, proc: Proc, ports: FleetPorts) -> None:
+        super().__init__(
+            proc, f"http://127.0.0.1:{ports.listen}", f"http://127.0.0.1:{ports.admin}"
+        )
+        self.ports = ports
+        self.agent_address = f"127.0.0.1:{ports.agent}"
+
+    def get(self, path: str) -> Any:
+        """GET an admin path (``/api/v1/...``) as JSON."""
+        r = httpx.get(f"{self.admin}{path}", timeout=5)
+        r.raise_for_status()
+        return r.json()
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        return {n["id"]: n for n in self.get("/api/v1/nodes")["nodes"]}
+
+    def replicas(self, model: str | None = None) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = self.get("/api/v1/replicas")["replicas"]
+        return [r for r in found if model is None or r["model"] == model]
+
+    def model_counts(self, model: str) -> dict[str, Any] | None:
+        for counts in self.get("/api/v1/replicas")["models"]:
+            if counts["model"] == model:
+                return dict(counts)
+        return None
+
+    def ready_replicas(self, model: str, count: int | None = None) -> list[dict[str, Any]]:
+        """The model's ready replicas (all of its shards ready), or [] unless there are
+        exactly `count` of them (when given)."""
+        ready = [
+            r
+            for r in self.replicas(model)
+            if r["state"] == "ready" and all(n["shard_state"] == "ready" for n in r["nodes"])
+        ]
+        return ready if count is None or len(ready) == count else []
+
+    def wait(
+        self,
+        check: Callable[[], T | None],
+        what: str,
+        timeout: float = 20.0,
+        *,
+        logs: Sequence[Proc] = (),
+    ) -> T:
+        """`wait_for` with the server's state and the logs of `logs` on failure."""
+
+        def context() -> str:
+            parts = []
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                parts.append(f"nodes: {self.get('/api/v1/nodes')}")
+                parts.append(f"replicas: {self.get('/api/v1/replicas')}")
+            for proc in (self.proc, *logs):
+                parts.append(f"--- {' '.join(proc.argv[:1])} output:\n{proc.output()[-4000:]}")
+            return "\n".join(parts)
+
+        return wait_for(check, what, timeout, context=context)
+
+
+@contextlib.contextmanager
+def fleet_server(
+    config: str, *args: str, ports: FleetPorts | None = None, env: dict[str, str] | None = None
+) -> Iterator[FleetServer]:
+    """llmgw-server with `config` (TOML with deployable models) and its agent port on
+    127.0.0.1; pass the `ports` of a stopped one to start a new server in its place."""
+    ports = ports or FleetPorts.free()
+    path = Path(tempfile.mkdtemp(prefix="llmgw-config-")) / "llmgw.toml"
+    path.write_text(config)
+    with running(
+        "llmgw-server",
+        "--config",
+        str(path),
+        "--listen",
+        f"127.0.0.1:{ports.listen}",
+        "--admin-listen",
+        f"127.0.0.1:{ports.admin}",
+        "--agent-listen",
+        f"127.0.0.1:{ports.agent}",
+        *args,
+        health=f"http://127.0.0.1:{ports.admin}/healthz",
+        env=env,
+    ) as proc:
+        yield FleetServer(proc, ports)
+
+
+class AgentProc:
+    """A running llmgw-agent and its state directory (engine logs and pid records)."""
+
+    def __init__(self, proc: Proc, node_id: str, state_dir: Path) -> None:
+        self.proc = proc
+        self.node_id = node_id
+        self.state_dir = state_dir
+
+    def engines(self) -> dict[str, int]:
+        """The engines it runs, from its pid records: shard name
+        (``<replica>-r<rank>-e<epoch>``) -> pid."""
+        return {name: pid for name, pid, _argv in _engine_records(self.state_dir)}
+
+    def engine_logs(self) -> list[Path]:
+        return sorted((self.state_dir / "logs").glob("*.log"))
+
+
+def _engine_records(state_dir: Path) -> list[tuple[str, int, list[str]]]:
+    records = []
+    for record in sorted((state_dir / "run").glob("*.json")):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            data = json.loads(record.read_text())
+            records.append((record.stem, int(data["pid"]), [str(a) for a in data["argv"]]))
+    return records
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat.rsplit(b") ", 1)[-1][:1] not in (b"Z", b"X")
+
+
+def kill_engines(state_dir: Path) -> list[int]:
+    """SIGKILL the process group of every engine recorded in an agent's `state_dir` that
+    still runs its recorded command (the orphans of an agent killed with SIGKILL)."""
+    killed = []
+    for _name, pid, argv in _engine_records(state_dir):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if [c.decode(errors="replace") for c in cmdline if c] == argv and alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            killed.append(pid)
+    return killed
+
+
+@contextlib.contextmanager
+def agent(
+    server: str,
+    node_id: str,
+    *args: str,
+    address: str,
+    gpus: str | None = "1x80GB",
+    fabric: str | None = None,
+    state_dir: Path | None = None,
+    heartbeat: str = "200ms",
+    max_backoff: str = "1s",
+    shutdown_grace: str = "5s",
+) -> Iterator[AgentProc]:
+    """llmgw-agent for `node_id` connected to `server` (HOST:PORT), its engines bound to
+    the loopback `address` (give every agent its own: all of 127/8 is local, so engine
+    ports from one range cannot collide). On exit it is stopped (SIGTERM: it stops its
+    engines), and any engine it left behind (it was SIGKILLed) is killed."""
+    state = state_dir or Path(tempfile.mkdtemp(prefix=f"llmgw-agent-{node_id}-"))
+    argv = [
+        "--server", server, "--node-id", node_id, "--address", address,
+        "--state-dir", str(state), "--heartbeat", heartbeat,
+        "--max-backoff", max_backoff, "--shutdown-grace", shutdown_grace,
+    ]  # fmt: skip
+    if gpus is not None:
+        argv += ["--fake-gpus", gpus]
+    if fabric is not None:
+        argv += ["--fabric", fabric]
+    try:
+        with running("llmgw-agent", *argv, *args) as proc:
+            yield AgentProc(proc, node_id, state)
+    finally:
+        kill_engines(state)
