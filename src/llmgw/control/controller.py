@@ -48,6 +48,10 @@ from llmgw.transport.messages import (
 log = logging.getLogger("llmgw.control")
 
 OUTBOX_SIZE = 1024
+# Between two event-driven passes: at least this long, and this many times the
+# previous pass's duration (so passes use at most ~1/(1+PASS_SPACING) of the loop).
+MIN_PASS_GAP = 0.02
+PASS_SPACING = 4.0
 
 
 async def _send_all(
@@ -132,9 +136,16 @@ class Controller:
         self._adopt_reported()
         self._settled = True
         while True:
+            started = trio.current_time()
             self.reconcile()
+            spent = trio.current_time() - started
             with trio.move_on_after(self.control.interval):
                 await self._wake.wait()
+            # Coalesce bursts: events keep arriving (a thousand agents reconnecting),
+            # but a pass runs at most every PASS_SPACING x its own duration, so passes
+            # take a bounded share of the loop and registrations are not starved
+            # (one pass per event made a reconnect storm outlast lost_after).
+            await trio.sleep(max(MIN_PASS_GAP, PASS_SPACING * spent))
             self._wake = trio.Event()
 
     async def _expiry_loop(self) -> None:

@@ -154,13 +154,19 @@ class Reconciler:
         wanted = {m.name: m for m in models if m.profiles}
         cordoned = {n.node_id for n in nodes if n.capacity.cordoned}
         requests: list[PlaceRequest] = []
+        # Active replicas by model, once per pass (per-model scans were O(models x
+        # replicas) and most of a steady pass).
+        active_by_model: dict[str, list[Replica]] = {}
+        for replica in self.replicas.values():
+            if replica.state in (ReplicaState.STARTING, ReplicaState.READY):
+                active_by_model.setdefault(replica.model, []).append(replica)
         for model in wanted.values():
             # Make before break: replicas on cordoned nodes keep serving but no longer
             # count, so replacements are placed elsewhere; they drain once enough
             # replacements are ready.
             active: list[Replica] = []
             moving: list[Replica] = []
-            for replica in self.active(model.name):
+            for replica in active_by_model.get(model.name, ()):
                 on_cordoned = any(n in cordoned for n in replica.placement.nodes)
                 (moving if on_cordoned else active).append(replica)
             ready_elsewhere = sum(r.state is ReplicaState.READY for r in active)
