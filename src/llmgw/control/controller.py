@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -86,7 +87,10 @@ class Controller:
         self.clock = clock
         self.inventory = Inventory(control)
         self.activity = ActivityTracker(clock=clock)
-        self.reconciler = Reconciler(control)
+        # Epochs start from the wall clock, so a restarted server's new placements can
+        # never be mistaken for its predecessor's (agents may report those late).
+        self.reconciler = Reconciler(control, first_epoch=int(time.time() * 1000))
+        self._unknown_since: dict[tuple[str, int], float] = {}
         self.epoch = secrets.token_hex(4)  # tells agents the server restarted
         self._outboxes: dict[str, trio.MemorySendChannel[ServerMessage]] = {}
         self._wake = trio.Event()
@@ -176,8 +180,10 @@ class Controller:
         )
         return NodeView(record.node_id, record.state, capacity)
 
-    def _adopt_reported(self) -> None:
-        """Rebuild placements from the shards agents report and adopt the whole ones."""
+    def _adopt_reported(self, *, quiet: bool = False) -> None:
+        """Rebuild placements from the shards agents report and adopt the whole ones
+        the reconciler does not know (after a restart, or agents back late)."""
+        known = self.reconciler.replicas
         reports = [
             ShardReport(
                 node_id=record.node_id,
@@ -192,7 +198,10 @@ class Controller:
             if record.state is not NodeState.LOST
             for status in record.shards
             if status.state in (ShardState.STARTING, ShardState.READY)
+            and status.replica_id not in known
         ]
+        if not reports:
+            return
         rebuilt = placement_from_reports(reports)
         now = self.clock()
         wanted = {m.name for m in self.deployable()}
@@ -202,8 +211,24 @@ class Controller:
             shards = [r.status for r in reports if r.status.replica_id == placement.replica_id]
             log.info("adopting replica %s (epoch %d)", placement.replica_id, placement.epoch)
             self._apply(self.reconciler.adopt(placement, shards, now))
-        for refused in rebuilt.refused:
-            log.warning("not adopting %s: %s", refused.replica_id, refused.reason)
+        if not quiet:
+            for refused in rebuilt.refused:
+                log.warning("not adopting %s: %s", refused.replica_id, refused.reason)
+
+    def _report_shards(self, node_id: str, statuses: Iterable[ShardStatus], now: float) -> None:
+        """Hand shard reports to the reconciler, after adopting whole replicas it does not
+        know. A shard of an unknown multi-node replica whose other ranks have not
+        reported yet gets `settle` to be completed (its agents may come back one by one
+        after an outage) before the reconciler stops it as stale."""
+        statuses = list(statuses)
+        if any(s.replica_id not in self.reconciler.replicas for s in statuses):
+            self._adopt_reported(quiet=True)
+        for status in statuses:
+            if status.replica_id not in self.reconciler.replicas and (status.node_count or 1) > 1:
+                first = self._unknown_since.setdefault((status.replica_id, status.epoch), now)
+                if now - first < self.settle:
+                    continue
+            self._apply(self.reconciler.shard_reported(node_id, status, now))
 
     # -- agents --------------------------------------------------------------------
 
@@ -233,8 +258,7 @@ class Controller:
                 nursery.start_soon(_send_all, conn, pending)
                 outbox.send_nowait(Registered(self.heartbeat_interval, self.epoch))
                 if self._settled:
-                    for status in first.shards:
-                        self._apply(self.reconciler.shard_reported(node_id, status, now))
+                    self._report_shards(node_id, first.shards, now)
                 self.poke()
                 try:
                     while True:
@@ -256,12 +280,11 @@ class Controller:
         if isinstance(message, Heartbeat):
             self.inventory.heartbeat(node_id, message, now, session=session)
             if self._settled:
-                for status in message.shards:
-                    self._apply(self.reconciler.shard_reported(node_id, status, now))
+                self._report_shards(node_id, message.shards, now)
         elif isinstance(message, ShardStatus):
             self.inventory.shard_status(node_id, message, now, session=session)
             if self._settled:
-                self._apply(self.reconciler.shard_reported(node_id, message, now))
+                self._report_shards(node_id, (message,), now)
                 self.poke()
         elif isinstance(message, CommandResult):
             if not message.ok:

@@ -105,13 +105,19 @@ class _Backoff:
 
 
 class Reconciler:
-    def __init__(self, control: ControlConfig, *, mgmt_interface: str | None = None) -> None:
+    def __init__(
+        self,
+        control: ControlConfig,
+        *,
+        mgmt_interface: str | None = None,
+        first_epoch: int = 1,
+    ) -> None:
         self.control = control
         self.mgmt_interface = mgmt_interface or control.mgmt_interface
         self.replicas: dict[str, Replica] = {}
         self.unplaced: dict[str, tuple[Unplaceable, ...]] = {}
         self._backoff: dict[str, _Backoff] = {}
-        self._epochs = itertools.count(1)
+        self._epochs = itertools.count(first_epoch)
         self._commands = itertools.count(1)
 
     # -- queries ------------------------------------------------------------------
