@@ -1,0 +1,204 @@
+"""``/api/v1/models``: the live catalog, and models added, changed and removed at runtime.
+
+A model is its catalog entry in the configuration's own shape (``name, aliases,
+fallbacks, routing_profile, replicas, profiles``; sizes as strings such as
+``"80GB"``) plus where it comes from (`source`: the configuration file, the admin
+API at runtime, or only an endpoint that serves it), its replicas when a control
+plane runs (`status`: desired against starting, ready, draining, unplaced), and
+who serves it now (`routing`: the endpoints taking its requests, and how many of
+them their breakers let requests through to).
+
+Changes go through :class:`llmgw.models.ModelRegistry`: validated against the whole
+catalog by the catalog's rules, persisted in the store, then swapped in. Without a
+store they are refused (409), as are changes to models the configuration file
+defines (409: edit the file).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+import trio
+
+from llmgw.admin.http import ApiError, Reply, Request, json_reply
+from llmgw.admin.schema import array_problems
+from llmgw.admin.views import unstructure
+from llmgw.config import ConfigError, ModelConfig
+from llmgw.control import views
+from llmgw.models import ModelChangeError, parse_model
+from llmgw.store.base import model_to_dict
+
+if TYPE_CHECKING:
+    from llmgw.admin.api import AdminApp
+    from llmgw.models import ModelRegistry
+
+__all__ = ["MAX_REPLICAS", "ModelLive", "RoutingView"]
+
+# More replicas than any fleet has GPUs: a typo (replicas = 10000000) must not send the
+# reconciler off placing them.
+MAX_REPLICAS = 10_000
+
+NO_STORE = (
+    "no store is configured (store.url), so a model added now would vanish on restart; "
+    "configure a store or add the model to the configuration file"
+)
+NO_REGISTRY = "this admin API has no live model catalog to change (the server did not wire one)"
+
+_CODES = {400: "invalid_model", 404: "model_not_found", 409: "model_conflict"}
+
+
+@attrs.frozen
+class RoutingView:
+    """Who serves the model now."""
+
+    endpoints: tuple[str, ...] = attrs.field(
+        metadata={"description": "ids of the endpoints that take new requests for it"}
+    )
+    available: int = attrs.field(
+        metadata={"description": "how many of them their breakers let requests through to now"}
+    )
+
+
+@attrs.frozen
+class ModelLive:
+    """What the admin API adds to a catalog entry."""
+
+    source: Literal["config", "runtime", "endpoints"] = attrs.field(
+        metadata={
+            "description": "the configuration file, the admin API (stored), or only an "
+            "endpoint that names it (router-only mode)"
+        }
+    )
+    status: views.ModelCounts | None = attrs.field(
+        metadata={"description": "its replicas; null without a control plane or profiles"}
+    )
+    routing: RoutingView
+
+
+def _source(app: AdminApp, model: ModelConfig) -> Literal["config", "runtime", "endpoints"]:
+    registry = app.models
+    if registry is not None:
+        if model.name in registry.runtime:
+            return "runtime"
+        return "config" if model.name in registry.configured else "endpoints"
+    configured = {m.name for m in app.router.config.models}
+    return "config" if model.name in configured else "endpoints"
+
+
+def model_json(app: AdminApp, model: ModelConfig, counts: dict[str, views.ModelCounts]) -> Any:
+    data: dict[str, Any] = (
+        app.models.describe(model) if app.models is not None else model_to_dict(model)
+    )
+    now = trio.current_time()
+    serving = app.router.endpoints.serving(model.name)
+    live = ModelLive(
+        source=_source(app, model),
+        status=counts.get(model.name),
+        routing=RoutingView(
+            endpoints=tuple(s.endpoint.id for s in serving),
+            available=sum(1 for s in serving if s.breaker.allows(now)),
+        ),
+    )
+    data.update(unstructure(live))
+    return data
+
+
+def _counts(app: AdminApp) -> dict[str, views.ModelCounts]:
+    controller = app.controller
+    if controller is None:
+        return {}
+    return {c.model: c for c in views.model_counts(controller, controller.clock())}
+
+
+def _registry(app: AdminApp) -> ModelRegistry:
+    """The registry, for a change: 409 when changes could not be kept."""
+    if app.models is None:
+        raise ApiError(409, NO_STORE if app.store is None else NO_REGISTRY, "no_store")
+    if app.models.store is None:
+        raise ApiError(409, NO_STORE, "no_store", param="store.url")
+    return app.models
+
+
+def _change_error(exc: ModelChangeError) -> ApiError:
+    problems = exc.problems or (str(exc),)
+    first = problems[0]
+    param = first.split(":", 1)[0] if exc.status == 400 and ": " in first else None
+    message = "; ".join(problems) if exc.problems else str(exc)
+    return ApiError(exc.status, message, _CODES.get(exc.status, "model_error"), param=param)
+
+
+def _invalid(problems: tuple[str, ...] | list[str]) -> ApiError:
+    param = problems[0].split(":", 1)[0]
+    return ApiError(400, "; ".join(problems), "invalid_model", param=param)
+
+
+def _check_replicas(body: dict[str, Any]) -> None:
+    replicas = body.get("replicas")
+    if isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > MAX_REPLICAS:
+        raise _invalid([f"replicas: must be at most {MAX_REPLICAS}, got {replicas}"])
+
+
+def _parse(body: dict[str, Any]) -> ModelConfig:
+    problems = array_problems(body, ModelConfig)
+    if problems:
+        raise _invalid(problems)
+    _check_replicas(body)
+    try:
+        return parse_model(body)
+    except ConfigError as exc:
+        raise _invalid(exc.problems) from None
+
+
+def _location(name: str) -> tuple[tuple[bytes, bytes], ...]:
+    from urllib.parse import quote
+
+    return ((b"location", f"/api/v1/models/{quote(name, safe='')}".encode()),)
+
+
+async def list_models(app: AdminApp, req: Request) -> Reply:
+    counts = _counts(app)
+    models = [model_json(app, m, counts) for m in app.catalog().models]
+    return json_reply(200, {"models": models})
+
+
+async def get_model(app: AdminApp, req: Request) -> Reply:
+    name = req.path_params["name"]
+    model = app.catalog().resolve(name)
+    if model is None:
+        raise ApiError(404, f"no model named {name!r}", "model_not_found", param="name")
+    return json_reply(200, model_json(app, model, _counts(app)))
+
+
+async def create_model(app: AdminApp, req: Request) -> Reply:
+    registry = _registry(app)
+    model = _parse(await req.json_object())
+    try:
+        await registry.put(model, create=True)
+    except ModelChangeError as exc:
+        raise _change_error(exc) from None
+    return json_reply(201, model_json(app, model, _counts(app)), headers=_location(model.name))
+
+
+async def patch_model(app: AdminApp, req: Request) -> Reply:
+    registry = _registry(app)
+    name = req.path_params["name"]
+    changes = await req.json_object()
+    problems = array_problems(changes, ModelConfig)
+    if problems:
+        raise _invalid(problems)
+    _check_replicas(changes)
+    try:
+        model = await registry.patch(name, changes)
+    except ModelChangeError as exc:
+        raise _change_error(exc) from None
+    return json_reply(200, model_json(app, model, _counts(app)))
+
+
+async def delete_model(app: AdminApp, req: Request) -> Reply:
+    registry = _registry(app)
+    try:
+        await registry.delete(req.path_params["name"])
+    except ModelChangeError as exc:
+        raise _change_error(exc) from None
+    return Reply(204, None)

@@ -1,0 +1,162 @@
+"""View classes of the admin routes that predate the view modules (health, endpoints,
+admission) and the envelopes of the control-plane views (:mod:`llmgw.control.views`).
+
+The router hands its endpoint and admission views out as dicts; the admin app passes
+them through these frozen classes (structured, then unstructured), so what it
+answers is exactly what the OpenAPI document, generated from these classes, says.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+import attrs
+from cattrs.preconf.json import make_converter
+
+from llmgw.control import views
+from llmgw.router.breaker import BreakerState
+
+__all__ = [
+    "AdmissionView",
+    "EndpointList",
+    "EndpointView",
+    "HealthView",
+    "NodeList",
+    "PlacementList",
+    "ReadyView",
+    "ReplicaList",
+    "from_dict",
+    "unstructure",
+]
+
+_structurer = make_converter()
+T = TypeVar("T")
+
+
+def from_dict(data: Any, cls: type[T]) -> T:
+    """A dict the router built, as its view class (a missing key is a bug: it raises)."""
+    return _structurer.structure(data, cls)
+
+
+def unstructure(value: Any) -> Any:
+    """A view value as plain JSON-able data (the control plane's converter)."""
+    return views.unstructure(value)
+
+
+@attrs.frozen
+class HealthView:
+    """The process is up."""
+
+    status: Literal["ok"]
+
+
+@attrs.frozen
+class ReadyView:
+    """Ready when the router can serve: at least one endpoint has been scraped."""
+
+    status: Literal["ready", "not ready"]
+    endpoints_scraped: int
+
+
+@attrs.frozen
+class EndpointView:
+    """An engine replica the router sends requests to, with its live numbers and scores.
+
+    Numbers the engine did not report (or before the first scrape) are null."""
+
+    id: str
+    url: str
+    models: tuple[str, ...]
+    pool: str
+    weight: float
+    priority: int
+    draining: bool
+    engine: str | None
+    waiting: float | None
+    running: float | None
+    kv_usage: float | None
+    prefix_hit_rate: float | None
+    inflight: int
+    scrape_age_seconds: float | None
+    stale: bool
+    scrape_error: str | None
+    breaker: BreakerState
+    # Routing profile name -> this endpoint's score for a request without affinity.
+    scores: dict[str, float]
+
+
+@attrs.frozen
+class EndpointList:
+    endpoints: tuple[EndpointView, ...]
+
+
+@attrs.frozen
+class BandView:
+    name: str
+    priority: int
+    saturation_ceiling: float
+
+
+@attrs.frozen
+class BandQueueView:
+    """One band's queue in one pool, and its counters since the start."""
+
+    band: str
+    priority: int
+    saturation_ceiling: float
+    depth: int
+    tenants: int
+    inflight: int
+    admitted_immediate: int
+    admitted_queued: int
+    rejected_queue_full: int
+    expired: int
+    abandoned: int
+    open: bool  # the pool's saturation is under this band's ceiling
+    oldest_wait_seconds: float | None
+
+
+@attrs.frozen
+class PoolView:
+    pool: str
+    saturation: float
+    waiting: int
+    admitting: tuple[str, ...]
+    bands: tuple[BandQueueView, ...]
+
+
+@attrs.frozen
+class AdmissionView:
+    """Live admission queues per model pool and priority band."""
+
+    enabled: bool
+    default_band: str
+    queue_ttl_seconds: float
+    queue_capacity_per_band: int
+    bands: tuple[BandView, ...]
+    pools: tuple[PoolView, ...]
+
+
+# -- envelopes of the control-plane views (llmgw.control.views builds the JSON) -----------
+
+
+@attrs.frozen
+class NodeList:
+    """Every node with its GPUs, engines and shards, by id."""
+
+    nodes: tuple[views.NodeDetail, ...]
+
+
+@attrs.frozen
+class ReplicaList:
+    """Every replica, and per model desired against actual counts."""
+
+    replicas: tuple[views.ReplicaView, ...]
+    models: tuple[views.ModelCounts, ...]
+
+
+@attrs.frozen
+class PlacementList:
+    """Models missing replicas that cannot be placed (or backing off), and why."""
+
+    models: tuple[views.ModelPlacementView, ...]
