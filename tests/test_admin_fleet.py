@@ -346,10 +346,14 @@ async def test_existing_routes_and_unknown_paths() -> None:
         for method, path in (
             ("GET", "/api/v1/nope"),
             ("GET", "/api/v1/nodes/gpu-1/extra"),  # a template matches whole segments only
-            ("DELETE", "/api/v1/nodes/gpu-1"),
-            ("POST", "/api/v1/replicas"),
         ):
             r = await client.request(method, path)
             assert r.status_code == 404, (method, path)
             assert r.json()["error"]["code"] == "not_found"
             assert r.json()["error"]["message"] == f"no route {method} {path}"
+        # A known path with the wrong method: 405 naming what is allowed.
+        for method, path in (("DELETE", "/api/v1/nodes/gpu-1"), ("POST", "/api/v1/replicas")):
+            r = await client.request(method, path)
+            assert r.status_code == 405, (method, path)
+            assert r.headers["allow"] == "GET"
+            assert r.json()["error"]["code"] == "method_not_allowed"

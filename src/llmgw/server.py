@@ -16,7 +16,12 @@ from llmgw.admin.api import AdminApp
 from llmgw.config import Config, ControlConfig
 from llmgw.control.controller import Controller
 from llmgw.control.fleet_metrics import register_fleet_metrics
+from llmgw.models import ModelRegistry
+from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router
+from llmgw.store import open_store
+from llmgw.store.base import Store
+from llmgw.store.usage import UsageBatcher
 from llmgw.transport.base import AgentListener
 
 log = logging.getLogger("llmgw.server")
@@ -54,12 +59,18 @@ def control_timings(control: ControlConfig) -> tuple[float, float]:
     return heartbeat, min(2 * HEARTBEAT_INTERVAL, float(control.unreachable_after))
 
 
+def loopback(address: str) -> bool:
+    host = units.parse_address(address).host
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
 async def serve(
     config: Config,
     *,
     router: Router | None = None,
     controller: Controller | None = None,
     listener: AgentListener | None = None,
+    store: Store | None = None,
     shutdown: trio.Event | None = None,
     handle_signals: bool = True,
     task_status: trio.TaskStatus[Router] = trio.TASK_STATUS_IGNORED,
@@ -68,22 +79,77 @@ async def serve(
     `router.drain_timeout` to finish.
 
     With deployable models (or a `controller` given) the control plane runs too,
-    accepting agents on `listener` (default: gRPC on `agent_listen`)."""
+    accepting agents on `listener` (default: gRPC on `agent_listen`). With
+    `store.url` (or a `store` given) API keys, usage records and runtime models
+    persist there."""
+    owned = store is None and config.store.url is not None
+    if owned:
+        assert config.store.url is not None
+        store = await open_store(config.store.url)
+    try:
+        await _serve(
+            config, router, controller, listener, store, shutdown, handle_signals, task_status
+        )
+    finally:
+        if owned and store is not None:
+            with trio.CancelScope(shield=True):
+                await store.aclose()
+
+
+async def _serve(
+    config: Config,
+    router: Router | None,
+    controller: Controller | None,
+    listener: AgentListener | None,
+    store: Store | None,
+    shutdown: trio.Event | None,
+    handle_signals: bool,
+    task_status: trio.TaskStatus[Router],
+) -> None:
     router = router or Router(config)
     stop = shutdown if shutdown is not None else trio.Event()
-    if controller is None and config.control_plane:
+    configured = {m.name for m in config.models}
+    registry = ModelRegistry(
+        config.models,
+        config.router.profiles,
+        store=store,
+        extra=[m for m in router.catalog.models if m.name not in configured],
+    )
+    await registry.load()  # runtime models from the store; invalid ones are skipped, logged
+    router.catalog = registry.catalog
+    registry.listeners.append(router.set_catalog)
+    if controller is None and any(m.profiles for m in registry.catalog.models):
         heartbeat, settle = control_timings(config.control)
         controller = Controller(
-            config.control, router.catalog, router, heartbeat_interval=heartbeat, settle=settle
+            config.control, registry.catalog, router, heartbeat_interval=heartbeat, settle=settle
         )
+    batcher = None
+    if store is not None:
+        router.auth = Authenticator(
+            store.lookup_key,
+            store.count_keys,
+            required=config.auth.required,
+            cache_ttl=config.auth.cache_ttl,
+        )
+        batcher = UsageBatcher(store)
+        router.usage_sinks.append(batcher)
     if controller is not None:
+        controller.set_catalog(registry.catalog)
+        registry.listeners.append(controller.set_catalog)
         router.usage_sinks.append(controller.activity)
         register_fleet_metrics(router.metrics.registry, controller, controller.clock)
         if listener is None:
             from llmgw.transport.grpc import GrpcListener
 
             listener = GrpcListener(config.agent_listen, tls=config.agent_tls)
-    admin = AdminApp(router, controller=controller)
+    admin = AdminApp(
+        router,
+        controller=controller,
+        store=store,
+        models=registry,
+        # Off loopback, the admin API wants an admin key.
+        admin_auth=not loopback(config.admin_listen),
+    )
     drain = config.router.drain_timeout
 
     async def trigger() -> None:
@@ -93,11 +159,14 @@ async def serve(
         if handle_signals:
             background.start_soon(_watch_signals, stop)
         await background.start(router.run)
+        if batcher is not None:
+            await background.start(batcher.run)
         if controller is not None and listener is not None:
             await background.start(controller.run, listener)
             log.info("control plane: agents connect on %s", config.agent_listen)
         # The listeners return once `stop` is set and their streams have drained
-        # (hypercorn's graceful_timeout); then the background work is cancelled.
+        # (hypercorn's graceful_timeout); then the background work is cancelled (the
+        # usage batcher flushes what it holds on the way out).
         async with trio.open_nursery() as listeners:
             client_binds: Any = await listeners.start(
                 _serve_app, router.app, hypercorn_config(config.listen, graceful=drain), trigger

@@ -13,6 +13,7 @@ import trio
 from llmgw import config as cfg
 from llmgw import server, units
 from llmgw.demo import DEMO_OVERLAY, run_demo
+from llmgw.store.base import StoreError
 from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, fail, parser
 
 PROG = "llmgw-server"
@@ -124,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             trio.run(server.serve, config)
     except cfg.ConfigError as exc:
         _config_error(exc)
+    except StoreError as exc:
+        fail(PROG, f"store: {exc}", EXIT_RUNTIME)
     except OSError as exc:
         fail(PROG, f"cannot serve: {exc.strerror or exc}", EXIT_RUNTIME)
     except KeyboardInterrupt:

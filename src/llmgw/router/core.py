@@ -124,6 +124,10 @@ class Router:
         self.metrics.watch_admission(self.admission.stats, self.pool_saturation)
         self.app = ClientApp(self)
 
+    def set_catalog(self, catalog: Catalog) -> None:
+        """Swap the models this router serves (a whole new value, never half a change)."""
+        self.catalog = catalog
+
     # -- EndpointSink, forwarded so the control plane can hold the Router itself --
 
     def upsert(self, endpoint: Endpoint) -> None:
