@@ -121,11 +121,9 @@ def test_an_agent_whose_node_id_is_not_its_certificates_is_refused(
         assert "n-liar" not in srv.nodes() and "n-cert" not in srv.nodes()
         output = a.proc.output()
         assert "registered with the server" not in output
-        assert "closed by the server" in output
-        if "does not match" not in output:
-            # The controller ends the stream without a status; the agent cannot tell a
-            # refused identity from a server going away.
-            pytest.xfail("known gap: the agent is not told why its registration was refused")
+        # The server says why before it closes the stream.
+        assert "the server refused this agent" in output
+        assert "does not match the connection's verified identity 'n-cert'" in output
 
 
 def test_a_plaintext_agent_cannot_reach_the_tls_port(srv: FleetServer) -> None:

@@ -17,6 +17,7 @@ from llmgw.transport.messages import (
     CommandResult,
     DrainShard,
     Heartbeat,
+    Refused,
     Register,
     Registered,
     ServerMessage,
@@ -125,6 +126,7 @@ server_messages: st.SearchStrategy[ServerMessage] = st.one_of(
     st.builds(
         DrainShard, command_id=text, replica_id=text, rank=uint32, epoch=uint64, deadline=seconds
     ),
+    st.builds(Refused, reason=text),
 )
 
 
@@ -147,7 +149,13 @@ def test_server_messages_round_trip_through_bytes(message: ServerMessage) -> Non
 
 def test_every_message_type_is_covered() -> None:
     assert set(convert.AGENT_MESSAGE_TYPES) == {Register, Heartbeat, ShardStatus, CommandResult}
-    assert set(convert.SERVER_MESSAGE_TYPES) == {Registered, StartShard, StopShard, DrainShard}
+    assert set(convert.SERVER_MESSAGE_TYPES) == {
+        Registered,
+        StartShard,
+        StopShard,
+        DrainShard,
+        Refused,
+    }
 
 
 @pytest.mark.parametrize(
@@ -165,6 +173,7 @@ def test_every_message_type_is_covered() -> None:
         StartShard,
         StopShard,
         DrainShard,
+        Refused,
     ],
 )
 def test_value_and_proto_fields_match_by_name(cls: type) -> None:

@@ -52,6 +52,7 @@ from llmgw.transport.messages import (
     CommandResult,
     DrainShard,
     Heartbeat,
+    Refused,
     Register,
     Registered,
     ServerMessage,
@@ -126,6 +127,7 @@ class Agent:
         self.connections = 0  # streams opened
         self.registrations = 0  # Registered answers received
         self.failures = 0  # connect attempts since the last Registered
+        self.refusal: str | None = None  # the server's reason, when it refused us
         self.server_epoch: str | None = None
         self._outbox: trio.MemorySendChannel[_Outgoing] | None = None
         self._seq = 0
@@ -229,6 +231,11 @@ class Agent:
             self.supervisor.delivered(shards)
             with trio.fail_after(self.register_timeout):
                 first = await conn.receive()
+            if isinstance(first, Refused):
+                # Not a network problem: say so loudly; reconnecting keeps the backoff.
+                log.error("the server refused this agent: %s", first.reason)
+                self.refusal = first.reason
+                return
             if isinstance(first, Registered):
                 self._registered(first)
             else:

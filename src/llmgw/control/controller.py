@@ -40,6 +40,7 @@ from llmgw.transport.base import AgentConnection, AgentListener, ConnectionClose
 from llmgw.transport.messages import (
     CommandResult,
     Heartbeat,
+    Refused,
     Register,
     Registered,
     ServerMessage,
@@ -242,6 +243,7 @@ class Controller:
             self.inventory.register(first, now, identity=conn.peer_identity)
         except InventoryError as exc:
             log.warning("refused registration of %r: %s", node_id, exc)
+            await conn.send(Refused(f"registration of {node_id!r} refused: {exc}"))
             return  # the listener closes the connection
         record = self.inventory.get(node_id)
         session = record.session if record is not None else None

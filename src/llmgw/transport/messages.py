@@ -104,4 +104,12 @@ class DrainShard:
     deadline: float = 300.0  # seconds to wait for in-flight requests before stopping
 
 
-ServerMessage = Registered | StartShard | StopShard | DrainShard
+@attrs.frozen
+class Refused:
+    """The registration was refused (e.g. the node id is not the certificate's); the
+    server closes the stream after this, so the agent can say why."""
+
+    reason: str
+
+
+ServerMessage = Registered | StartShard | StopShard | DrainShard | Refused
