@@ -206,6 +206,9 @@ def test_replicas_view_shape_and_model_counts() -> None:
             "draining": 0,
             "unplaced": 1,
             "backoff_seconds": None,
+            "idle_seconds": None,
+            "requests_per_second": 0.0,
+            "tokens_per_second": 0.0,
         },
         {
             "model": "llama",
@@ -215,6 +218,9 @@ def test_replicas_view_shape_and_model_counts() -> None:
             "draining": 0,
             "unplaced": 0,
             "backoff_seconds": None,
+            "idle_seconds": None,
+            "requests_per_second": 0.0,
+            "tokens_per_second": 0.0,
         },
     ]
 

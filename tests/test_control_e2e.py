@@ -118,6 +118,10 @@ async def test_draining_a_node_moves_its_replica_without_a_gap() -> None:
                 assert r.status_code == 200, r.text
                 await trio.sleep(0.05)
         assert f.controller.activity.get("m").requests_per_second > 0
+        (counts,) = (await f.admin.get("/api/v1/replicas")).json()["models"]
+        assert counts["requests_per_second"] > 0 and counts["idle_seconds"] < 5
+        metrics = (await f.admin.get("/metrics")).text
+        assert 'llmgw_fleet_model_idle_seconds{model="m"}' in metrics
 
 
 async def test_the_admin_api_shows_the_fleet_and_drains_a_node() -> None:

@@ -271,7 +271,22 @@ class FleetCollector(Collector):
             "models backing off.",
             ["model"],
         )
+        idle = _gauge(
+            "llmgw_fleet_model_idle_seconds",
+            "Seconds since the model last served a request through this router; absent "
+            "before its first one. With replicas ready, a long idle time means GPUs held "
+            "for a model nobody asks for.",
+            ["model"],
+        )
+        rate = _gauge(
+            "llmgw_fleet_model_requests_per_second",
+            "The model's recent request rate through this router (decayed over a minute).",
+            ["model"],
+        )
         for counts in model_counts(self._controller, now):
+            if counts.idle_seconds is not None:
+                idle.add_metric([counts.model], counts.idle_seconds)
+            rate.add_metric([counts.model], counts.requests_per_second)
             # The states a kept replica can be in, always exported (0 is a real count).
             for state, value in (
                 (ReplicaState.STARTING, counts.starting),
@@ -284,7 +299,7 @@ class FleetCollector(Collector):
             if counts.backoff_seconds is not None:
                 backoff.add_metric([counts.model], counts.backoff_seconds)
 
-        return (replicas, desired, unplaced, backoff)
+        return (replicas, desired, unplaced, backoff, idle, rate)
 
 
 def register_fleet_metrics(

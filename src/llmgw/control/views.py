@@ -129,6 +129,11 @@ class ModelCounts:
     # Replicas the last reconciler pass could not place, at most as many as missing.
     unplaced: int
     backoff_seconds: float | None  # until the next attempt; None when not backing off
+    # Traffic as the router saw it (decayed rates): a model holding GPUs that nobody
+    # asks for shows here. idle_seconds is None before its first request.
+    idle_seconds: float | None = None
+    requests_per_second: float = 0.0
+    tokens_per_second: float = 0.0
 
     @property
     def active(self) -> int:
@@ -155,6 +160,7 @@ def model_counts(controller: Controller, now: float) -> list[ModelCounts]:
         unplaced = min(len(reconciler.unplaced.get(name, ())), max(0, want - active))
         until = reconciler.backoff_until(name)
         backoff = until - now if until is not None and until > now else None
+        activity = controller.activity.get(name)
         out.append(
             ModelCounts(
                 model=name,
@@ -164,6 +170,9 @@ def model_counts(controller: Controller, now: float) -> list[ModelCounts]:
                 draining=per.get(ReplicaState.DRAINING, 0),
                 unplaced=unplaced,
                 backoff_seconds=backoff,
+                idle_seconds=activity.idle_seconds,
+                requests_per_second=activity.requests_per_second,
+                tokens_per_second=activity.tokens_per_second,
             )
         )
     return out
