@@ -32,6 +32,8 @@ lint: install $(BUF)
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 	$(BUF) lint proto
+	# No breaking change since the protocol first landed: field numbers are never reused.
+	$(BUF) breaking proto --against ".git#ref=$$(git log --diff-filter=A --format=%H -- proto/llmgw/agent/v1/agent.proto | tail -1),subdir=proto"
 	$(BIN)/python scripts/gen_proto.py --check
 
 clean:
