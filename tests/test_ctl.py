@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import re
 import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from llmgw_cli.ctl import main
+from llmgw_cli import ctl_views
+from llmgw_cli.ctl import main, read_model_entry
+from llmgw_cli.ctl_views import render
 from tests.procs import BIN, free_port, sim
 
 # ----------------------------------------------------------------- fake admin API
@@ -24,11 +29,15 @@ class FakeAdmin:
     def __init__(self, routes: dict[tuple[str, str], tuple[int, Any]]) -> None:
         self.routes = routes
         self.requests: list[tuple[str, str, str | None]] = []
+        self.bodies: list[Any] = []  # the JSON bodies sent, in order
         admin = self
 
         class Handler(BaseHTTPRequestHandler):
             def _answer(self) -> None:
                 admin.requests.append((self.command, self.path, self.headers.get("authorization")))
+                length = int(self.headers.get("content-length") or 0)
+                if length:
+                    admin.bodies.append(json.loads(self.rfile.read(length)))
                 path = self.path.split("?", 1)[0]
                 status, body = admin.routes.get(
                     (self.command, path), (404, {"error": {"message": f"no route {path}"}})
@@ -40,7 +49,7 @@ class FakeAdmin:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            do_GET = do_POST = _answer
+            do_GET = do_POST = do_PATCH = do_DELETE = _answer
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -190,6 +199,239 @@ def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     )
     code, _, err = ctl(capsys, "bench", "--url", "http://x", "--model", "m", "--duration", "soon")
     assert code == 2 and "--duration" in err and err.count("\n") == 1
+
+
+# ------------------------------------------------------------- keys, usage, models
+
+
+def _key(id: str, name: str, **kw: Any) -> dict[str, Any]:
+    key = {
+        "id": id, "name": name, "prefix": "llmgw-abcdefgh", "band": None, "models": None,
+        "rpm": None, "tpm": None, "admin": False, "status": "active",
+        "created_at": 1000.0, "expires_at": None, "revoked_at": None,
+    }  # fmt: skip
+    return {**key, **kw}
+
+
+def test_keys_create_prints_the_secret_once(capsys: pytest.CaptureFixture[str]) -> None:
+    created = _key("key_1", "ci", band="silver", models=["a", "b"], rpm=60, admin=True)
+    routes: dict[tuple[str, str], tuple[int, Any]] = {
+        ("POST", "/api/v1/keys"): (201, {**created, "secret": "llmgw-SECRET"}),
+        ("GET", "/api/v1/keys"): (200, {"keys": [created]}),
+    }
+    with fake_admin(routes) as admin:
+        argv = ["--admin", admin.url, "keys", "create", "--name", "ci", "--band", "silver",
+                "--models", "a,b", "--rpm", "60", "--tpm", "5000", "--admin",
+                "--expires-in", "30d"]  # fmt: skip
+        code, out, err = ctl(capsys, *argv)
+        assert (code, err) == (0, "")
+        assert admin.bodies == [
+            {"name": "ci", "band": "silver", "models": ["a", "b"], "rpm": 60, "tpm": 5000,
+             "expires_in_seconds": 30 * 86400.0, "admin": True}
+        ]  # fmt: skip
+        assert "\n    llmgw-SECRET\n" in out and out.count("llmgw-SECRET") == 1
+        assert "cannot be shown again" in out
+        assert "first usable key" in out  # the only active key in the listing
+
+        admin.bodies.clear()
+        code, out, _ = ctl(capsys, "--admin", admin.url, "keys", "create", "--name", "ci", "--json")
+        assert code == 0 and json.loads(out)["secret"] == "llmgw-SECRET"
+        assert admin.bodies == [{"name": "ci"}]
+
+    code, _, err = ctl(capsys, "keys", "create", "--name", "x", "--models", "a,,b")
+    assert code == 2 and "--models" in err and err.count("\n") == 1
+    code, _, err = ctl(capsys, "keys", "create", "--band", "gold")
+    assert code == 2 and "--name" in err and err.count("\n") == 1
+
+
+def test_keys_revoke_resolves_names(capsys: pytest.CaptureFixture[str]) -> None:
+    keys = [
+        _key("key_old", "ci", status="revoked", revoked_at=2000.0),
+        _key("key_new", "ci"),
+        _key("key_a", "twin"),
+        _key("key_b", "twin"),
+        _key("key_gone", "gone", status="revoked", revoked_at=2000.0),
+    ]
+    routes: dict[tuple[str, str], tuple[int, Any]] = {
+        ("GET", "/api/v1/keys"): (200, {"keys": keys}),
+        **{("DELETE", f"/api/v1/keys/{k['id']}"): (200, {**k, "status": "revoked"}) for k in keys},
+    }
+    with fake_admin(routes) as admin:
+        # a name matching a revoked key and a live one means the live one
+        code, out, _ = ctl(capsys, "--admin", admin.url, "keys", "revoke", "ci")
+        assert code == 0 and out.startswith("revoked key 'ci' (key_new)")
+        assert ("DELETE", "/api/v1/keys/key_new", None) in admin.requests
+        code, out, _ = ctl(capsys, "--admin", admin.url, "keys", "revoke", "key_old")
+        assert code == 0 and "already revoked" in out
+        code, out, _ = ctl(capsys, "--admin", admin.url, "keys", "revoke", "gone")
+        assert code == 0 and "already revoked" in out
+        code, out, err = ctl(capsys, "--admin", admin.url, "keys", "revoke", "twin")
+        assert (code, out) == (1, "")
+        assert err == (
+            "llmgw-ctl: error: 2 keys are named 'twin' (key_a, key_b): revoke one by its id\n"
+        )
+        code, _, err = ctl(capsys, "--admin", admin.url, "keys", "revoke", "nobody")
+        assert code == 1 and "no key with the id or name 'nobody'" in err
+        deletes = [r for r in admin.requests if r[0] == "DELETE"]
+        assert [r[1] for r in deletes] == [
+            "/api/v1/keys/key_new",
+            "/api/v1/keys/key_old",
+            "/api/v1/keys/key_gone",
+        ]
+
+
+def test_api_errors_name_the_parameter(capsys: pytest.CaptureFixture[str]) -> None:
+    error = {"message": "no key 'k'", "type": "not_found_error", "param": "id", "code": "x"}
+    bad = {"message": "models[0]: no model named 'z'", "param": "models[0]", "code": "y"}
+    routes: dict[tuple[str, str], tuple[int, Any]] = {
+        ("GET", "/api/v1/keys"): (200, {"keys": [_key("k", "k")]}),
+        ("DELETE", "/api/v1/keys/k"): (404, {"error": error}),
+        ("POST", "/api/v1/keys"): (400, {"error": bad}),
+    }
+    with fake_admin(routes) as admin:
+        code, _, err = ctl(capsys, "--admin", admin.url, "keys", "revoke", "k")
+        assert code == 1
+        assert err == (
+            f"llmgw-ctl: error: admin API at {admin.url}: no key 'k' (param id) (404 Not Found)\n"
+        )
+        code, _, err = ctl(capsys, "--admin", admin.url, "keys", "create", "--name", "n")
+        assert code == 1
+        assert err == (
+            "llmgw-ctl: error: admin API answered 400 to POST /api/v1/keys: "
+            "models[0]: no model named 'z'\n"
+        )
+
+
+def test_usage_parameters(capsys: pytest.CaptureFixture[str]) -> None:
+    report = {
+        "group_by": "model", "since": 1700000000.0, "until": None, "bucket_seconds": 3600.0,
+        "usage": [
+            {"group": "llama", "name": None, "bucket": 1700002800.0, "requests": 1200,
+             "prompt_tokens": 1234567, "completion_tokens": 89, "cached_tokens": 0,
+             "errors": 3, "mean_latency": 1.5, "mean_ttft": 0.25},
+            {"group": "qwen", "name": None, "bucket": 1700002800.0, "requests": 800,
+             "prompt_tokens": 10, "completion_tokens": 11, "cached_tokens": 5,
+             "errors": 0, "mean_latency": 0.5, "mean_ttft": None},
+        ],
+    }  # fmt: skip
+    with fake_admin({("GET", "/api/v1/usage"): (200, report)}) as admin:
+        argv = ["--admin", admin.url, "usage", "--by", "model", "--since", "2023-11-14T22:13:20",
+                "--until", "1h", "--bucket", "1h"]  # fmt: skip
+        code, out, err = ctl(capsys, *argv)
+        assert (code, err) == (0, "")
+        assert admin.requests[-1][1] == (
+            "/api/v1/usage?group_by=model&since=1700000000&until=1h&bucket=1h"
+        )
+        assert "usage by model since 2023-11-14 22:13:20 UTC, per 1h" in out
+        llama = next(line for line in out.splitlines() if "llama" in line)
+        assert llama.split() == [
+            "2023-11-14", "23:00", "llama", "1,200", "1,234,567", "89", "0", "3", "1.50", "s",
+            "250", "ms",
+        ]  # fmt: skip
+        qwen = next(line for line in out.splitlines() if "qwen" in line)
+        assert qwen.split()[-3:] == ["500", "ms", "-"]
+        total = next(line for line in out.splitlines() if "total" in line)
+        assert total.split() == ["total", "2,000", "1,234,577", "100", "5", "3", "1.10", "s"]
+
+        code, _, _ = ctl(capsys, "--admin", admin.url, "usage", "--since", "2023-11-15T00:00+01:00")
+        assert code == 0 and admin.requests[-1][1] == "/api/v1/usage?since=1700002800"
+    for bad in (("--since", "last week"), ("--bucket", "500ms"), ("--by", "band")):
+        code, _, err = ctl(capsys, "usage", *bad)
+        assert code == 2 and bad[0] in err and err.count("\n") == 1
+
+
+def test_readable_keys_and_models() -> None:
+    from rich.console import Console
+
+    def text(view: Any) -> str:
+        console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+        console.print(view)
+        return console.export_text()
+
+    now = 1_000_000.0
+    keys = {
+        "keys": [
+            _key("key_1", "ops", admin=True, rpm=1500, tpm=2_000_000),
+            _key("key_2", "old", status="revoked", revoked_at=now - 7200),
+            _key("key_3", "temp", status="expired", expires_at=now - 90),
+            _key("key_4", "ci", band="gold", models=["a"], expires_at=now + 30 * 86400),
+        ]
+    }
+    out = text(ctl_views.keys(keys, now=now))
+    rows = {line.split()[0]: line for line in out.splitlines()[3:] if line.strip()}
+    assert "1.5k rpm, 2M tpm" in rows["ops"] and "yes" in rows["ops"]
+    assert rows["old"].rstrip().endswith("revoked 2.0h ago")
+    assert rows["temp"].rstrip().endswith("expired 90s ago")
+    assert "gold" in rows["ci"] and rows["ci"].rstrip().endswith("active, expires in 30d")
+    assert "no API keys" in text(render("keys", {"keys": []}))
+
+    models = {
+        "models": [
+            {"name": "llama", "aliases": ["l"], "fallbacks": [], "source": "config",
+             "status": {"model": "llama", "desired": 2, "ready": 1}, "replicas": 2,
+             "routing": {"endpoints": ["r1"], "available": 1}},
+            {"name": "rt", "aliases": [], "fallbacks": ["llama"], "source": "runtime",
+             "status": None, "routing": {"endpoints": [], "available": 0}},
+        ]
+    }  # fmt: skip
+    out = text(render("models", models))
+    llama = next(line for line in out.splitlines() if line.split()[:1] == ["llama"])
+    assert llama.split() == ["llama", "config", "l", "-", "1/2", "1/1", "available:", "r1"]
+    rt = next(line for line in out.splitlines() if line.split()[:1] == ["rt"])
+    assert rt.split() == ["rt", "runtime", "-", "llama", "-", "none"]
+
+
+def test_model_entries_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmgw_cli._common import CliError
+
+    entry = {"name": "m", "fallbacks": ["base"], "replicas": 2}
+    files = {
+        "table.toml": '[[models]]\nname = "m"\nfallbacks = ["base"]\nreplicas = 2\n',
+        "bare.toml": 'name = "m"\nfallbacks = ["base"]\nreplicas = 2\n',
+        "bare.json": json.dumps(entry),
+        "list.json": json.dumps({"models": [entry]}),
+        "noext": json.dumps(entry),
+        "noext-toml": 'name = "m"\nfallbacks = ["base"]\nreplicas = 2\n',
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        assert read_model_entry(str(tmp_path / name)) == entry, name
+    monkeypatch.setattr("sys.stdin", io.StringIO('name = "m"\nfallbacks = ["base"]\nreplicas = 2'))
+    assert read_model_entry("-") == entry
+
+    bad = {
+        "two.toml": ('[[models]]\nname = "a"\n[[models]]\nname = "b"\n', "found 2 in 'models'"),
+        "list.json": ("[1, 2]", "expected a catalog entry (an object), got list"),
+        "empty.json": ("{}", "the catalog entry is empty"),
+        "broken.toml": ("name = ", "not valid TOML"),
+        "broken.json": ('{"name": "x",}', "not valid JSON"),
+    }
+    for name, (text, message) in bad.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(CliError, match=re.escape(message)) as info:
+            read_model_entry(str(tmp_path / name))
+        assert info.value.code == 2 and "\n" not in str(info.value)
+
+
+def test_models_changes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    routing = {"endpoints": [], "available": 0}
+    model = {"name": "org/m", "aliases": [], "fallbacks": ["base"], "source": "runtime",
+             "status": None, "profiles": [], "routing": routing}  # fmt: skip
+    routes: dict[tuple[str, str], tuple[int, Any]] = {
+        ("POST", "/api/v1/models"): (201, model),
+        ("PATCH", "/api/v1/models/org%2Fm"): (200, {**model, "replicas": 0}),
+        ("DELETE", "/api/v1/models/org%2Fm"): (204, None),
+    }
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"name": "org/m", "fallbacks": ["base"]}))
+    with fake_admin(routes) as admin:
+        code, out, _ = ctl(capsys, "--admin", admin.url, "models", "add", str(path))
+        assert code == 0 and out == "added model 'org/m' (runtime; fallbacks base)\n"
+        code, out, _ = ctl(capsys, "--admin", admin.url, "models", "set-replicas", "org/m", "0")
+        assert code == 0 and out.startswith("model 'org/m': 0 replica(s) desired")
+        code, out, _ = ctl(capsys, "--admin", admin.url, "--json", "models", "remove", "org/m")
+        assert code == 0 and json.loads(out) == {"model": "org/m", "removed": True}
+        assert admin.bodies == [{"name": "org/m", "fallbacks": ["base"]}, {"replicas": 0}]
 
 
 # ------------------------------------------------------------- bench vs simulator

@@ -1,13 +1,21 @@
-"""`llmgw-ctl`: the admin client (thin JSON-API calls) and the `bench` workload driver."""
+"""`llmgw-ctl`: the admin client (thin JSON-API calls) and the `bench` workload driver.
+
+Listings (`nodes`, `models`, `keys`, `usage`, ...) print readable tables, or the admin
+API's JSON with `--json`. `keys` and `models` also change things: `keys create`,
+`keys revoke`, `models add`, `models set-replicas`, `models remove`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import random
 import sys
+import tomllib
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
@@ -27,17 +35,18 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from llmgw import bench
+from llmgw import __version__, bench
+from llmgw.admin.usage import MIN_BUCKET, MOMENT_RE
 from llmgw.bench.runner import BAND_HEADER, SESSION_HEADER
 from llmgw.bench.sweeping import PERCENTILES
 from llmgw.units import parse_duration
 from llmgw_cli import ctl_views
-from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, fail, parser
+from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, fail
 
 PROG = "llmgw-ctl"
 DEFAULT_ADMIN = "http://127.0.0.1:9090"
 
-# Subcommand -> admin API collection under /api/v1/.
+# Subcommand -> admin API collection under /api/v1/. Given no action, each lists.
 LISTINGS = {
     "nodes": "nodes",
     "models": "models",
@@ -46,6 +55,11 @@ LISTINGS = {
     "endpoints": "endpoints",
     "keys": "keys",
     "usage": "usage",
+}
+HELP = {
+    "keys": "API keys: list them, or create or revoke one",
+    "models": "the model catalog: list it, or add, scale or remove a runtime model",
+    "usage": "requests, tokens and latency per API key or model (GET /api/v1/usage)",
 }
 
 
@@ -94,6 +108,49 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _names(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",")]
+    if not text.strip() or any(not name for name in names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated names like a,b, got {text!r}")
+    return names
+
+
+def _moment(text: str) -> str:
+    """A point in time as the usage API takes it: a duration meaning that long ago
+    (``24h``, ``7d``) or Unix seconds, passed on as written; or an ISO 8601 date or
+    time (UTC unless it carries an offset), sent as Unix seconds."""
+    compact = text.strip().lower().replace(" ", "")
+    if MOMENT_RE.fullmatch(compact):
+        return compact
+    try:
+        moment = datetime.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            "expected a duration meaning that long ago (24h, 7d), Unix seconds, or an "
+            f"ISO 8601 date or time (2025-01-31, 2025-01-31T12:00), got {text!r}"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return f"{moment.timestamp():.3f}".rstrip("0").rstrip(".")
+
+
+def _bucket(text: str) -> str:
+    seconds = _duration(text)
+    if seconds < MIN_BUCKET:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_BUCKET:g}s, got {text!r}")
+    return text.strip().lower().replace(" ", "")
+
+
 def _header(text: str) -> tuple[str, str]:
     name, sep, value = text.partition(":")
     if not sep or not name.strip():
@@ -126,7 +183,11 @@ class _OneLineErrors(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = parser(PROG, "Administer an llmgw server, or benchmark any OpenAI-compatible server.")
+    p = _OneLineErrors(
+        prog=PROG,
+        description="Administer an llmgw server, or benchmark any OpenAI-compatible server.",
+    )
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     p.add_argument(
         "--admin",
         default=DEFAULT_ADMIN,
@@ -145,14 +206,23 @@ def build_parser() -> argparse.ArgumentParser:
     # Accept the global flags after the subcommand too; SUPPRESS keeps the
     # subparser from overwriting a value given before it.
     common = _OneLineErrors(add_help=False)
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
-    common.add_argument("--admin", metavar="URL", default=argparse.SUPPRESS)
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="as before the command"
+    )
+    common.add_argument(
+        "--admin", metavar="URL", default=argparse.SUPPRESS, help="as before the command"
+    )
+    common.add_argument(
+        "--admin-key", metavar="KEY", default=argparse.SUPPRESS, help="as before the command"
+    )
 
     sub = p.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=_OneLineErrors
     )
+    listings: dict[str, argparse.ArgumentParser] = {}
     for name, path in LISTINGS.items():
-        sp = sub.add_parser(name, parents=[common], help=f"list {name} (GET /api/v1/{path})")
+        help = HELP.get(name, f"list {name} (GET /api/v1/{path})")
+        sp = sub.add_parser(name, parents=[common], help=help, description=help)
         sp.add_argument(
             "--filter",
             type=_key_value,
@@ -161,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="KEY=VALUE",
             help="query parameter passed to the API (repeatable)",
         )
+        listings[name] = sp
+    _add_keys(listings["keys"], common)
+    _add_usage(listings["usage"])
+    _add_models(listings["models"], common)
     sp = sub.add_parser(
         "drain", parents=[common], help="drain a node (POST /api/v1/nodes/ID/drain)"
     )
@@ -168,6 +242,107 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_bench(sub.add_parser("bench", parents=[common], help="drive load and report latency"))
     return p
+
+
+def _add_keys(k: argparse.ArgumentParser, common: _OneLineErrors) -> None:
+    k.description = (
+        "List API keys (never their secrets), or create or revoke one. Once any usable key "
+        "exists, the client port requires one on every request."
+    )
+    actions = k.add_subparsers(dest="action", metavar="ACTION", parser_class=_OneLineErrors)
+    # `keys create --admin` is the admin-key flag, so this parser cannot take the global
+    # `--admin URL` after it: give that before the subcommand.
+    json_only = _OneLineErrors(add_help=False)
+    json_only.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="as before the command"
+    )
+    json_only.add_argument(
+        "--admin-key", metavar="KEY", default=argparse.SUPPRESS, help="as before the command"
+    )
+    c = actions.add_parser(
+        "create",
+        parents=[json_only],
+        help="create a key and print its secret (shown only this once)",
+        description="Create an API key (POST /api/v1/keys) and print its secret, which is "
+        "shown only this once: the store keeps only a hash. Give the global --admin URL "
+        "before 'keys' (here --admin makes an admin key).",
+    )
+    c.add_argument("--name", required=True, help="who or what the key is for")
+    c.add_argument("--band", metavar="BAND", help="admission band of its requests (gold, ...)")
+    c.add_argument(
+        "--models",
+        type=_names,
+        metavar="A,B",
+        help="the only models (names or aliases) it may use (default: all)",
+    )
+    c.add_argument("--rpm", type=_positive_int, metavar="N", help="requests per minute")
+    c.add_argument("--tpm", type=_positive_int, metavar="N", help="tokens per minute")
+    c.add_argument(
+        "--admin",
+        dest="admin_role",
+        action="store_true",
+        help="an admin key: may use the admin API (needed when it is not on loopback)",
+    )
+    c.add_argument(
+        "--expires-in", type=_duration, metavar="DUR", help="lifetime, e.g. 30d (default: none)"
+    )
+    r = actions.add_parser(
+        "revoke",
+        parents=[common],
+        help="revoke a key by id or name",
+        description="Revoke an API key (DELETE /api/v1/keys/ID); a name must match one "
+        "key that is not revoked yet.",
+    )
+    r.add_argument("key", metavar="ID_OR_NAME", help="the key's id (key_...) or its name")
+
+
+def _add_usage(u: argparse.ArgumentParser) -> None:
+    u.description = (
+        "Requests, prompt/completion/cached tokens, errors and mean latency and TTFT per "
+        "API key or model (GET /api/v1/usage). Times: a duration meaning that long ago "
+        "(24h, 7d), Unix seconds, or an ISO 8601 date or time (UTC unless it has an offset)."
+    )
+    u.add_argument("--by", choices=("key", "model"), help="one row per key (default) or model")
+    u.add_argument(
+        "--since", type=_moment, metavar="WHEN", help="window start (default: all recorded)"
+    )
+    u.add_argument("--until", type=_moment, metavar="WHEN", help="window end (default: now)")
+    u.add_argument(
+        "--bucket", type=_bucket, metavar="DUR", help="one row per bucket of DUR (e.g. 1h)"
+    )
+
+
+def _add_models(m: argparse.ArgumentParser, common: _OneLineErrors) -> None:
+    m.description = (
+        "List the model catalog (where each model comes from, its replicas and endpoints), "
+        "or add, scale or remove a model at runtime (kept in the server's store)."
+    )
+    actions = m.add_subparsers(dest="action", metavar="ACTION", parser_class=_OneLineErrors)
+    a = actions.add_parser(
+        "add",
+        parents=[common],
+        help="add a model from a catalog entry in a JSON or TOML file",
+        description="Add a model (POST /api/v1/models) from a catalog entry written as "
+        "the configuration writes it: JSON, or TOML with one [[models]] table or the "
+        "entry's keys at the top. '-' reads standard input.",
+    )
+    a.add_argument("file", metavar="FILE", help="FILE.json, FILE.toml or - (standard input)")
+    s = actions.add_parser(
+        "set-replicas",
+        parents=[common],
+        help="set a runtime model's desired replicas",
+        description="Set how many replicas of a runtime model the control plane keeps "
+        "(PATCH /api/v1/models/NAME).",
+    )
+    s.add_argument("name", metavar="NAME")
+    s.add_argument("replicas", type=_count, metavar="N")
+    r = actions.add_parser(
+        "remove",
+        parents=[common],
+        help="remove a runtime model",
+        description="Remove a model added at runtime (DELETE /api/v1/models/NAME).",
+    )
+    r.add_argument("name", metavar="NAME")
 
 
 def _add_bench(b: argparse.ArgumentParser) -> None:
@@ -273,7 +448,13 @@ def _reason(exc: httpx.HTTPError) -> str:
     return text[:1].lower() + text[1:]
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def _api_error(resp: httpx.Response) -> str | None:
+    """The message of an error answer (with the parameter at fault when the message
+    does not start with it), or None when the body has none."""
     try:
         obj = resp.json()
     except ValueError:
@@ -281,9 +462,13 @@ def _api_error(resp: httpx.Response) -> str | None:
     if isinstance(obj, dict):
         err = obj.get("error", obj.get("detail", obj.get("message")))
         if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return str(err["message"])
+            message = _one_line(err["message"])
+            param = err.get("param")
+            if isinstance(param, str) and param and not message.startswith(param):
+                message += f" (param {param})"
+            return message
         if isinstance(err, str):
-            return err
+            return _one_line(err)
     return None
 
 
@@ -293,17 +478,25 @@ def admin_call(
     path: str,
     *,
     params: Sequence[tuple[str, str]] = (),
+    body: Any = None,
     key: str | None = None,
     timeout: float = 10.0,
 ) -> Any:
-    """One admin API call; its JSON, or CliError(EXIT_RUNTIME) with a one-line reason."""
+    """One admin API call (`body`, when given, sent as JSON); its JSON, or
+    CliError(EXIT_RUNTIME) with a one-line reason."""
     url = f"{admin.rstrip('/')}/api/v1/{path}"
     headers = {"accept": "application/json"}
     if key:
         headers["authorization"] = f"Bearer {key}"
     try:
         resp = httpx.request(
-            method, url, params=list(params), headers=headers, timeout=timeout, trust_env=False
+            method,
+            url,
+            params=list(params),
+            json=body,
+            headers=headers,
+            timeout=timeout,
+            trust_env=False,
         )
     except httpx.InvalidURL as exc:
         raise CliError(f"invalid --admin URL {admin!r}: {exc}", EXIT_USAGE) from None
@@ -319,8 +512,10 @@ def admin_call(
         raise CliError(f"admin API at {admin}: {what} (404 Not Found)", EXIT_RUNTIME)
     if resp.status_code in (401, 403):
         hint = "" if key else "; pass --admin-key"
+        why = f" {detail}" if detail else ""
         raise CliError(
-            f"admin API refused {method} /api/v1/{path}: {resp.status_code}{hint}", EXIT_RUNTIME
+            f"admin API refused {method} /api/v1/{path}: {resp.status_code}{why}{hint}",
+            EXIT_RUNTIME,
         )
     if resp.status_code >= 400:
         reason = detail or resp.reason_phrase
@@ -420,10 +615,10 @@ def render_table(data: Any, collection: str, width: int = 120) -> RenderableType
 
 
 def _stdout() -> Console:
-    # Piped output gets 120 columns rather than rich's 80, so tables stay unwrapped
-    # in logs; plain lines never wrap (soft_wrap).
+    # Piped output gets 120 columns (or $COLUMNS) rather than rich's 80, so tables stay
+    # unwrapped in logs; plain lines never wrap (soft_wrap).
     console = Console(soft_wrap=True)
-    if not console.is_terminal:
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
         console = Console(soft_wrap=True, width=120)
     return console
 
@@ -432,11 +627,23 @@ def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2))
 
 
+def _call(args: argparse.Namespace, method: str, path: str, **kw: Any) -> Any:
+    return admin_call(args.admin, method, path, key=args.admin_key, timeout=args.timeout, **kw)
+
+
 def cmd_listing(args: argparse.Namespace) -> int:
     collection = LISTINGS[args.command]
-    data = admin_call(
-        args.admin, "GET", collection, params=args.filter, key=args.admin_key, timeout=args.timeout
-    )
+    params = list(args.filter)
+    if args.command == "usage":
+        for name, value in (
+            ("group_by", args.by),
+            ("since", args.since),
+            ("until", args.until),
+            ("bucket", args.bucket),
+        ):
+            if value is not None:
+                params.append((name, value))
+    data = _call(args, "GET", collection, params=params)
     if args.json:
         _print_json(data)
     else:
@@ -459,6 +666,225 @@ def cmd_drain(args: argparse.Namespace) -> int:
     else:
         print(f"drain requested for node {args.node}")
     return EXIT_OK
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def _key_summary(key: dict[str, Any]) -> str:
+    models = key.get("models")
+    parts = [
+        f"band {key.get('band') or 'default'}",
+        "all models" if models is None else "models " + (", ".join(models) or "none"),
+    ]
+    parts += [f"{key[k]:,} {k}" for k in ("rpm", "tpm") if key.get(k) is not None]
+    if key.get("admin"):
+        parts.append("admin")
+    return "; ".join(parts)
+
+
+def _key_records(data: Any) -> list[dict[str, Any]]:
+    keys = data.get("keys") if isinstance(data, dict) else None
+    return [k for k in keys if isinstance(k, dict)] if isinstance(keys, list) else []
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"name": args.name}
+    for field, value in (
+        ("band", args.band),
+        ("models", args.models),
+        ("rpm", args.rpm),
+        ("tpm", args.tpm),
+        ("expires_in_seconds", args.expires_in),
+    ):
+        if value is not None:
+            body[field] = value
+    if args.admin_role:
+        body["admin"] = True
+    key = _call(args, "POST", "keys", body=body)
+    if not isinstance(key, dict) or not isinstance(key.get("secret"), str):
+        raise CliError("the admin API's answer to POST /api/v1/keys has no secret", EXIT_RUNTIME)
+    if args.json:
+        _print_json(key)
+        return EXIT_OK
+    say = partial(_stdout().print, markup=False, highlight=False)
+    say(f"Created API key {key.get('name', args.name)!r} ({key.get('id')}): {_key_summary(key)}")
+    say()
+    say(f"    {key['secret']}", style="bold yellow")
+    say()
+    say(
+        "This secret is shown only now and cannot be shown again: store it somewhere safe. "
+        "Clients send it as 'Authorization: Bearer <secret>' (the openai client's api_key).",
+        style="bold",
+    )
+    try:
+        listed = _call(args, "GET", "keys")
+    except CliError:
+        return EXIT_OK  # the key exists; the note below is only a courtesy
+    active = [k for k in _key_records(listed) if k.get("status") == "active"]
+    if [k.get("id") for k in active] == [key.get("id")]:
+        say(
+            "It is the first usable key: from now on (within a second) the client port "
+            "refuses requests without a key (401)."
+        )
+    return EXIT_OK
+
+
+def _resolve_key(args: argparse.Namespace, wanted: str) -> dict[str, Any]:
+    """The key with id `wanted`, or the one not-yet-revoked key named `wanted` (or the
+    one key of that name at all); CliError otherwise."""
+    records = _key_records(_call(args, "GET", "keys"))
+    for key in records:
+        if key.get("id") == wanted:
+            return key
+    named = [k for k in records if k.get("name") == wanted]
+    live = [k for k in named if k.get("status") != "revoked"]
+    if len(live) == 1 or (len(named) == 1 and not live):
+        return (live or named)[0]
+    if not named:
+        raise CliError(
+            f"no key with the id or name {wanted!r} (llmgw-ctl keys lists them)", EXIT_RUNTIME
+        )
+    ids = ", ".join(str(k.get("id")) for k in live)
+    raise CliError(
+        f"{len(live)} keys are named {wanted!r} ({ids}): revoke one by its id", EXIT_RUNTIME
+    )
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    key = _resolve_key(args, args.key)
+    key_id = str(key["id"])
+    was_revoked = key.get("status") == "revoked"
+    revoked = _call(args, "DELETE", f"keys/{urllib.parse.quote(key_id, safe='')}")
+    if args.json:
+        _print_json(revoked)
+        return EXIT_OK
+    name = str(key.get("name"))
+    if was_revoked:
+        print(f"key {name!r} ({key_id}) was already revoked")
+        return EXIT_OK
+    print(f"revoked key {name!r} ({key_id}); servers stop accepting it within seconds")
+    try:
+        listed = _call(args, "GET", "keys")
+    except CliError:
+        return EXIT_OK
+    if not any(k.get("status") == "active" for k in _key_records(listed)):
+        print(
+            "no usable key is left: the client port accepts requests without a key again "
+            "(unless auth.required is set)"
+        )
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- models
+
+
+def _parse_model_text(text: str, source: str, suffix: str) -> Any:
+    as_json = suffix == ".json" or (suffix != ".toml" and text.lstrip().startswith("{"))
+    if as_json:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CliError(
+                f"{source}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+            ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        kind = "TOML" if suffix == ".toml" else "JSON or TOML"
+        raise CliError(f"{source}: not valid {kind}: {exc}") from None
+
+
+def read_model_entry(path: str) -> dict[str, Any]:
+    """One catalog entry from a JSON or TOML file (or '-', standard input): the object
+    itself, or the one entry of a `models` list (`[[models]]` in TOML)."""
+    if path == "-":
+        source, suffix = "standard input", ""
+        text = sys.stdin.read()
+    else:
+        source, suffix = path, Path(path).suffix.lower()
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise CliError(f"cannot read {path}: {reason}") from None
+    data = _parse_model_text(text, source, suffix)
+    if isinstance(data, dict) and isinstance(data.get("models"), list):
+        entries = data["models"]
+        if len(entries) != 1 or len(data) != 1:
+            raise CliError(
+                f"{source}: expected one model, found {len(entries)} in 'models'"
+                + ("" if len(data) == 1 else " and other keys beside it")
+                + ": add one model at a time"
+            )
+        data = entries[0]
+    if not isinstance(data, dict):
+        raise CliError(f"{source}: expected a catalog entry (an object), got {type(data).__name__}")
+    if not data:
+        raise CliError(f"{source}: the catalog entry is empty (it needs at least a name)")
+    return data
+
+
+def _model_path(name: str) -> str:
+    return f"models/{urllib.parse.quote(name, safe='')}"
+
+
+def _model_summary(model: dict[str, Any]) -> str:
+    parts = [str(model.get("source", "?"))]
+    for field in ("aliases", "fallbacks"):
+        if model.get(field):
+            parts.append(f"{field} {', '.join(model[field])}")
+    status = model.get("status")
+    if status:
+        parts.append(f"replicas {status.get('ready', 0)}/{status.get('desired', 0)} ready")
+    elif model.get("profiles"):
+        parts.append(f"replicas {model.get('replicas')}")
+    return "; ".join(parts)
+
+
+def cmd_models_add(args: argparse.Namespace) -> int:
+    entry = read_model_entry(args.file)
+    model = _call(args, "POST", "models", body=entry)
+    if args.json:
+        _print_json(model)
+    else:
+        answer = model if isinstance(model, dict) else {}
+        name = answer.get("name", entry.get("name"))
+        summary = _model_summary(answer) if answer else "runtime"
+        print(f"added model {name!r} ({summary})")
+    return EXIT_OK
+
+
+def cmd_models_set_replicas(args: argparse.Namespace) -> int:
+    model = _call(args, "PATCH", _model_path(args.name), body={"replicas": args.replicas})
+    if args.json:
+        _print_json(model)
+    else:
+        print(f"model {args.name!r}: {args.replicas} replica(s) desired")
+        if isinstance(model, dict) and not model.get("profiles"):
+            print(
+                "note: it has no deployment profiles, so the control plane starts no "
+                "replicas of it (endpoints serve it)"
+            )
+    return EXIT_OK
+
+
+def cmd_models_remove(args: argparse.Namespace) -> int:
+    _call(args, "DELETE", _model_path(args.name))
+    if args.json:
+        _print_json({"model": args.name, "removed": True})
+    else:
+        print(f"removed model {args.name!r}")
+    return EXIT_OK
+
+
+ACTIONS: dict[tuple[str, str | None], Callable[[argparse.Namespace], int]] = {
+    ("keys", "create"): cmd_keys_create,
+    ("keys", "revoke"): cmd_keys_revoke,
+    ("models", "add"): cmd_models_add,
+    ("models", "set-replicas"): cmd_models_set_replicas,
+    ("models", "remove"): cmd_models_remove,
+}
 
 
 # --------------------------------------------------------------------------- bench
@@ -769,6 +1195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_bench(args)
         if args.command == "drain":
             return cmd_drain(args)
+        action = ACTIONS.get((args.command, getattr(args, "action", None)))
+        if action is not None:
+            return action(args)
         return cmd_listing(args)
     except CliError as exc:
         fail(PROG, str(exc), exc.code)

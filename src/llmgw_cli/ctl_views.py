@@ -1,4 +1,5 @@
-"""Readable tables for the fleet listings of `llmgw-ctl` (nodes, replicas, placement).
+"""Readable tables for the listings of `llmgw-ctl` (nodes, replicas, placement, keys,
+usage, models).
 
 The admin API's JSON is for scripts (`--json`); an operator at a terminal wants the
 few columns that answer "what runs where" and "why is this not running".
@@ -6,11 +7,16 @@ few columns that answer "what runs where" and "why is this not running".
 
 from __future__ import annotations
 
+import datetime
+import time
 from typing import Any
 
+from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
+
+from llmgw.units import format_duration
 
 
 def _gib(value: Any) -> str:
@@ -104,6 +110,177 @@ def placement(data: dict[str, Any]) -> RenderableType:
     return Group(*parts)
 
 
+# --------------------------------------------------------------------------- keys, usage, models
+
+
+def _count(value: Any) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _span(seconds: float) -> str:
+    """A span of time for key lifetimes: like `_age`, in days from two days on."""
+    seconds = max(0.0, seconds)
+    return f"{seconds / 86400:.0f}d" if seconds >= 2 * 86400 else _age(seconds)
+
+
+def _key_status(key: dict[str, Any], now: float) -> str:
+    status = str(key.get("status", "?"))
+    revoked, expires = key.get("revoked_at"), key.get("expires_at")
+    if status == "revoked" and revoked is not None:
+        status = f"revoked {_span(now - revoked)} ago"
+    elif status == "expired" and expires is not None:
+        status = f"expired {_span(now - expires)} ago"
+    elif status == "active" and expires is not None:
+        status = f"active, expires in {_span(expires - now)}"
+    return status
+
+
+def _compact(value: int) -> str:
+    """1500 -> 1.5k, 2000000 -> 2M: limits at a glance."""
+    for size, suffix in ((10**9, "G"), (10**6, "M"), (10**3, "k")):
+        if value >= size:
+            return f"{value / size:.1f}".removesuffix(".0") + suffix
+    return str(value)
+
+
+def _limits(key: dict[str, Any]) -> str:
+    parts = [f"{_compact(key[k])} {k}" for k in ("rpm", "tpm") if key.get(k) is not None]
+    return ", ".join(parts) or "-"
+
+
+def keys(data: dict[str, Any], now: float | None = None) -> RenderableType:
+    records = data.get("keys", [])
+    if not records:
+        return Text("no API keys (create one: llmgw-ctl keys create --name NAME)")
+    now = time.time() if now is None else now
+    table = Table(title=f"keys ({len(records)})", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("name", "id", "prefix", "band", "models", "limits", "admin", "status"):
+        # ids and prefixes are copied from here: never folded
+        table.add_column(column, no_wrap=column in ("id", "prefix"), overflow="fold")
+    for key in records:
+        models = key.get("models")
+        status = _key_status(key, now)
+        table.add_row(
+            Text(str(key.get("name", "?"))),
+            key.get("id", "?"),
+            f"{key.get('prefix', '')}…",
+            key.get("band") or "default",
+            Text("all" if models is None else ", ".join(models) or "none"),
+            _limits(key),
+            "yes" if key.get("admin") else "",
+            Text(status, style="" if status.startswith("active") else "dim"),
+        )
+    return table
+
+
+def _seconds(value: Any) -> str:
+    if value is None:
+        return "-"
+    value = float(value)
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _utc(seconds: Any) -> str:
+    moment = datetime.datetime.fromtimestamp(float(seconds), datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S").removesuffix(":00") + " UTC"
+
+
+def usage(data: dict[str, Any]) -> RenderableType:
+    by = data.get("group_by", "key")
+    rows = data.get("usage", [])
+    since, until = data.get("since"), data.get("until")
+    window = (
+        (f" since {_utc(since)}" if since is not None else "")
+        + (f" until {_utc(until)}" if until is not None else "")
+    ) or " (all recorded)"
+    if not rows:
+        return Text(f"no usage{window}")
+    bucketed = data.get("bucket_seconds") is not None
+    title = f"usage by {by}{window}"
+    if bucketed:
+        title += f", per {format_duration(data['bucket_seconds'])}"
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    columns = ["bucket (UTC)"] if bucketed else []
+    columns += [
+        by,
+        "requests",
+        "prompt tok",
+        "completion tok",
+        "cached tok",
+        "errors",
+        "mean latency",
+        "mean TTFT",
+    ]
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="right" if i >= len(columns) - 7 else "left")
+    for row in rows:
+        group = row.get("group")
+        if group is None:
+            label = "(no key)" if by == "key" else "-"
+        elif by == "key":
+            label = f"{row['name']} ({group})" if row.get("name") else str(group)
+        else:
+            label = str(group)
+        cells = [_utc(row["bucket"]).removesuffix(" UTC")] if bucketed else []
+        cells += [
+            label,
+            _count(row.get("requests")),
+            _count(row.get("prompt_tokens")),
+            _count(row.get("completion_tokens")),
+            _count(row.get("cached_tokens")),
+            _count(row.get("errors")),
+            _seconds(row.get("mean_latency")),
+            _seconds(row.get("mean_ttft")),
+        ]
+        table.add_row(*(Text(c) for c in cells))
+    if len(rows) > 1:
+        requests = sum(r.get("requests") or 0 for r in rows)
+        latency = (
+            sum((r.get("mean_latency") or 0.0) * (r.get("requests") or 0) for r in rows) / requests
+            if requests
+            else None
+        )
+        totals = ["", "total"] if bucketed else ["total"]
+        totals += [_count(requests)]
+        totals += [
+            _count(sum(r.get(k) or 0 for r in rows))
+            for k in ("prompt_tokens", "completion_tokens", "cached_tokens", "errors")
+        ]
+        totals += [_seconds(latency), ""]
+        table.add_section()
+        table.add_row(*totals, style="bold")
+    return table
+
+
+def models(data: dict[str, Any]) -> RenderableType:
+    records = data.get("models", [])
+    if not records:
+        return Text("no models")
+    table = Table(title=f"models ({len(records)})", title_justify="left", box=box.SIMPLE_HEAD)
+    columns = ("model", "source", "aliases", "fallbacks", "ready/desired", "endpoints")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for m in records:
+        status = m.get("status")
+        replicas = "-" if not status else f"{status.get('ready', 0)}/{status.get('desired', 0)}"
+        routing = m.get("routing") or {}
+        serving = routing.get("endpoints") or []
+        endpoints = (
+            f"{routing.get('available', 0)}/{len(serving)} available: {', '.join(serving)}"
+            if serving
+            else "none"
+        )
+        table.add_row(
+            Text(str(m.get("name", "?"))),
+            m.get("source", "?"),
+            Text(", ".join(m.get("aliases") or []) or "-"),
+            Text(", ".join(m.get("fallbacks") or []) or "-"),
+            replicas,
+            Text(endpoints),
+        )
+    return table
+
+
 def _records(data: Any, key: str, *fields: str) -> bool:
     """Whether `data[key]` is a list of objects with `fields` (llmgw's own API shape)."""
     items = data.get(key) if isinstance(data, dict) else None
@@ -125,4 +302,15 @@ def render(collection: str, data: Any) -> RenderableType | None:
         return replicas(data)
     if collection == "placement" and _records(data, "models", "model", "explanations"):
         return placement(data)
+    if collection == "keys" and _records(data, "keys", "id", "name", "prefix", "status"):
+        return keys(data)
+    if (
+        collection == "usage"
+        and isinstance(data, dict)
+        and "group_by" in data
+        and _records(data, "usage", "group", "requests", "prompt_tokens")
+    ):
+        return usage(data)
+    if collection == "models" and _records(data, "models", "name", "source", "routing"):
+        return models(data)
     return None
