@@ -91,7 +91,14 @@ class Authenticator:
         """The key behind an `Authorization` header; None when keys are not in use.
         Raises AuthError 401 when a key is needed and missing or invalid."""
         if not await self.enforced():
-            return None
+            # Keys are not required yet (none existed at the last check, which is up to
+            # cache_ttl old); a valid key sent anyway still counts (band, limits, usage).
+            if authorization is None or self._lookup is None:
+                return None
+            scheme, _, secret = authorization.decode(errors="replace").partition(" ")
+            if scheme.lower() != "bearer" or not secret.strip():
+                return None
+            return await self._cached(secret.strip())
         if authorization is None:
             raise AuthError(
                 401, "an API key is required: Authorization: Bearer <key>", "missing_key"
