@@ -118,3 +118,13 @@ def test_tokens_per_minute_count_what_requests_used() -> None:
     auth.admit(k, 50)
     clock.now = 61.0
     auth.admit(k, 900)
+
+
+async def test_a_valid_key_counts_even_before_keys_are_enforced() -> None:
+    keys, clock = Keys({}), Clock()
+    auth = Authenticator(keys.lookup, keys.count, clock=clock)
+    assert await auth.authenticate(b"Bearer anything") is None  # open port: no key needed
+    keys.records["fresh"] = key()  # created within the count cache's second
+    found = await auth.authenticate(b"Bearer fresh")
+    assert found is not None and found.id == "k1"
+    assert await auth.authenticate(b"Bearer wrong") is None  # still open, not refused
