@@ -9,9 +9,10 @@ token can still be abandoned for another.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any, Protocol
 
 import attrs
 import httpx
@@ -19,6 +20,7 @@ import trio
 
 from llmgw.config import Timeouts
 from llmgw.router.breaker import Outcome, classify_status
+from llmgw.router.upstream_http import ConnectFailed, ConnectTimeout, Pool, UpstreamError
 from llmgw.router.usage import Usage, estimate_prompt_tokens
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -76,7 +78,49 @@ def error_body(message: str, type_: str, code: str | None, param: str | None = N
     ).encode()
 
 
-async def _close(response: httpx.Response) -> None:
+class UpstreamResponse(Protocol):
+    """What the proxy needs of a response (upstream_http.Response, or httpx's adapted)."""
+
+    status_code: int
+    headers_raw: list[tuple[bytes, bytes]]
+    content: bytes
+
+    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+
+    async def aread(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _HttpxResponse:
+    """An httpx response seen through UpstreamResponse (https endpoints, an injected
+    client); httpx's errors become UpstreamError."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self.status_code = response.status_code
+        self.headers_raw = list(response.headers.raw)
+        self.content = b""
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise UpstreamError(str(exc)) from None
+
+    async def aread(self) -> bytes:
+        try:
+            self.content = await self._response.aread()
+        except httpx.HTTPError as exc:
+            raise UpstreamError(str(exc)) from None
+        return self.content
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+async def _close(response: UpstreamResponse) -> None:
     """Close even when cancelled (a client that left must still free the engine's slot),
     but never wait long for it."""
     with trio.CancelScope(shield=True) as scope:
@@ -107,17 +151,13 @@ def _usage_in(event: bytes) -> tuple[Usage | None, bool]:
 class Upstream:
     """Sends requests to engines over pooled connections."""
 
-    # httpcore's pool walks all of its connections for every request it assigns, so
-    # the cost grows with the square of the pool size. Many small pools (shards,
-    # taken in turn) keep that walk short at high concurrency.
-    SHARDS = 8
-
     def __init__(self, timeouts: Timeouts, client: httpx.AsyncClient | None = None) -> None:
         self.timeouts = timeouts
-        self._shards: list[httpx.AsyncClient] = (
-            [client] if client is not None else [self._new_client() for _ in range(self.SHARDS)]
-        )
-        self._turn = 0
+        # Plain http:// endpoints go through llmgw's own HTTP/1.1 client (see
+        # upstream_http); httpx serves anything else, and an injected client serves all.
+        self._injected = client
+        self._client = client
+        self.pool = Pool(timeouts.dial)
 
     def _new_client(self) -> httpx.AsyncClient:
         t = self.timeouts
@@ -132,36 +172,52 @@ class Upstream:
 
     @property
     def client(self) -> httpx.AsyncClient:
-        """The next shard in turn."""
-        self._turn = (self._turn + 1) % len(self._shards)
-        return self._shards[self._turn]
+        """The httpx client for endpoints the native client does not handle."""
+        if self._client is None:
+            self._client = self._new_client()
+        return self._client
 
     async def aclose(self) -> None:
-        for shard in self._shards:
-            await shard.aclose()
+        await self.pool.aclose()
+        if self._client is not None:
+            await self._client.aclose()
 
-    async def _open(
-        self, url: str, body: bytes, headers: list[tuple[bytes, bytes]], phase: str, deadline: float
-    ) -> httpx.Response:
+    async def _send(
+        self, url: str, body: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> UpstreamResponse:
+        if self._injected is None and url.startswith("http://"):
+            return await self.pool.post(url, body, headers)
         client = self.client
         request = client.build_request("POST", url, content=body, headers=headers)
         try:
+            return _HttpxResponse(await client.send(request, stream=True))
+        except httpx.ConnectTimeout:
+            raise ConnectTimeout("connect timeout") from None
+        except httpx.ConnectError as exc:
+            raise ConnectFailed(str(exc)) from None
+        except httpx.HTTPError as exc:
+            raise UpstreamError(str(exc)) from None
+
+    async def _open(
+        self, url: str, body: bytes, headers: list[tuple[bytes, bytes]], phase: str, deadline: float
+    ) -> UpstreamResponse:
+        try:
             with trio.fail_after(deadline):
-                response = await client.send(request, stream=True)
+                response = await self._send(url, body, headers)
         except trio.TooSlowError:
             raise AttemptFailed(
                 Outcome.TIMEOUT, f"no response headers within {deadline:g}s", phase=phase
             ) from None
-        except httpx.ConnectTimeout:
+        except ConnectTimeout:
             raise AttemptFailed(
                 Outcome.TIMEOUT, f"could not connect within {self.timeouts.dial:g}s", phase="dial"
             ) from None
-        except httpx.ConnectError as exc:
+        except ConnectFailed as exc:
             raise AttemptFailed(Outcome.CONNECT_ERROR, f"connection failed: {exc}") from None
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             raise AttemptFailed(Outcome.BROKEN_STREAM, f"upstream error: {exc}") from None
         if response.status_code >= 500 or response.status_code == 429:
-            with trio.move_on_after(1.0):
+            with trio.move_on_after(1.0), contextlib.suppress(UpstreamError):
                 await response.aread()
             await response.aclose()
             text = response.content[:200].decode(errors="replace").strip()
@@ -192,7 +248,7 @@ class Upstream:
             raise AttemptFailed(
                 Outcome.TIMEOUT, f"body not complete within {t.total:g}s", phase="total"
             ) from None
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             raise AttemptFailed(Outcome.BROKEN_STREAM, f"upstream body broke: {exc}") from None
         finally:
             await _close(response)
@@ -203,7 +259,7 @@ class Upstream:
             except (ValueError, AttributeError):
                 usage = None
         out_headers = [
-            (k, v) for k, v in response.headers.raw if k.lower() in _RELAYED_HEADERS
+            (k, v) for k, v in response.headers_raw if k.lower() in _RELAYED_HEADERS
         ] + extra_headers
         out_headers.append((b"content-length", str(len(payload)).encode()))
         await send(
@@ -239,7 +295,7 @@ class Upstream:
                         "type": "http.response.start",
                         "status": response.status_code,
                         "headers": [
-                            (k, v) for k, v in response.headers.raw if k.lower() in _RELAYED_HEADERS
+                            (k, v) for k, v in response.headers_raw if k.lower() in _RELAYED_HEADERS
                         ]
                         + extra_headers,
                     }
@@ -254,7 +310,7 @@ class Upstream:
 
     async def _relay(
         self,
-        response: httpx.Response,
+        response: UpstreamResponse,
         send: Send,
         extra_headers: list[tuple[bytes, bytes]],
         strip_usage: bool,
@@ -287,7 +343,7 @@ class Upstream:
                 )
                 failure = AttemptFailed(Outcome.TIMEOUT, what, phase=bound_phase)
                 return await self._broken(outcome, failure, send, extra_headers, body_size)
-            except httpx.HTTPError as exc:
+            except UpstreamError as exc:
                 failure = AttemptFailed(Outcome.BROKEN_STREAM, f"upstream stream broke: {exc}")
                 return await self._broken(outcome, failure, send, extra_headers, body_size)
             if b"\r" in chunk:
