@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import trio
@@ -17,22 +17,16 @@ import trio
 from llmgw import units
 from llmgw.agent.discovery import fake_gpus
 from llmgw.config import TlsConfig
-from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, fail, parser
+from llmgw_cli._common import (
+    EXIT_OK,
+    EXIT_RUNTIME,
+    EXIT_USAGE,
+    duration_at_least,
+    fail,
+    parser,
+)
 
 PROG = "llmgw-agent"
-
-
-def _duration(minimum: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = units.parse_duration(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}s, got {text}")
-        return value
-
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,21 +55,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--heartbeat",
-        type=_duration(0.05),
+        type=duration_at_least(0.05),
         default=5.0,
         metavar="DURATION",
         help="heartbeat interval until the server sets one at registration (default 5s)",
     )
     p.add_argument(
         "--max-backoff",
-        type=_duration(0.1),
+        type=duration_at_least(0.1),
         default=30.0,
         metavar="DURATION",
         help="longest wait between reconnect attempts (default 30s)",
     )
     p.add_argument(
         "--shutdown-grace",
-        type=_duration(0),
+        type=duration_at_least(0),
         default=15.0,
         metavar="DURATION",
         help="on exit, how long engines get after SIGTERM before SIGKILL (default 15s)",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 import trio
@@ -12,44 +12,24 @@ import trio
 from llmgw.sim.metrics import FORMATS
 from llmgw.sim.model import EngineConfig
 from llmgw.sim.server import Faults, SimConfig, describe, serve
-from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, fail, parser
+from llmgw_cli._common import (
+    EXIT_OK,
+    EXIT_RUNTIME,
+    EXIT_USAGE,
+    fail,
+    float_in,
+    int_in,
+    parser,
+)
 
 PROG = "llmgw-sim"
-
-
-def _int(low: int, high: int | None = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
-        return value
-
-    return parse
-
-
-def _float(low: float, high: float | None = None) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value >= low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
-        return value
-
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = parser(PROG, __doc__ or "")
     d = EngineConfig()
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
-    p.add_argument("--port", type=_int(0, 65535), default=8000, help="(default %(default)s)")
+    p.add_argument("--port", type=int_in(0, 65535), default=8000, help="(default %(default)s)")
     p.add_argument(
         "--model",
         action="append",
@@ -60,28 +40,28 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("engine")
     g.add_argument(
         "--max-num-seqs",
-        type=_int(1),
+        type=int_in(1),
         default=d.max_num_seqs,
         metavar="N",
         help="sequences in the running batch (default %(default)s)",
     )
     g.add_argument(
         "--kv-blocks",
-        type=_int(1),
+        type=int_in(1),
         default=d.num_blocks,
         metavar="N",
         help=f"KV-cache blocks of {d.block_size} tokens (default %(default)s)",
     )
     g.add_argument(
         "--max-num-batched-tokens",
-        type=_int(1),
+        type=int_in(1),
         default=d.max_num_batched_tokens,
         metavar="N",
         help="token budget of one step (default %(default)s)",
     )
     g.add_argument(
         "--max-model-len",
-        type=_int(2),
+        type=int_in(2),
         default=d.max_model_len,
         metavar="N",
         help="prompt + output limit (default %(default)s)",
@@ -89,35 +69,35 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
     g.add_argument(
         "--prefill-us-per-token",
-        type=_float(0),
+        type=float_in(0),
         default=d.prefill_us_per_token,
         metavar="US",
         help="prefill cost per uncached prompt token (default %(default)s)",
     )
     g.add_argument(
         "--decode-step-ms",
-        type=_float(0),
+        type=float_in(0),
         default=d.decode_step_ms,
         metavar="MS",
         help="fixed cost of one engine step (default %(default)s)",
     )
     g.add_argument(
         "--decode-ms-per-seq",
-        type=_float(0),
+        type=float_in(0),
         default=d.decode_ms_per_seq,
         metavar="MS",
         help="added step cost per decoding sequence (default %(default)s)",
     )
     g.add_argument(
         "--default-max-tokens",
-        type=_int(1),
+        type=int_in(1),
         default=16,
         metavar="N",
         help="output length when a request gives no max_tokens (default %(default)s)",
     )
     g.add_argument(
         "--embedding-dim",
-        type=_int(1, 65536),
+        type=int_in(1, 65536),
         default=384,
         metavar="N",
         help="embedding vector size (default %(default)s)",
@@ -132,42 +112,42 @@ def build_parser() -> argparse.ArgumentParser:
     f = p.add_argument_group("fault injection (also settable at runtime: POST /sim/faults)")
     f.add_argument(
         "--fault-error-rate",
-        type=_float(0, 1),
+        type=float_in(0, 1),
         default=0.0,
         metavar="P",
         help="fraction of requests answered with --fault-error-status",
     )
     f.add_argument(
         "--fault-error-status",
-        type=_int(400, 599),
+        type=int_in(400, 599),
         default=500,
         metavar="CODE",
         help="status of injected errors (default %(default)s)",
     )
     f.add_argument(
         "--fault-hang-rate",
-        type=_float(0, 1),
+        type=float_in(0, 1),
         default=0.0,
         metavar="P",
         help="fraction of requests that hang before their first token",
     )
     f.add_argument(
         "--fault-first-token-delay",
-        type=_float(0),
+        type=float_in(0),
         default=0.0,
         metavar="SECONDS",
         help="hold every request this long before it may be scheduled",
     )
     f.add_argument(
         "--fault-abort-after-chunks",
-        type=_int(0),
+        type=int_in(0),
         default=None,
         metavar="N",
         help="close streams after N SSE events, without [DONE]",
     )
     f.add_argument(
         "--fault-exit-after",
-        type=_int(1),
+        type=int_in(1),
         default=None,
         metavar="N",
         help="exit the process (status 1) after N requests",
