@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
@@ -325,62 +326,75 @@ class Upstream:
         phase, deadline = "first_token", float(t.first_token)
         last = started
         end = started + t.total
-        while not done:
-            bound, bound_phase = deadline, phase
-            remaining = end - trio.current_time()
-            if remaining < bound:
-                bound, bound_phase = max(remaining, 0.0), "total"
-            try:
-                with trio.fail_after(bound):
+        # One cancel scope for the whole relay, its deadline moved per read (cheaper
+        # than a fail_after per event); no deadline while sending to the client.
+        bound_phase = phase
+        with trio.CancelScope() as scope:
+            while not done:
+                bound, bound_phase = deadline, phase
+                now = trio.current_time()
+                remaining = end - now
+                if remaining < bound:
+                    bound, bound_phase = max(remaining, 0.0), "total"
+                scope.deadline = now + bound
+                try:
                     chunk = await anext(chunks)
-            except StopAsyncIteration:
-                break
-            except trio.TooSlowError:
-                what = (
-                    f"stream exceeded {t.total:g}s"
-                    if bound_phase == "total"
-                    else (f"no data within {deadline:g}s")
-                )
-                failure = AttemptFailed(Outcome.TIMEOUT, what, phase=bound_phase)
-                return await self._broken(outcome, failure, send, extra_headers, body_size)
-            except UpstreamError as exc:
-                failure = AttemptFailed(Outcome.BROKEN_STREAM, f"upstream stream broke: {exc}")
-                return await self._broken(outcome, failure, send, extra_headers, body_size)
-            if b"\r" in chunk:
-                chunk = chunk.replace(b"\r\n", b"\n")
-            buf += chunk
-            out: list[bytes] = []
-            while (i := buf.find(b"\n\n")) >= 0:
-                event, buf = buf[: i + 2], buf[i + 2 :]
-                if event.startswith(b"data: [DONE]"):
-                    done = True
-                    out.append(event)
+                except StopAsyncIteration:
                     break
-                usage, usage_only = _usage_in(event)
-                if usage is not None:
-                    outcome.usage = usage
-                    if usage_only and strip_usage:
-                        continue
-                if not usage_only:
-                    outcome.events += 1
-                out.append(event)
-            if not out:
-                continue
-            now = trio.current_time()
-            if outcome.ttft is None:
-                outcome.ttft = now - started
+                except UpstreamError as exc:
+                    scope.deadline = math.inf
+                    failure = AttemptFailed(Outcome.BROKEN_STREAM, f"upstream stream broke: {exc}")
+                    return await self._broken(outcome, failure, send, extra_headers, body_size)
+                scope.deadline = math.inf
+                if b"\r" in chunk:
+                    chunk = chunk.replace(b"\r\n", b"\n")
+                buf = buf + chunk if buf else chunk
+                out: list[bytes] = []
+                while (i := buf.find(b"\n\n")) >= 0:
+                    event, buf = buf[: i + 2], buf[i + 2 :]
+                    if event.startswith(b"data: [DONE]"):
+                        done = True
+                        out.append(event)
+                        break
+                    usage, usage_only = _usage_in(event)
+                    if usage is not None:
+                        outcome.usage = usage
+                        if usage_only and strip_usage:
+                            continue
+                    if not usage_only:
+                        outcome.events += 1
+                    out.append(event)
+                if not out:
+                    continue
+                now = trio.current_time()
+                if outcome.ttft is None:
+                    outcome.ttft = now - started
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": 200,
+                            "headers": _SSE_HEADERS + extra_headers,
+                        }
+                    )
+                    phase, deadline = "idle", t.idle
+                else:
+                    outcome.itl.append(now - last)
+                last = now
                 await send(
                     {
-                        "type": "http.response.start",
-                        "status": 200,
-                        "headers": _SSE_HEADERS + extra_headers,
+                        "type": "http.response.body",
+                        "body": out[0] if len(out) == 1 else b"".join(out),
+                        "more_body": True,
                     }
                 )
-                phase, deadline = "idle", t.idle
-            else:
-                outcome.itl.append(now - last)
-            last = now
-            await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+        if scope.cancelled_caught:
+            what = (
+                f"stream exceeded {t.total:g}s"
+                if bound_phase == "total"
+                else (f"no data within {deadline:g}s")
+            )
+            failure = AttemptFailed(Outcome.TIMEOUT, what, phase=bound_phase)
+            return await self._broken(outcome, failure, send, extra_headers, body_size)
         if outcome.ttft is None:
             failure = AttemptFailed(
                 Outcome.BROKEN_STREAM, "upstream ended the stream without any event"
