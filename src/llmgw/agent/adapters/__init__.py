@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llmgw.agent.adapters.base import BaseAdapter, EngineAdapter, LaunchSpec
+from llmgw.agent.adapters.llamacpp import LlamaCppAdapter
 from llmgw.agent.adapters.sglang import SglangAdapter
 from llmgw.agent.adapters.sim import SimAdapter
 from llmgw.agent.adapters.vllm import VllmAdapter
@@ -11,6 +12,7 @@ __all__ = [
     "BaseAdapter",
     "EngineAdapter",
     "LaunchSpec",
+    "LlamaCppAdapter",
     "SglangAdapter",
     "SimAdapter",
     "VllmAdapter",
