@@ -145,7 +145,8 @@ def test_two_agents_a_model_is_placed_and_served_through_the_openai_client() -> 
         for node in nodes.values():
             assert node["state"] == "ready" and node["connected"], node
             assert node["gpus_total"] == 1 and node["gpus_allocated"] == 1, node
-            assert [e["name"] for e in node["engines"]] == ["sim"], node
+            # "sim" always; others (llamacpp) when this machine has them.
+            assert "sim" in [e["name"] for e in node["engines"]], node
         placed = {r["nodes"][0]["node_id"]: r for r in replicas}
         assert set(placed) == {"n1", "n2"}
         for node_id, replica in placed.items():

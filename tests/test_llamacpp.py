@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from llmgw.agent.adapters import LlamaCppAdapter
+from llmgw.agent.adapters import LlamaCppAdapter, default_adapters
 from llmgw.agent.adapters.llamacpp import (
     LLAMA_CPP_BUILD,
     cached_server_path,
@@ -204,7 +204,8 @@ def test_available_reads_the_build_number(tmp_path: Path) -> None:
     assert trio.run(LlamaCppAdapter(("/nonexistent/llama-server",)).available) is None
 
 
-def test_the_build_script_builds_the_adapters_version() -> None:
+def test_registered_by_default_and_the_build_script_builds_the_same_version() -> None:
+    assert isinstance(default_adapters()["llamacpp"], LlamaCppAdapter)
     script = (ROOT / "scripts" / "llama_server.sh").read_text()
     match = re.search(r'VERSION="\$\{LLAMA_CPP_VERSION:-(\d+)\}"', script)
     assert match and match.group(1) == LLAMA_CPP_BUILD

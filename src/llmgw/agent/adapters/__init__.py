@@ -1,4 +1,5 @@
-"""Engine adapters: one per engine the agent can launch (vLLM, SGLang, the simulator)."""
+"""Engine adapters: one per engine the agent can launch (vLLM, SGLang, llama.cpp, the
+simulator)."""
 
 from __future__ import annotations
 
@@ -22,5 +23,11 @@ __all__ = [
 
 def default_adapters() -> dict[str, EngineAdapter]:
     """One of each engine, found the default way (``vllm`` on PATH, SGLang in the
-    agent's interpreter, the simulator always)."""
-    return {"vllm": VllmAdapter(), "sglang": SglangAdapter(), "sim": SimAdapter()}
+    agent's interpreter, ``llama-server`` from ``$LLAMA_SERVER_BIN``, the build cache
+    or PATH, the simulator always)."""
+    return {
+        "vllm": VllmAdapter(),
+        "sglang": SglangAdapter(),
+        "llamacpp": LlamaCppAdapter(),
+        "sim": SimAdapter(),
+    }

@@ -1,0 +1,208 @@
+"""A real engine through the whole control plane: `llmgw-server` in control-plane mode,
+two `llmgw-agent` processes (one with a pretended GPU, one a CPU node) and two
+`llama-server` replicas of the tiny generated GGUF model (llmgw.testing_gguf), served
+to the official `openai` client.
+
+These tests need the llama-server binary (scripts/llama_server.sh builds it; CI runs
+that before the tests) and fail, not skip, without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from llmgw.agent.adapters.llamacpp import BUILD_HINT, LLAMA_CPP_BUILD, find_llama_server
+from llmgw.testing_gguf import write_tiny_gguf
+from tests.procs import AgentProc, FleetServer, agent, engine_port_range, fleet_server
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "killpg"), reason="POSIX process groups")
+
+# Deterministic generation of exactly max_tokens tokens (the tiny model's text is noise).
+EXACT = {"seed": 7, "ignore_eos": True}
+
+
+def require_llama_server() -> str:
+    found = find_llama_server()
+    if found is None:
+        pytest.fail(
+            "llama-server not found ($LLAMA_SERVER_BIN, the build cache, PATH): "
+            f"{BUILD_HINT}; CI's .ci/run does this before `make test`",
+            pytrace=False,
+        )
+    return found
+
+
+def config(name: str, weights: Path, replicas: int) -> str:
+    low, high = engine_port_range()
+    return f"""
+[router]
+scrape_interval = "300ms"
+scrape_timeout = "300ms"
+
+[control]
+interval = "200ms"
+base_backoff = "1s"
+max_backoff = "4s"
+unreachable_after = "3s"
+lost_after = "8s"
+port_range = [{low}, {high}]
+
+[[models]]
+name = "{name}"
+replicas = {replicas}
+
+[[models.profiles]]
+name = "cpu"
+engine = "llamacpp"
+weights = {json.dumps(str(weights))}
+args = ["-np", "2", "-c", "2048", "-t", "1"]
+"""
+
+
+def client(srv: FleetServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{srv.base}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def procs(*agents: AgentProc) -> list[Any]:
+    return [a.proc for a in agents]
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[FleetServer, AgentProc, AgentProc]]:
+    require_llama_server()
+    weights = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+    with ExitStack() as stack:
+        srv = stack.enter_context(fleet_server(config("tiny", weights, replicas=2)))
+        gpu = stack.enter_context(agent(srv.agent_address, "g1", address="127.0.0.81"))
+        cpu = stack.enter_context(agent(srv.agent_address, "c1", address="127.0.0.82", gpus=None))
+        srv.wait(
+            lambda: srv.ready_replicas("tiny", 2),
+            "two ready llama.cpp replicas",
+            timeout=60,
+            logs=procs(gpu, cpu),
+        )
+        yield srv, gpu, cpu
+
+
+def test_two_replicas_are_placed_one_per_node_and_scraped_as_llamacpp(
+    fleet: tuple[FleetServer, AgentProc, AgentProc],
+) -> None:
+    srv, gpu, cpu = fleet
+    nodes = srv.nodes()
+    for node in nodes.values():
+        engines = {e["name"]: e["version"] for e in node["engines"]}
+        assert engines.get("llamacpp") == f"b{LLAMA_CPP_BUILD}", node
+    assert nodes["g1"]["gpus_total"] == 1 and nodes["g1"]["gpus_allocated"] == 1
+    assert nodes["c1"]["gpus_total"] == 0
+    replicas = srv.ready_replicas("tiny", 2)
+    assert {r["nodes"][0]["node_id"] for r in replicas} == {"g1", "c1"}
+    for a in (gpu, cpu):
+        ((name, _pid),) = a.engines().items()
+        log = next(p for p in a.engine_logs() if p.stem.startswith(name))
+        assert "llama" in log.read_text(errors="replace")
+    # The router reads llama.cpp's own metrics page for both.
+    srv.wait_scraped(timeout=10)
+    ids = {r["id"] for r in replicas}
+    endpoints = srv.endpoints()
+    assert ids <= set(endpoints)
+    assert {endpoints[i]["engine"] for i in ids} == {"llamacpp"}, endpoints
+
+
+def test_chat_and_completions_through_the_openai_client(
+    fleet: tuple[FleetServer, AgentProc, AgentProc],
+) -> None:
+    srv, _, _ = fleet
+    c = client(srv)
+    assert "tiny" in [m.id for m in c.models.list()]
+
+    chat = c.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=5,
+        extra_body=EXACT,
+    )
+    assert chat.model == "tiny" and chat.choices[0].finish_reason == "length"
+    assert isinstance(chat.choices[0].message.content, str)
+    assert chat.usage is not None and chat.usage.completion_tokens == 5
+    assert chat.usage.prompt_tokens > 5  # the ChatML template wrapped the message
+
+    stream = c.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "stream please"}],
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=EXACT,
+    )
+    usage, finish, chunks = None, None, 0
+    for chunk in stream:
+        chunks += 1
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            finish = choice.finish_reason or finish
+    assert finish == "length" and chunks >= 2
+    assert usage is not None and usage.completion_tokens == 8
+
+    done = c.completions.create(model="tiny", prompt="hello", max_tokens=4, extra_body=EXACT)
+    assert done.choices[0].finish_reason == "length"
+    assert done.usage is not None and done.usage.completion_tokens == 4
+
+
+def test_usage_is_injected_counted_and_stripped_against_the_real_engine(
+    fleet: tuple[FleetServer, AgentProc, AgentProc],
+) -> None:
+    srv, _, _ = fleet
+    before = srv.metric("llmgw_completion_tokens_total", model="tiny")
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "count me"}],
+        "max_tokens": 7,
+        "stream": True,
+        **EXACT,
+    }
+    with httpx.stream("POST", f"{srv.base}/v1/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    payloads = [json.loads(e[6:]) for e in events if e != "data: [DONE]"]
+    assert events[-1] == "data: [DONE]"
+    # The client did not ask for usage: the usage chunk llmgw asked for never reaches it...
+    assert payloads and all(not p.get("usage") for p in payloads), payloads[-2:]
+    # ...but was counted, from the engine's own numbers (no estimate).
+    assert srv.metric("llmgw_completion_tokens_total", model="tiny") - before == 7
+    assert srv.metric("llmgw_estimated_usage_requests_total") == 0
+
+
+def test_a_corrupt_gguf_fails_at_start_with_the_engines_own_error(tmp_path: Path) -> None:
+    require_llama_server()
+    broken = tmp_path / "broken.gguf"
+    good = write_tiny_gguf(tmp_path / "good.gguf").read_bytes()
+    broken.write_bytes(good[:4096])  # a valid header, then the file ends mid-metadata
+    with (
+        fleet_server(config("broken", broken, replicas=1)) as srv,
+        agent(srv.agent_address, "c9", address="127.0.0.89", gpus=None) as a,
+    ):
+
+        def failed() -> list[dict[str, Any]]:
+            return [
+                s for s in srv.nodes().get("c9", {}).get("shards", []) if s["state"] == "failed"
+            ]
+
+        (crash, *_) = srv.wait(failed, "a failed llama.cpp shard", timeout=30, logs=[a.proc])
+        assert crash["exit_code"] not in (None, 0), crash
+        assert "before it was ready" in crash["message"], crash
+        tail = "\n".join(crash["output_tail"])
+        assert "error loading model" in tail and "failed to load model" in tail, tail
+        assert "gguf" in tail.lower(), tail
+        assert srv.ready_replicas("broken") == []
