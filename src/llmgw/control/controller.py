@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import trio
@@ -24,7 +24,7 @@ import trio
 from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig, ModelConfig
 from llmgw.control.activity import ActivityTracker
-from llmgw.control.fleet import NodeState, ReplicaState, ShardState
+from llmgw.control.fleet import NodeState, ShardState
 from llmgw.control.inventory import (
     Inventory,
     InventoryError,
@@ -322,18 +322,3 @@ class Controller:
                     command.node_id,
                     type(command.message).__name__,
                 )
-
-    # -- views -----------------------------------------------------------------------
-
-    def replicas(self) -> Sequence[Any]:
-        return list(self.reconciler.replicas.values())
-
-    def connected(self) -> Iterable[str]:
-        return self._outboxes.keys()
-
-    def replica_states(self) -> dict[str, dict[ReplicaState, int]]:
-        counts: dict[str, dict[ReplicaState, int]] = {}
-        for replica in self.reconciler.replicas.values():
-            per = counts.setdefault(replica.model, {})
-            per[replica.state] = per.get(replica.state, 0) + 1
-        return counts

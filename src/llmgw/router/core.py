@@ -26,7 +26,7 @@ from llmgw.router.affinity import (
 )
 from llmgw.router.app import ClientApp
 from llmgw.router.auth import Authenticator
-from llmgw.router.breaker import BreakerState, Outcome, Ticket
+from llmgw.router.breaker import Outcome, Ticket
 from llmgw.router.endpoints import Endpoint, EndpointRegistry, EndpointState
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
@@ -308,6 +308,3 @@ class Router:
                 }
             )
         return views
-
-    def breaker_open(self, state: EndpointState, now: float) -> bool:
-        return state.breaker.state(now) is BreakerState.OPEN
