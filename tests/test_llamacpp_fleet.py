@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -206,3 +207,63 @@ def test_a_corrupt_gguf_fails_at_start_with_the_engines_own_error(tmp_path: Path
         assert "error loading model" in tail and "failed to load model" in tail, tail
         assert "gguf" in tail.lower(), tail
         assert srv.ready_replicas("broken") == []
+
+
+def chat_body(content: str, max_tokens: int, *, stream: bool = False) -> dict[str, Any]:
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        **EXACT,
+    }
+
+
+def engine_pid(agents: tuple[AgentProc, ...], replica: str) -> int:
+    """The pid of the llama-server an agent runs for `replica` (from its pid records)."""
+    for a in agents:
+        for name, pid in a.engines().items():
+            if name.startswith(f"{replica}-r"):
+                return pid
+    raise AssertionError(f"no engine recorded for {replica}: {[a.engines() for a in agents]}")
+
+
+def test_killing_the_engine_mid_stream_sends_an_error_event_and_the_next_request_is_retried(
+    fleet: tuple[FleetServer, AgentProc, AgentProc],
+) -> None:
+    srv, gpu, cpu = fleet
+    srv.wait(lambda: srv.ready_replicas("tiny", 2), "two ready replicas", timeout=60)
+    srv.wait_scraped(timeout=10)
+    url = f"{srv.base}/v1/chat/completions"
+    body = chat_body("a long answer please", 1000, stream=True)
+    with httpx.stream("POST", url, json=body, timeout=30) as r:
+        assert r.status_code == 200
+        killed = r.headers["x-llmgw-endpoint"]
+        pid = engine_pid((gpu, cpu), killed)
+        errors_before = srv.metric("llmgw_upstream_errors_total", endpoint=killed)
+        retries_before = srv.metric("llmgw_retries_total", model="tiny")
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert "error" not in json.loads(first[6:]), first
+        os.kill(pid, signal.SIGKILL)
+        rest = [line for line in lines if line.startswith("data: ")]
+    errors = [json.loads(e[6:]) for e in rest if e != "data: [DONE]" and '"error"' in e]
+    assert errors and errors[-1]["error"]["message"], rest[-3:]
+    # ...and it did not pretend to finish.
+    assert '"finish_reason":"length"' not in "".join(rest).replace(" ", ""), rest[-3:]
+
+    # The next requests succeed: the router moves them off the dead engine.
+    for i in range(4):
+        ok = httpx.post(url, json=chat_body(f"after the crash {i}", 3), timeout=30)
+        assert ok.status_code == 200, ok.text
+    failed = srv.metric("llmgw_upstream_errors_total", endpoint=killed) - errors_before
+    retried = srv.metric("llmgw_retries_total", model="tiny") - retries_before
+    assert failed + retried >= 1, (failed, retried)
+
+    # The control plane restarts it (later tests in this module want both replicas).
+    srv.wait(
+        lambda: srv.ready_replicas("tiny", 2),
+        "the replica back",
+        timeout=60,
+        logs=[gpu.proc, cpu.proc],
+    )
