@@ -9,9 +9,11 @@ that before the tests) and fail, not skip, without it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -267,3 +269,50 @@ def test_killing_the_engine_mid_stream_sends_an_error_event_and_the_next_request
         timeout=60,
         logs=[gpu.proc, cpu.proc],
     )
+
+
+def test_a_replica_busy_with_direct_requests_is_scraped_as_waiting_and_avoided(
+    fleet: tuple[FleetServer, AgentProc, AgentProc],
+) -> None:
+    """Load replica A straight (bypassing the router): with 2 slots, 6 clients keep
+    requests deferred there; the scraper reads llamacpp:requests_deferred as `waiting`
+    and the router sends its own requests to B."""
+    srv, gpu, cpu = fleet
+    (a_id, b_id) = sorted(
+        r["id"]
+        for r in srv.wait(lambda: srv.ready_replicas("tiny", 2), "two ready replicas", timeout=60)
+    )
+    srv.wait_scraped(timeout=10)
+    a_url = srv.endpoints()[a_id]["url"]
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(timeout=30) as h:
+            while not stop.is_set():
+                with contextlib.suppress(httpx.HTTPError):
+                    h.post(f"{a_url}/v1/chat/completions", json=chat_body("busy", 1000))
+
+    workers = [threading.Thread(target=load, daemon=True) for _ in range(6)]
+    for w in workers:
+        w.start()
+    try:
+        busy = srv.wait(
+            lambda: (e := srv.endpoints()[a_id])["waiting"] and e,
+            "replica A scraped with waiting requests",
+            timeout=15,
+            logs=[gpu.proc, cpu.proc],
+        )
+        assert busy["running"] and busy["running"] >= 1, busy
+        assert srv.endpoints()[b_id]["waiting"] == 0
+        chosen = []
+        for i in range(10):
+            r = httpx.post(
+                f"{srv.base}/v1/chat/completions", json=chat_body(f"route {i}", 2), timeout=30
+            )
+            assert r.status_code == 200, r.text
+            chosen.append(r.headers["x-llmgw-endpoint"])
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(timeout=30)
+    assert chosen.count(b_id) >= 8, (chosen, a_id, b_id)
