@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -25,7 +26,17 @@ import pytest
 
 from llmgw.agent.adapters.llamacpp import BUILD_HINT, LLAMA_CPP_BUILD, find_llama_server
 from llmgw.testing_gguf import write_tiny_gguf
-from tests.procs import AgentProc, FleetServer, agent, engine_port_range, fleet_server
+from tests.procs import (
+    BIN,
+    AgentProc,
+    FleetServer,
+    agent,
+    engine_port_range,
+    fleet_server,
+    free_port,
+    running,
+    wait_for,
+)
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "killpg"), reason="POSIX process groups")
 
@@ -316,3 +327,56 @@ def test_a_replica_busy_with_direct_requests_is_scraped_as_waiting_and_avoided(
         for w in workers:
             w.join(timeout=30)
     assert chosen.count(b_id) >= 8, (chosen, a_id, b_id)
+
+
+def test_the_llamacpp_demo_serves_a_chat_from_a_cpu_node() -> None:
+    require_llama_server()
+    port, admin, agents = free_port(), free_port(), free_port()
+    low, high = engine_port_range()
+    with running(
+        "llmgw-server",
+        "--demo",
+        "--engine",
+        "llamacpp",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--admin-listen",
+        f"127.0.0.1:{admin}",
+        "--agent-listen",
+        f"127.0.0.1:{agents}",
+        env={"LLMGW_CONTROL__PORT_RANGE": f"[{low}, {high}]"},
+        health=f"http://127.0.0.1:{admin}/healthz",
+    ) as proc:
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+
+        def answer() -> Any:
+            with contextlib.suppress(openai.APIError):
+                return c.chat.completions.create(
+                    model="chat",
+                    messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=4,
+                    extra_body=EXACT,
+                )
+            return None
+
+        reply = wait_for(answer, "a chat from the llama.cpp demo", 60, context=proc.output)
+        assert reply.model == "demo-chat" and reply.usage.completion_tokens == 4
+        (node,) = httpx.get(f"http://127.0.0.1:{admin}/api/v1/nodes", timeout=5).json()["nodes"]
+        assert node["gpus_total"] == 0, node
+        assert {e["name"]: e["version"] for e in node["engines"]}["llamacpp"] == (
+            f"b{LLAMA_CPP_BUILD}"
+        )
+        assert proc.stop() == 0
+
+
+def test_the_llamacpp_demo_without_the_binary_says_how_to_build_it(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(BIN / "llmgw-server"), "--demo", "--engine", "llamacpp"],
+        env={**os.environ, "LLAMA_SERVER_BIN": str(tmp_path / "missing")},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1, result
+    (line,) = result.stderr.strip().splitlines()
+    assert "scripts/llama_server.sh" in line, line

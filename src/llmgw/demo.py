@@ -5,6 +5,11 @@ mode, and an agent with pretended GPUs running in the same process. The agent
 dials the server's gRPC agent port like any other, and the engines it starts are
 real `llmgw-sim` processes, so within seconds the OpenAI API answers and the
 admin API shows a fleet.
+
+With ``--engine llamacpp`` the same two models are served by real ``llama-server``
+processes (the binary scripts/llama_server.sh builds) of a tiny generated GGUF model
+(:mod:`llmgw.testing_gguf`, random output), on an agent that is a CPU node: no
+pretended GPUs.
 """
 
 from __future__ import annotations
@@ -46,8 +51,23 @@ DEMO_OVERLAY: dict[str, Any] = {
 }
 
 
-async def run_demo(config: Config, *, announce: Any = print) -> None:
-    """Serve `config` (which includes DEMO_OVERLAY) with one in-process demo agent."""
+def llamacpp_overlay(weights: Path) -> dict[str, Any]:
+    """DEMO_OVERLAY with llama.cpp profiles serving the GGUF file `weights`."""
+    profile = {
+        "name": "cpu",
+        "engine": "llamacpp",
+        "weights": str(weights),
+        "args": ["-np", "2", "-c", "2048", "-t", "1"],
+    }
+    models = [{**m, "replicas": 1, "profiles": [dict(profile)]} for m in DEMO_OVERLAY["models"]]
+    return {**DEMO_OVERLAY, "models": models}
+
+
+async def run_demo(
+    config: Config, *, announce: Any = print, fake_gpus: str | None = DEMO_GPUS
+) -> None:
+    """Serve `config` (which includes a demo overlay) with one in-process demo agent
+    (`fake_gpus` None: a CPU node)."""
     router = Router(config)
     # Nothing survives from a previous run to adopt: place at once.
     controller = Controller(config.control, router.catalog, router, settle=0.2)
@@ -67,12 +87,18 @@ async def run_demo(config: Config, *, announce: Any = print) -> None:
             await nursery.start(serve_then_stop_agent)
             agent = Agent(
                 GrpcConnector(f"127.0.0.1:{listener.port}"),
-                NodeSettings(node_id="demo-node", address="127.0.0.1", fake_gpus=DEMO_GPUS),
+                NodeSettings(node_id="demo-node", address="127.0.0.1", fake_gpus=fake_gpus),
                 state_dir=Path(state),
             )
-            announce(
-                "llmgw demo: a node with 4 pretended GPUs; models demo-chat (2 replicas) and "
-                "demo-small start in a few seconds"
-            )
+            if fake_gpus is None:
+                announce(
+                    "llmgw demo: a CPU node; models demo-chat and demo-small (llama.cpp, a "
+                    "tiny generated model: its output is random) start in a few seconds"
+                )
+            else:
+                announce(
+                    "llmgw demo: a node with 4 pretended GPUs; models demo-chat (2 replicas) "
+                    "and demo-small start in a few seconds"
+                )
             with agent_scope:
                 await agent.run()

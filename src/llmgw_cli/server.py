@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import trio
 
 from llmgw import config as cfg
 from llmgw import server, units
-from llmgw.demo import DEMO_OVERLAY, run_demo
+from llmgw.agent.adapters.llamacpp import BUILD_HINT, find_llama_server
+from llmgw.demo import DEMO_GPUS, DEMO_OVERLAY, llamacpp_overlay, run_demo
 from llmgw.store.base import StoreError
 from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, fail, parser
 
@@ -45,12 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--demo", action="store_true", help="run a self-contained demo fleet")
     p.add_argument(
+        "--engine",
+        choices=("sim", "llamacpp"),
+        default="sim",
+        help="the demo's engine: simulated (default) or llama.cpp on a tiny generated model",
+    )
+    p.add_argument(
         "--print-config", action="store_true", help="print the effective configuration and exit"
     )
     return p
 
 
-def load_config(args: argparse.Namespace, demo: bool = False) -> cfg.Config:
+def load_config(
+    args: argparse.Namespace, demo: bool = False, overlay: dict[str, Any] | None = None
+) -> cfg.Config:
     overrides: dict[str, Any] = {}
     for flag in ("listen", "admin_listen", "agent_listen"):
         if getattr(args, flag) is not None:
@@ -58,9 +70,10 @@ def load_config(args: argparse.Namespace, demo: bool = False) -> cfg.Config:
     base = cfg.read_toml(args.config) if args.config else {}
     endpoints = [*base.get("endpoints", []), *(parse_endpoint(e) for e in args.endpoint)]
     if demo:
+        overlay = overlay or DEMO_OVERLAY
         base = cfg._merge(
-            {**DEMO_OVERLAY, "agent_listen": "127.0.0.1:7443"},
-            {**base, "models": [*DEMO_OVERLAY["models"], *base.get("models", [])]},
+            {**overlay, "agent_listen": "127.0.0.1:7443"},
+            {**base, "models": [*overlay["models"], *base.get("models", [])]},
         )
     if endpoints:
         overrides["endpoints"] = endpoints
@@ -77,7 +90,25 @@ def _config_error(exc: cfg.ConfigError) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
-async def _run_demo(config: cfg.Config) -> None:
+def _llamacpp_demo_weights() -> Path:
+    """A temporary directory with the tiny GGUF model, or exit 1 saying what is missing."""
+    if find_llama_server() is None:
+        fail(PROG, f"--engine llamacpp needs llama-server: {BUILD_HINT}", EXIT_RUNTIME)
+    try:
+        from llmgw.testing_gguf import write_tiny_gguf
+
+        folder = Path(tempfile.mkdtemp(prefix="llmgw-demo-gguf-"))
+        return write_tiny_gguf(folder / "tiny.gguf")
+    except ImportError as exc:
+        fail(
+            PROG,
+            f"--engine llamacpp writes its model with gguf and numpy ({exc}): "
+            "pip install -e '.[dev]'",
+            EXIT_RUNTIME,
+        )
+
+
+async def _run_demo(config: cfg.Config, fake_gpus: str | None = DEMO_GPUS) -> None:
     listen = units.parse_address(config.listen)
     host = listen.host or "127.0.0.1"
 
@@ -93,13 +124,25 @@ async def _run_demo(config: cfg.Config) -> None:
             flush=True,
         )
 
-    await run_demo(config, announce=announce)
+    await run_demo(config, announce=announce, fake_gpus=fake_gpus)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if args.engine != "sim" and not args.demo:
+        fail(PROG, "--engine is for --demo", EXIT_USAGE)
+    weights = _llamacpp_demo_weights() if args.engine == "llamacpp" else None
     try:
-        config = load_config(args, demo=args.demo)
+        _main(args, weights)
+    finally:
+        if weights is not None:
+            shutil.rmtree(weights.parent, ignore_errors=True)
+
+
+def _main(args: argparse.Namespace, weights: Path | None) -> None:
+    overlay = llamacpp_overlay(weights) if weights is not None else None
+    try:
+        config = load_config(args, demo=args.demo, overlay=overlay)
     except cfg.ConfigError as exc:
         _config_error(exc)
     except CliError as exc:
@@ -120,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     try:
         if args.demo:
-            trio.run(_run_demo, config)
+            trio.run(_run_demo, config, None if weights is not None else DEMO_GPUS)
         else:
             trio.run(server.serve, config)
     except cfg.ConfigError as exc:
