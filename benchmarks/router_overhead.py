@@ -60,6 +60,10 @@ ROUTER_CONFIG = """\
 target_inflight = 256
 target_waiting = 64
 """
+# `--engine llamacpp`: 16 slots sharing the context, one thread each replica (the tiny
+# generated model makes thousands of tokens per second on one core).
+LLAMA_ARGS = ("-np", "16", "-c", "16384", "--metrics", "--no-webui", "-t", "1")
+
 PROMPT_TOKENS = 64
 OUTPUT_TOKENS = 32
 LONG_TOKENS = 128
@@ -410,10 +414,34 @@ def report(result: dict[str, Any]) -> None:
     c.print_table("Against the targets", ["metric", "measured", "target", ""], checks)
 
 
-async def main_async(settings: Settings, fleet: c.Fleet) -> dict[str, Any]:
+def start_llamacpp(fleet: c.Fleet, index: int) -> str:
+    """A real llama.cpp replica of the generated tiny model (``--engine llamacpp``)."""
+    from llmgw.agent.adapters.llamacpp import find_llama_server
+    from llmgw.testing_gguf import write_tiny_gguf
+
+    binary = find_llama_server()
+    if binary is None:
+        raise SystemExit("llama-server not found: build it with scripts/llama_server.sh")
+    model = fleet.logdir / "tiny.gguf"
+    if not model.exists():
+        write_tiny_gguf(model, seed=0)
+    port = c.free_port()
+    base = f"http://{c.LOOPBACK}:{port}"
+    argv = [binary, "-m", str(model), "--host", c.LOOPBACK, "--port", str(port), "-a", MODEL]
+    argv += [*LLAMA_ARGS]
+    proc = c.Proc(argv, fleet.logdir / f"llama-{index}.log")
+    fleet.procs.append(proc)
+    proc.wait_http(f"{base}/health")
+    return base
+
+
+async def main_async(settings: Settings, fleet: c.Fleet, engine: str = "sim") -> dict[str, Any]:
     sims = []
     for i in range(2):
-        _, base = fleet.sim(f"sim-{i}", *SIM_ARGS, "--seed", str(i), model=MODEL)
+        if engine == "llamacpp":
+            base = start_llamacpp(fleet, i)
+        else:
+            _, base = fleet.sim(f"sim-{i}", *SIM_ARGS, "--seed", str(i), model=MODEL)
         sims.append(base)
     router = fleet.router(
         [(f"sim-{i}", base, MODEL) for i, base in enumerate(sims)], config=ROUTER_CONFIG
@@ -460,13 +488,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--quick", action="store_true", help="short turns (under ~40 s in all)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead")
+    p.add_argument(
+        "--engine",
+        choices=("sim", "llamacpp"),
+        default="sim",
+        help="what the two replicas are: llmgw-sim, or real llama.cpp servers of a tiny "
+        "generated model (needs scripts/llama_server.sh)",
+    )
     args = p.parse_args(argv)
     settings = QUICK if args.quick else DEFAULT
     started = time.monotonic()
     result = None
     try:
         with c.fleet() as fleet:
-            result = c.run_trio(main_async, settings, fleet)
+            result = c.run_trio(main_async, settings, fleet, args.engine)
     except* KeyboardInterrupt:
         pass  # trio may deliver it inside an exception group
     if result is None:
@@ -477,8 +512,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(bench.to_jsonable(result), indent=2, default=str))
     else:
         print(f"router_overhead  {result['date']}  llmgw {result['revision']}  {result['machine']}")
+        replicas = (
+            f"2 llama.cpp replicas of a tiny generated model ({' '.join(LLAMA_ARGS)})"
+            if args.engine == "llamacpp"
+            else f"2 llmgw-sim replicas ({' '.join(SIM_ARGS)})"
+        )
         print(
-            f"2 llmgw-sim replicas ({' '.join(SIM_ARGS)}), prompt {PROMPT_TOKENS} tokens, "
+            f"{replicas}, prompt {PROMPT_TOKENS} tokens, "
             f"output {OUTPUT_TOKENS} tokens (SSE events per stream incl. role, finish, usage "
             f"and [DONE]: {result['events_per_stream'][OUTPUT_TOKENS]}); "
             f"{settings.rounds} interleaved rounds of "
