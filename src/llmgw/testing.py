@@ -28,6 +28,7 @@ from llmgw.agent.discovery import fake_gpus
 from llmgw.catalog import Catalog
 from llmgw.control.controller import Controller
 from llmgw.control.fleet import EngineInfo, NodeInfo, ShardState
+from llmgw.errors import first_line
 from llmgw.router.core import Router
 from llmgw.router.scrape import parse_metrics
 from llmgw.sim.server import SimConfig
@@ -59,12 +60,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _first_line(exc: BaseException) -> str:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 @attrs.define
@@ -216,7 +211,7 @@ class FakeAgent:
                     self._report(shard.status)
                     await trio.sleep_forever()
         except (OSError, ExceptionGroup) as exc:
-            shard.status = self._status(command, ShardState.FAILED, message=_first_line(exc))
+            shard.status = self._status(command, ShardState.FAILED, message=first_line(exc))
             self._report(shard.status)
             del self.shards[key]
             return

@@ -17,6 +17,7 @@ import trio
 from llmgw import units
 from llmgw.agent.discovery import fake_gpus
 from llmgw.config import TlsConfig
+from llmgw.errors import first_line
 from llmgw_cli._common import (
     EXIT_OK,
     EXIT_RUNTIME,
@@ -218,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     except Exception as e:
-        fail(PROG, _first_line(e), EXIT_RUNTIME)
+        fail(PROG, first_line(e), EXIT_RUNTIME)
     return EXIT_OK
 
 
@@ -231,13 +232,6 @@ def _tls(cert: str | None, key: str | None, ca: str | None) -> TlsConfig | None:
         if path is not None and not Path(path).is_file():
             raise ValueError(f"{flag}: no such file: {path}")
     return TlsConfig(cert=cert, key=key, client_ca=ca)
-
-
-def _first_line(exc: BaseException) -> str:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    text = str(exc)
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from llmgw.agent.adapters import EngineAdapter, default_adapters
 from llmgw.agent.discovery import DiscoveryError, discover
 from llmgw.agent.supervisor import Shard, Supervisor
 from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo
+from llmgw.errors import first_line
 from llmgw.transport.base import AgentConnector, ServerConnection, TransportError
 from llmgw.transport.messages import (
     AgentMessage,
@@ -212,7 +213,7 @@ class Agent:
                     await self._session(conn)
             except Exception as exc:
                 if _only(exc, (TransportError, trio.TooSlowError)):
-                    log.warning("connection to the server: %s", _first_line(exc))
+                    log.warning("connection to the server: %s", first_line(exc))
                 else:
                     log.exception("agent session failed; reconnecting")
             delay = backoff_delay(self.failures, self.base_backoff, self.max_backoff, self._rng)
@@ -446,10 +447,3 @@ def _only(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return all(_only(e, kinds) for e in exc.exceptions)
     return isinstance(exc, kinds)
-
-
-def _first_line(exc: BaseException) -> str:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    text = str(exc)
-    return text.splitlines()[0] if text else type(exc).__name__
