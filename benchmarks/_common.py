@@ -53,7 +53,7 @@ def free_port() -> int:
 class Proc:
     """One started program, its output in a log file, in its own process group."""
 
-    def __init__(self, argv: Sequence[str], log: Path) -> None:
+    def __init__(self, argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.argv = list(argv)
         self.log = log
         self._logf = log.open("wb")
@@ -62,6 +62,7 @@ class Proc:
             stdin=subprocess.DEVNULL,
             stdout=self._logf,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **env} if env else None,
             # Own group: a Ctrl-C in the terminal reaches only this script, which then
             # stops its children in order (and nothing else).
             start_new_session=True,
@@ -111,8 +112,10 @@ class Fleet:
         self._closed = False
         atexit.register(self.close)
 
-    def start(self, program: str, *args: str, name: str, health: str) -> Proc:
-        proc = Proc([str(BIN / program), *args], self.logdir / f"{name}.log")
+    def start(
+        self, program: str, *args: str, name: str, health: str, env: dict[str, str] | None = None
+    ) -> Proc:
+        proc = Proc([str(BIN / program), *args], self.logdir / f"{name}.log", env)
         self.procs.append(proc)
         proc.wait_http(health)
         return proc
@@ -148,7 +151,7 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def fleet() -> Iterator[Fleet]:
+def fleet(factory: Callable[[], Fleet] = Fleet) -> Iterator[Fleet]:
     """A Fleet that is closed however the block ends; SIGTERM acts like Ctrl-C."""
 
     def on_term(signum: int, frame: Any) -> None:
@@ -161,7 +164,7 @@ def fleet() -> Iterator[Fleet]:
             raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)
-    f = Fleet()
+    f = factory()
     try:
         yield f
     finally:

@@ -41,30 +41,26 @@ return, exception, Ctrl-C, SIGTERM). Nothing here asserts; it prints what it mea
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import json
 import math
 import os
 import platform
 import random
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import attrs
 import httpx
 import trio
 
-BIN = Path(sys.executable).parent
-LOOPBACK = "127.0.0.1"
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import _common as c
+
+LOOPBACK = c.LOOPBACK
 MODEL = "m"
 BANDS = ("platinum", "gold", "silver", "bronze")
 MIX = (("platinum", 0.10), ("gold", 0.30), ("silver", 0.30), ("bronze", 0.30))
@@ -73,76 +69,14 @@ TARGET_PLATINUM_RATIO = 1.5
 TARGET_JAIN = 0.9
 
 
-# -- processes (a small copy of what tests/procs.py does; benchmarks stand alone) ---------
+# -- processes (benchmarks/_common.py) ------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
-
-
-class Proc:
-    """One program in its own process group, its output in a log file."""
-
-    def __init__(self, argv: Sequence[str], log: Path, env: dict[str, str] | None) -> None:
-        self.argv = list(argv)
-        self.log = log
-        self._logf = log.open("wb")
-        self.popen = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=self._logf,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
-
-    def wait_http(self, url: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                self._logf.flush()
-                out = self.log.read_text(errors="replace")[-4000:]
-                raise RuntimeError(f"{self.argv[0]} exited with {self.popen.returncode}:\n{out}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
-                    return
-            time.sleep(0.05)
-        raise TimeoutError(f"{url} not up after {timeout:g}s")
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM to the process group, SIGKILL after `timeout`; idempotent."""
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(5)
-        self._logf.close()
-
-
-class Fleet:
-    """Every process this run started; close() stops them, newest first."""
-
-    def __init__(self) -> None:
-        self.procs: list[Proc] = []
-        self.logdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-admission-"))
-        atexit.register(self.close)
-
-    def start(
-        self, program: str, *args: str, name: str, health: str, env: dict[str, str] | None = None
-    ) -> Proc:
-        proc = Proc([str(BIN / program), *args], self.logdir / f"{name}.log", env)
-        self.procs.append(proc)
-        proc.wait_http(health)
-        return proc
+class Fleet(c.Fleet):
+    """The shared process handling, with this benchmark's simulators and routers."""
 
     def sim(self, name: str, *args: str) -> str:
-        port = free_port()
+        port = c.free_port()
         base = f"http://{LOOPBACK}:{port}"
         argv = ["--host", LOOPBACK, "--port", str(port), "--model", MODEL, *args]
         self.start("llmgw-sim", *argv, name=name, health=f"{base}/health")
@@ -150,8 +84,8 @@ class Fleet:
 
     def router(
         self, name: str, sims: Sequence[str], config: str, env: dict[str, str]
-    ) -> tuple[Proc, str, str]:
-        port, admin_port = free_port(), free_port()
+    ) -> tuple[c.Proc, str, str]:
+        port, admin_port = c.free_port(), c.free_port()
         path = self.logdir / f"{name}.toml"
         path.write_text(config)
         argv = [
@@ -173,35 +107,6 @@ class Fleet:
                 break
             time.sleep(0.05)
         return proc, f"http://{LOOPBACK}:{port}", admin
-
-    def close(self) -> None:
-        while self.procs:
-            self.procs.pop().stop()
-
-
-@contextlib.contextmanager
-def fleet() -> Iterator[Fleet]:
-    """A Fleet closed however the block ends; SIGTERM is handled like Ctrl-C."""
-
-    def on_term(signum: int, frame: Any) -> None:
-        # Re-raise as SIGINT: whoever handles Ctrl-C now (trio while it runs, which
-        # unwinds its tasks cleanly; Python otherwise) handles this too.
-        os.kill(os.getpid(), signal.SIGINT)
-
-    # A shell starts background jobs with SIGINT ignored; trio only takes over Ctrl-C
-    # from Python's default handler, so restore it for SIGTERM to work as well.
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-    previous = signal.signal(signal.SIGTERM, on_term)
-    f = Fleet()
-    try:
-        yield f
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan
-        try:
-            f.close()
-        finally:
-            signal.signal(signal.SIGINT, previous_int)
-            signal.signal(signal.SIGTERM, previous)
 
 
 # -- load ---------------------------------------------------------------------------------
@@ -536,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
-    with fleet() as f:
+    with c.fleet(Fleet) as f:
         sim_args = ("--max-num-seqs", str(args.seqs), "--decode-step-ms", f"{args.step_ms:g}")
         sims = [f.sim(f"sim{i}", *sim_args) for i in range(2)]
         cap = trio.run(capacity, sims, args.seqs, args.tokens, 3.0 if quick else 5.0)
