@@ -314,6 +314,9 @@ def test_ttl_and_capacity_answer_429(fleet: Server) -> None:
             (pool,) = snapshot["pools"]
             assert pool["pool"] == "m" and pool["admitting"] == []
             await until(admin, "llmgw_admission_queue_depth", lambda v: v == 0, band="bronze")
+            # The server has answered both; let their clients finish reading the refusals.
+            while any(r.done is None for r in queued):
+                await trio.sleep(0.01)
             nursery.cancel_scope.cancel()  # ends the held streams
         # The pool is free again: bronze flows.
         await until(admin, "llmgw_admission_pool_saturation_ratio", lambda v: v < 0.3)
