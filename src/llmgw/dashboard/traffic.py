@@ -1,0 +1,469 @@
+"""The last few minutes of traffic, in memory, for the dashboard's charts.
+
+:class:`TrafficRing` is a :class:`~llmgw.router.usage.UsageSink`: the router hands it
+every finished request, on the hot path, so :meth:`TrafficRing.record` is a handful of
+additions into the current time slot and nothing else. Its memory is fixed: one slot
+per ``step`` seconds of the ``window`` (default 180 slots of 5 s = 15 min), each with
+counters and two log-spaced latency histograms, so percentiles cost no samples and
+merge across slots by adding bucket counts. :meth:`TrafficRing.run` samples the
+router's admission view once per slot for queue depth and pool saturation.
+
+Decisions the dashboard relies on:
+
+* Slots are aligned on the clock (slot ``n`` covers ``[n*step, (n+1)*step)``) and
+  reused lazily: a slot remembers which ``n`` it holds and is cleared when written
+  under a newer ``n``; a read of a slot holding another ``n`` reads as empty. A clock
+  jump of more than the window therefore empties the whole ring without a sweep.
+  A clock that goes back is taken as standing still.
+* Times in :class:`TrafficPoint` are seconds relative to the moment of the query
+  (negative: ``-900.0`` is 15 minutes ago), so charts need not know the clock.
+* Slots before the ring was created are not points at all: a series holds at most
+  ``slots`` points, from the first slot since the start. A slot that passed without
+  traffic is a point with zero rates and ``None`` percentiles (absent is not zero).
+* A request without a band counts under ``unbanded`` (``"-"`` unless the app passes
+  the admission's default band name).
+* Errors are statuses >= 400 except 499, which the router uses for a client that went
+  away: that is counted as ``client_gone``, not as an error of the service. The
+  end-to-end latency histogram takes successful requests only (a fast 4xx or a client
+  that left would distort it); TTFT takes every request that got a first token.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+import attrs
+import trio
+
+from llmgw.errors import first_line
+from llmgw.router.usage import UsageRecord
+
+__all__ = [
+    "CLIENT_GONE",
+    "UNBANDED",
+    "TrafficPoint",
+    "TrafficRing",
+    "TrafficSeries",
+    "TrafficSummary",
+]
+
+log = logging.getLogger(__name__)
+
+_V = TypeVar("_V", int, float)
+
+UNBANDED = "-"
+"""The band name requests without a band are counted under (by default)."""
+
+CLIENT_GONE = 499
+"""The status the router records for a client that went away mid-request."""
+
+# Latency buckets: 8 per decade from 1 ms to ~750 s (bounds 10**(1/8) ≈ 1.33 apart, so
+# a percentile is within ~15% of the truth), plus one bucket under and one over.
+_PER_DECADE = 8
+_LOW = 1e-3
+_BOUNDS: tuple[float, ...] = tuple(_LOW * 10 ** (k / _PER_DECADE) for k in range(48))
+_NBUCKETS = len(_BOUNDS) + 1
+
+
+def _bucket(value: float) -> int:
+    """The histogram bucket of a latency: 0 below 1 ms, the last one from ~750 s."""
+    if value < _LOW:
+        return 0
+    return min(int(math.log10(value / _LOW) * _PER_DECADE) + 1, _NBUCKETS - 1)
+
+
+@attrs.define
+class _Histogram:
+    """Counts per log-spaced bucket, and the exact extremes (to clamp estimates)."""
+
+    counts: list[int] = attrs.field(factory=lambda: [0] * _NBUCKETS)
+    n: int = 0
+    lo: float = math.inf
+    hi: float = -math.inf
+
+    def add(self, value: float) -> None:
+        self.counts[_bucket(value)] += 1
+        self.n += 1
+        if value < self.lo:
+            self.lo = value
+        if value > self.hi:
+            self.hi = value
+
+    def merge(self, other: _Histogram) -> None:
+        if not other.n:
+            return
+        counts = self.counts
+        for i, c in enumerate(other.counts):
+            if c:
+                counts[i] += c
+        self.n += other.n
+        self.lo = min(self.lo, other.lo)
+        self.hi = max(self.hi, other.hi)
+
+    def quantile(self, q: float) -> float | None:
+        """The nearest-rank ``q`` quantile, as the geometric middle of its bucket
+        (clamped to the values seen); None without samples."""
+        if not self.n:
+            return None
+        rank = max(1, math.ceil(q * self.n))
+        i, seen = 0, self.counts[0]
+        while seen < rank:
+            i += 1
+            seen += self.counts[i]
+        lo = max(_BOUNDS[i - 1] if i > 0 else self.lo, self.lo)
+        hi = min(_BOUNDS[i] if i < len(_BOUNDS) else self.hi, self.hi)
+        return math.sqrt(lo * hi) if lo > 0 else (lo + hi) / 2
+
+
+def _quantiles(h: _Histogram) -> tuple[float | None, float | None, float | None]:
+    return h.quantile(0.5), h.quantile(0.9), h.quantile(0.99)
+
+
+_UNUSED = -(1 << 62)  # the slot number of a slot never written (no clock reads that)
+
+
+@attrs.define
+class _Slot:
+    """One step of traffic. ``n`` is the slot number it holds."""
+
+    n: int = _UNUSED
+    requests: int = 0
+    errors: int = 0
+    client_gone: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft: _Histogram = attrs.field(factory=_Histogram)
+    latency: _Histogram = attrs.field(factory=_Histogram)
+    bands: dict[str, int] = attrs.field(factory=dict)
+    # Sampled, max within the slot; a missing key is "not sampled".
+    depth: dict[str, int] = attrs.field(factory=dict)
+    saturation: dict[str, float] = attrs.field(factory=dict)
+
+    def reset(self, n: int) -> None:
+        self.n = n
+        self.requests = self.errors = self.client_gone = 0
+        self.prompt_tokens = self.completion_tokens = 0
+        self.ttft = _Histogram()
+        self.latency = _Histogram()
+        self.bands = {}
+        self.depth = {}
+        self.saturation = {}
+
+
+_EMPTY = _Slot()
+
+
+@attrs.frozen
+class TrafficPoint:
+    """One slot of the series. Rates are per second of the time the slot covered
+    (``seconds``: the step, or less for the first slot since the start and the
+    current one); percentiles are seconds, None without a sample."""
+
+    start: float  # seconds relative to the query (<= 0)
+    seconds: float
+    requests: int
+    requests_per_second: float
+    errors_per_second: float
+    client_gone_per_second: float
+    tokens_per_second: float  # prompt + completion
+    completion_tokens_per_second: float
+    ttft_p50: float | None
+    ttft_p90: float | None
+    ttft_p99: float | None
+    latency_p50: float | None
+    latency_p90: float | None
+    latency_p99: float | None
+    # Every band / pool seen in the series is a key of every point.
+    requests_per_second_by_band: dict[str, float]
+    queue_depth: dict[str, int | None]  # max sampled in the slot, summed over pools
+    saturation: dict[str, float | None]  # per pool, max sampled in the slot
+
+
+@attrs.frozen
+class TrafficSeries:
+    """The slots since the start (at most ``slots`` of them), oldest first."""
+
+    step: float
+    slots: int  # how many points a full window holds
+    points: tuple[TrafficPoint, ...]
+    bands: tuple[str, ...]  # sorted: request bands and sampled queue bands
+    pools: tuple[str, ...]  # sorted: pools whose saturation was sampled
+
+    def column(self, get: Callable[[TrafficPoint], float | None]) -> tuple[float | None, ...]:
+        """One value per slot of the full window, None before the start: what a chart
+        spanning the window plots (the latest point on the right)."""
+        pad: tuple[float | None, ...] = (None,) * (self.slots - len(self.points))
+        return pad + tuple(get(p) for p in self.points)
+
+
+@attrs.frozen
+class TrafficSummary:
+    """Totals and merged percentiles over the last ``seconds`` (the headline numbers)."""
+
+    seconds: float
+    requests: int
+    errors: int
+    client_gone: int
+    prompt_tokens: int
+    completion_tokens: int
+    requests_per_second: float
+    errors_per_second: float
+    tokens_per_second: float
+    completion_tokens_per_second: float
+    error_ratio: float | None  # errors / requests; None without requests
+    ttft_p50: float | None
+    ttft_p90: float | None
+    ttft_p99: float | None
+    latency_p50: float | None
+    latency_p90: float | None
+    latency_p99: float | None
+    requests_by_band: dict[str, int]
+    max_queue_depth: dict[str, int]
+    max_saturation: dict[str, float]
+
+
+def _rate(count: float, seconds: float) -> float:
+    return count / seconds if seconds > 0 else 0.0
+
+
+class TrafficRing:
+    """The last ``window`` seconds of traffic in ``step``-second slots (see the module)."""
+
+    def __init__(
+        self,
+        *,
+        window: float = 900.0,
+        step: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        unbanded: str = UNBANDED,
+    ) -> None:
+        if not (math.isfinite(step) and step > 0):
+            raise ValueError(f"step must be a positive number of seconds, got {step!r}")
+        if not (math.isfinite(window) and window >= step):
+            raise ValueError(f"window must be at least one step ({step}s), got {window!r}")
+        slots = round(window / step)
+        if abs(slots * step - window) > 1e-6 * window:
+            raise ValueError(f"window ({window}s) must be a whole number of steps ({step}s)")
+        if slots > 100_000:
+            raise ValueError(f"window/step gives {slots} slots; at most 100000")
+        self.window = float(window)
+        self.step = float(step)
+        self.slots = slots
+        self.unbanded = unbanded
+        self._clock = clock
+        self._started = clock()
+        self._first = self._index(self._started)
+        self._head = self._first
+        # One more slot than the window, so a full window of complete slots is kept
+        # besides the one being filled.
+        self._ring = [_Slot() for _ in range(slots + 1)]
+
+    # -- writing (hot path) -------------------------------------------------------
+
+    def _index(self, now: float) -> int:
+        return math.floor(now / self.step)
+
+    def _now(self) -> tuple[float, int]:
+        """The clock and its slot number; a clock that went back counts as the latest."""
+        now = self._clock()
+        n = self._index(now)
+        if n < self._head:
+            n = self._head
+        else:
+            self._head = n
+        return now, n
+
+    def _current(self) -> _Slot:
+        _, n = self._now()
+        slot = self._ring[n % len(self._ring)]
+        if slot.n != n:
+            slot.reset(n)
+        return slot
+
+    def record(self, record: UsageRecord) -> None:
+        """Count one finished request into the current slot (O(1), never blocks)."""
+        slot = self._current()
+        slot.requests += 1
+        status = record.status
+        if status == CLIENT_GONE:
+            slot.client_gone += 1
+        elif status >= 400:
+            slot.errors += 1
+        elif record.latency >= 0:
+            slot.latency.add(record.latency)
+        if record.ttft is not None and record.ttft >= 0:
+            slot.ttft.add(record.ttft)
+        slot.prompt_tokens += record.usage.prompt_tokens
+        slot.completion_tokens += record.usage.completion_tokens
+        band = record.band if record.band is not None else self.unbanded
+        slot.bands[band] = slot.bands.get(band, 0) + 1
+
+    def sample_queues(self, view: Mapping[str, Any]) -> None:
+        """Note queue depth per band (summed over pools) and saturation per pool from the
+        router's admission view (``router.admission_view()``), keeping the max per slot.
+        Entries that are not shaped as expected are skipped: a dashboard reading must
+        never fail the sampler."""
+        depths: dict[str, int] = {}
+        saturation: dict[str, float] = {}
+        for pool in view.get("pools") or ():
+            if not isinstance(pool, Mapping):
+                continue
+            name, sat = pool.get("pool"), pool.get("saturation")
+            if isinstance(name, str) and isinstance(sat, int | float):
+                saturation[name] = max(float(sat), saturation.get(name, -math.inf))
+            for q in pool.get("bands") or ():
+                if not isinstance(q, Mapping):
+                    continue
+                band, depth = q.get("band"), q.get("depth")
+                if isinstance(band, str) and isinstance(depth, int):
+                    depths[band] = depths.get(band, 0) + depth
+        slot = self._current()
+        for band, depth in depths.items():
+            if depth > slot.depth.get(band, -1):
+                slot.depth[band] = depth
+        for name, sat in saturation.items():
+            if sat > slot.saturation.get(name, -math.inf):
+                slot.saturation[name] = sat
+
+    async def run(
+        self,
+        admission_view: Callable[[], Mapping[str, Any]],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Sample the admission view now and then once per slot, in the middle of each
+        (so every slot gets exactly one sample however the clocks drift), until
+        cancelled. A failing view is logged and skipped, never fatal."""
+        self._sample(admission_view)
+        task_status.started()
+        while True:
+            _, n = self._now()
+            await trio.sleep(max(0.0, (n + 1.5) * self.step - self._clock()))
+            self._sample(admission_view)
+
+    def _sample(self, admission_view: Callable[[], Mapping[str, Any]]) -> None:
+        try:
+            self.sample_queues(admission_view())
+        except Exception as exc:
+            log.warning("dashboard: cannot sample the admission queues: %s", first_line(exc))
+
+    # -- reading -----------------------------------------------------------------
+
+    def _slot(self, n: int) -> _Slot:
+        """Slot ``n`` as stored, or an empty one when the ring holds another."""
+        slot = self._ring[n % len(self._ring)]
+        return slot if slot.n == n else _EMPTY
+
+    def _covered(self, n: int, now: float) -> tuple[float, float]:
+        """Where slot ``n`` begins (or the start, if later) and how long it has run."""
+        begin = max(n * self.step, self._started)
+        end = min((n + 1) * self.step, now)
+        return begin, max(0.0, end - begin)
+
+    def series(self, *, include_current: bool = False) -> TrafficSeries:
+        """The complete slots since the start (plus the one being filled, when asked:
+        its rates cover only the seconds it has run, so they jump about), oldest first,
+        at most ``slots`` of them."""
+        now, head = self._now()
+        last = head if include_current else head - 1
+        first = max(self._first, last - self.slots + 1)
+        slots = [(n, self._slot(n)) for n in range(first, last + 1)]
+        bands = sorted({b for _, s in slots for b in (*s.bands, *s.depth)})
+        pools = sorted({p for _, s in slots for p in s.saturation})
+        points = []
+        for n, s in slots:
+            begin, seconds = self._covered(n, now)
+            ttft = _quantiles(s.ttft)
+            latency = _quantiles(s.latency)
+            points.append(
+                TrafficPoint(
+                    start=begin - now,
+                    seconds=seconds,
+                    requests=s.requests,
+                    requests_per_second=_rate(s.requests, seconds),
+                    errors_per_second=_rate(s.errors, seconds),
+                    client_gone_per_second=_rate(s.client_gone, seconds),
+                    tokens_per_second=_rate(s.prompt_tokens + s.completion_tokens, seconds),
+                    completion_tokens_per_second=_rate(s.completion_tokens, seconds),
+                    ttft_p50=ttft[0],
+                    ttft_p90=ttft[1],
+                    ttft_p99=ttft[2],
+                    latency_p50=latency[0],
+                    latency_p90=latency[1],
+                    latency_p99=latency[2],
+                    requests_per_second_by_band={
+                        b: _rate(s.bands.get(b, 0), seconds) for b in bands
+                    },
+                    queue_depth={b: s.depth.get(b) for b in bands},
+                    saturation={p: s.saturation.get(p) for p in pools},
+                )
+            )
+        return TrafficSeries(
+            step=self.step,
+            slots=self.slots,
+            points=tuple(points),
+            bands=tuple(bands),
+            pools=tuple(pools),
+        )
+
+    def summary(self, last: float = 60.0) -> TrafficSummary:
+        """Everything in the slots overlapping the last ``last`` seconds (at most the
+        window; the current slot included), merged; ``seconds`` is the time covered."""
+        if not last > 0:
+            raise ValueError(f"last must be a positive number of seconds, got {last!r}")
+        now, head = self._now()
+        first = max(self._first, self._index(now - min(last, self.window)), head - self.slots)
+        slots = [self._slot(n) for n in range(first, head + 1)]
+        seconds = max(0.0, now - max(first * self.step, self._started))
+        ttft, latency = _Histogram(), _Histogram()
+        bands: dict[str, int] = {}
+        depth: dict[str, int] = {}
+        saturation: dict[str, float] = {}
+        for s in slots:
+            ttft.merge(s.ttft)
+            latency.merge(s.latency)
+            _add(bands, s.bands.items())
+            _max(depth, s.depth.items())
+            _max(saturation, s.saturation.items())
+        requests = sum(s.requests for s in slots)
+        errors = sum(s.errors for s in slots)
+        prompt = sum(s.prompt_tokens for s in slots)
+        completion = sum(s.completion_tokens for s in slots)
+        t, lat = _quantiles(ttft), _quantiles(latency)
+        return TrafficSummary(
+            seconds=seconds,
+            requests=requests,
+            errors=errors,
+            client_gone=sum(s.client_gone for s in slots),
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            requests_per_second=_rate(requests, seconds),
+            errors_per_second=_rate(errors, seconds),
+            tokens_per_second=_rate(prompt + completion, seconds),
+            completion_tokens_per_second=_rate(completion, seconds),
+            error_ratio=errors / requests if requests else None,
+            ttft_p50=t[0],
+            ttft_p90=t[1],
+            ttft_p99=t[2],
+            latency_p50=lat[0],
+            latency_p90=lat[1],
+            latency_p99=lat[2],
+            requests_by_band=dict(sorted(bands.items())),
+            max_queue_depth=dict(sorted(depth.items())),
+            max_saturation=dict(sorted(saturation.items())),
+        )
+
+
+def _add(into: dict[str, int], items: Iterable[tuple[str, int]]) -> None:
+    for k, v in items:
+        into[k] = into.get(k, 0) + v
+
+
+def _max(into: dict[str, _V], items: Iterable[tuple[str, _V]]) -> None:
+    for k, v in items:
+        if k not in into or v > into[k]:
+            into[k] = v

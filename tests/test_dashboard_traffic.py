@@ -1,0 +1,353 @@
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from llmgw.dashboard.traffic import UNBANDED, TrafficRing
+from llmgw.router.usage import Usage, UsageRecord, UsageSink
+
+RES = 10 ** (1 / 8)  # the histogram's bucket ratio: an estimate is within it
+
+
+class Clock:
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def rec(
+    status: int = 200,
+    latency: float = 0.1,
+    ttft: float | None = None,
+    band: str | None = None,
+    prompt: int = 0,
+    completion: int = 0,
+) -> UsageRecord:
+    return UsageRecord(
+        model="m",
+        endpoint="e",
+        status=status,
+        usage=Usage(prompt, completion),
+        latency=latency,
+        ttft=ttft,
+        band=band,
+    )
+
+
+def view(pools: list[tuple[str, float, dict[str, int]]]) -> dict[str, Any]:
+    return {
+        "enabled": True,
+        "pools": [
+            {
+                "pool": name,
+                "saturation": sat,
+                "bands": [{"band": b, "depth": d, "priority": 0} for b, d in bands.items()],
+            }
+            for name, sat, bands in pools
+        ],
+    }
+
+
+def ring(clock: Clock, window: float = 60.0, step: float = 5.0) -> TrafficRing:
+    return TrafficRing(window=window, step=step, clock=clock)
+
+
+def test_is_a_usage_sink() -> None:
+    sink: UsageSink = TrafficRing()
+    sink.record(rec())
+
+
+@pytest.mark.parametrize(
+    ("window", "step"),
+    [(900, 0), (900, -5), (3, 5), (900, 7), (math.inf, 5), (900, math.nan), (1e6, 1e-3)],
+)
+def test_rejects_bad_window_and_step(window: float, step: float) -> None:
+    with pytest.raises(ValueError):
+        TrafficRing(window=window, step=step)
+
+
+def test_default_is_15_minutes_of_5_second_slots() -> None:
+    r = TrafficRing()
+    assert (r.window, r.step, r.slots) == (900.0, 5.0, 180)
+
+
+def test_counts_rates_errors_and_tokens_of_a_slot() -> None:
+    clock = Clock(0.0)
+    r = ring(clock)
+    clock.t = 1.0
+    r.record(rec(200, prompt=10, completion=5))
+    r.record(rec(503, prompt=7))
+    r.record(rec(404))
+    r.record(rec(499, completion=3))  # the client went away: not a service error
+    clock.t = 6.0
+    s = r.series()
+    assert len(s.points) == 1  # only the complete slot
+    p = s.points[0]
+    assert p.start == -6.0 and p.seconds == 5.0
+    assert p.requests == 4
+    assert p.requests_per_second == pytest.approx(4 / 5)
+    assert p.errors_per_second == pytest.approx(2 / 5)
+    assert p.client_gone_per_second == pytest.approx(1 / 5)
+    assert p.tokens_per_second == pytest.approx(25 / 5)
+    assert p.completion_tokens_per_second == pytest.approx(8 / 5)
+
+    cur = r.series(include_current=True)
+    assert len(cur.points) == 2
+    assert cur.points[1].requests == 0 and cur.points[1].seconds == pytest.approx(1.0)
+    assert cur.points[1].requests_per_second == 0.0
+    assert cur.points[1].latency_p50 is None
+
+
+def test_first_slot_rates_cover_only_the_time_since_the_start() -> None:
+    clock = Clock(102.0)  # slot 20 covers [100, 105): the ring saw 3 s of it
+    r = ring(clock)
+    r.record(rec())
+    r.record(rec())
+    r.record(rec())
+    clock.t = 105.0
+    (p,) = r.series().points
+    assert p.seconds == pytest.approx(3.0) and p.start == pytest.approx(-3.0)
+    assert p.requests_per_second == pytest.approx(1.0)
+
+
+def test_slots_before_the_start_are_not_points() -> None:
+    clock = Clock(1000.0)
+    r = ring(clock, window=60, step=5)
+    clock.t = 1012.0
+    s = r.series()
+    assert len(s.points) == 2  # [1000, 1005) and [1005, 1010); [1010, 1015) is running
+    assert [p.start for p in s.points] == [-12.0, -7.0]
+    assert all(p.requests == 0 and p.requests_per_second == 0.0 for p in s.points)
+    col = s.column(lambda p: p.requests_per_second)
+    assert len(col) == 12
+    assert col[:10] == (None,) * 10 and col[10:] == (0.0, 0.0)
+    # Once the window is full, it holds exactly `slots` points.
+    clock.t = 1000.0 + 600.0
+    s = r.series()
+    assert len(s.points) == 12 and s.points[0].start == -60.0
+    assert s.column(lambda p: p.requests_per_second) == (0.0,) * 12
+
+
+def test_a_reused_slot_is_cleared() -> None:
+    clock = Clock(0.0)
+    r = ring(clock, window=20, step=5)  # 4 slots
+    clock.t = 1.0
+    r.record(rec(500, latency=1.0, ttft=0.5, band="batch"))
+    for t in (6.0, 11.0, 16.0, 21.0):
+        clock.t = t
+        r.record(rec(200, latency=0.01))
+    # t=26 writes slot 5, which lands where slot 0 was kept (4 + 1 ring entries).
+    clock.t = 26.0
+    r.record(rec(200, latency=0.02, ttft=0.02))
+    clock.t = 30.0
+    s = r.series()
+    assert [p.requests for p in s.points] == [1, 1, 1, 1]  # slots 1..4
+    assert sum(p.errors_per_second for p in s.points) == 0.0
+    assert s.bands == (UNBANDED,)  # "batch" went with slot 0
+    reused = s.points[-1]  # slot 5, kept where slot 0 was: none of slot 0 is left
+    assert reused.requests == 1 and reused.errors_per_second == 0.0
+    assert reused.ttft_p50 == reused.ttft_p99 == pytest.approx(0.02)
+    assert reused.latency_p99 == pytest.approx(0.02)
+    # Slot 6 (running) lands on slot 1's entry, not yet written: it reads as empty.
+    cur = r.series(include_current=True).points[-1]
+    assert cur.requests == 0 and cur.latency_p50 is None
+    total = r.summary(last=20)  # slots 2..6
+    assert total.requests == 4 and total.errors == 0
+    assert total.latency_p99 is not None and total.latency_p99 < 0.03
+
+
+def test_a_clock_jump_past_the_window_empties_the_ring() -> None:
+    clock = Clock(0.0)
+    r = ring(clock, window=60, step=5)
+    for i in range(12):
+        clock.t = i * 5 + 1.0
+        r.record(rec(500, latency=0.2, ttft=0.1, band="a", prompt=3))
+        r.sample_queues(view([("p", 0.9, {"a": 4})]))
+    clock.t = 1000.0
+    s = r.series()
+    assert len(s.points) == 12
+    assert all(p.requests == 0 for p in s.points)
+    assert all(p.ttft_p99 is None and p.latency_p50 is None for p in s.points)
+    assert s.bands == () and s.pools == ()
+    total = r.summary(last=60)
+    assert (total.requests, total.errors, total.prompt_tokens) == (0, 0, 0)
+    assert total.ttft_p50 is None and total.error_ratio is None
+    assert total.max_queue_depth == {} and total.max_saturation == {}
+
+
+def test_a_clock_going_back_counts_as_standing_still() -> None:
+    clock = Clock(10.0)
+    r = ring(clock)
+    r.record(rec())
+    clock.t = 3.0
+    r.record(rec())
+    clock.t = 16.0
+    assert [p.requests for p in r.series().points] == [2]
+
+
+def test_percentiles_from_known_latencies() -> None:
+    clock = Clock(0.0)
+    r = ring(clock)
+    clock.t = 1.0
+    for i in range(1, 101):  # 1 ms .. 100 ms
+        r.record(rec(latency=i / 1000, ttft=i / 10000))
+    clock.t = 5.0
+    p = r.series().points[0]
+    for got, want in [
+        (p.latency_p50, 0.050),
+        (p.latency_p90, 0.090),
+        (p.latency_p99, 0.099),
+        (p.ttft_p50, 0.0050),
+        (p.ttft_p90, 0.0090),
+    ]:
+        assert got is not None and want / RES <= got <= want * RES, (got, want)
+    # Sub-millisecond TTFTs fall in the bottom bucket; the estimate stays within the seen.
+    assert p.ttft_p50 is not None and 0.0001 <= p.ttft_p50 <= 0.01
+
+
+def test_percentiles_of_one_sample_are_exact_and_huge_values_are_kept() -> None:
+    clock = Clock(0.0)
+    r = ring(clock)
+    r.record(rec(latency=0.3137, ttft=0.0421))
+    r.record(rec(500, latency=99.0))  # errors stay out of the latency distribution
+    clock.t = 5.0
+    p = r.series().points[0]
+    assert p.latency_p50 == p.latency_p99 == pytest.approx(0.3137)
+    assert p.ttft_p50 == p.ttft_p99 == pytest.approx(0.0421)
+    r.record(rec(latency=5000.0))  # beyond the top bound
+    clock.t = 10.0
+    assert r.series().points[1].latency_p99 == pytest.approx(5000.0)
+
+
+def test_empty_slots_have_no_percentiles_not_zero() -> None:
+    clock = Clock(0.0)
+    r = ring(clock)
+    r.record(rec(latency=0.5, ttft=0.1))
+    clock.t = 20.0
+    ps = r.series().points
+    assert ps[0].latency_p50 is not None
+    assert [p.latency_p50 for p in ps[1:]] == [None, None, None]
+    assert [p.ttft_p90 for p in ps[1:]] == [None, None, None]
+
+
+def test_summary_merges_slots_of_the_last_seconds() -> None:
+    clock = Clock(0.0)
+    r = ring(clock, window=60, step=5)
+    # 10 slots of 10 requests, slot k with latencies around (k+1) * 100 ms.
+    for k in range(10):
+        clock.t = k * 5 + 2.0
+        for _ in range(10):
+            r.record(rec(latency=(k + 1) * 0.1, band="interactive" if k % 2 else None))
+        r.sample_queues(view([("p", k / 10, {"interactive": k})]))
+    clock.t = 50.0
+    total = r.summary(last=60)
+    assert total.requests == 100 and total.seconds == pytest.approx(50.0)
+    assert total.requests_per_second == pytest.approx(2.0)
+    assert total.latency_p50 is not None and 0.5 / RES <= total.latency_p50 <= 0.5 * RES
+    assert total.latency_p99 == pytest.approx(1.0)  # clamped to the largest seen
+    assert total.requests_by_band == {UNBANDED: 50, "interactive": 50}
+    assert total.max_queue_depth == {"interactive": 9}
+    assert total.max_saturation == {"p": pytest.approx(0.9)}
+    # The last 10 s: slots 8 and 9, and the current (empty) slot 10.
+    recent = r.summary(last=10)
+    assert recent.requests == 20 and recent.seconds == pytest.approx(10.0)
+    assert recent.latency_p50 is not None and 0.9 / RES <= recent.latency_p50 <= 0.9 * RES
+    assert recent.max_queue_depth == {"interactive": 9}
+    with pytest.raises(ValueError):
+        r.summary(last=0)
+
+
+def test_bands_without_a_name_count_as_unbanded() -> None:
+    clock = Clock(0.0)
+    r = ring(clock)
+    r.record(rec(band=None))
+    r.record(rec(band="interactive"))
+    r.record(rec(band="interactive"))
+    clock.t = 5.0
+    p = r.series().points[0]
+    assert p.requests_per_second_by_band == {
+        UNBANDED: pytest.approx(0.2),
+        "interactive": pytest.approx(0.4),
+    }
+    named = TrafficRing(window=60, step=5, clock=clock, unbanded="standard")
+    named.record(rec(band=None))
+    assert named.summary().requests_by_band == {"standard": 1}
+
+
+def test_queue_depth_sums_pools_and_keeps_the_max_within_a_slot() -> None:
+    clock = Clock(0.0)
+    r = ring(clock)
+    clock.t = 1.0
+    r.sample_queues(view([("a", 0.5, {"hi": 2, "lo": 1}), ("b", 0.2, {"hi": 3})]))
+    clock.t = 2.0
+    r.sample_queues(view([("a", 0.9, {"hi": 1, "lo": 0}), ("b", 0.1, {"hi": 0})]))
+    clock.t = 6.0
+    r.sample_queues(view([("a", 0.3, {"hi": 0})]))
+    clock.t = 16.0
+    s = r.series()
+    assert s.bands == ("hi", "lo") and s.pools == ("a", "b")
+    p0, p1, p2 = s.points
+    assert p0.queue_depth == {"hi": 5, "lo": 1}
+    assert p0.saturation == {"a": pytest.approx(0.9), "b": pytest.approx(0.2)}
+    # Slot 1 sampled pool a only (band lo and pool b absent: None, not 0).
+    assert p1.queue_depth == {"hi": 0, "lo": None}
+    assert p1.saturation == {"a": pytest.approx(0.3), "b": None}
+    # Slot 2 was never sampled.
+    assert p2.queue_depth == {"hi": None, "lo": None}
+    assert p2.saturation == {"a": None, "b": None}
+
+
+def test_malformed_views_are_skipped() -> None:
+    clock = Clock(0.0)
+    r = ring(clock)
+    r.sample_queues({})
+    r.sample_queues({"pools": None})
+    r.sample_queues(
+        {
+            "pools": [
+                "junk",
+                {"pool": "a", "saturation": "high", "bands": [None, {"band": "x"}]},
+                {"pool": "b", "saturation": 0.5, "bands": [{"band": "y", "depth": 2}]},
+            ]
+        }
+    )
+    clock.t = 5.0
+    p = r.series().points[0]
+    assert p.queue_depth == {"y": 2}
+    assert p.saturation == {"b": 0.5}
+
+
+def test_run_samples_once_per_slot_with_a_mock_clock() -> None:
+    calls: list[float] = []
+    seen: dict[str, Any] = {}
+
+    def admission_view() -> Mapping[str, Any]:
+        calls.append(trio.current_time())
+        if len(calls) == 3:
+            raise RuntimeError("router gone for a moment")
+        return view([("p", len(calls) / 10, {"hi": len(calls)})])
+
+    async def main() -> None:
+        r = TrafficRing(window=60, step=5, clock=trio.current_time)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(r.run, admission_view)
+            assert len(calls) == 1  # sampled before started()
+            await trio.sleep(31.0)
+            nursery.cancel_scope.cancel()
+        seen["series"] = r.series(include_current=True)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    # Once at 0, then in the middle of every following slot.
+    assert calls == [0.0, 7.5, 12.5, 17.5, 22.5, 27.5]
+    s = seen["series"]
+    assert [p.queue_depth["hi"] for p in s.points] == [1, 2, None, 4, 5, 6, None]
+    assert [p.saturation["p"] for p in s.points] == pytest.approx(
+        [0.1, 0.2, None, 0.4, 0.5, 0.6, None]
+    )
