@@ -298,8 +298,14 @@ def test_ttl_and_capacity_answer_429(fleet: Server) -> None:
                 nursery.start_soon(call, client, "gold", None, LONG, held, ev)
                 await ev.wait()
             await until(admin, "llmgw_admission_pool_saturation_ratio", lambda v: v == 1.0)
-            for tenant in ("x", "y"):
-                nursery.start_soon(call, client, "bronze", tenant, SHORT, queued)
+            answered = [trio.Event(), trio.Event()]
+
+            async def queue(tenant: str, done: trio.Event) -> None:
+                await call(client, "bronze", tenant, SHORT, queued)
+                done.set()
+
+            for tenant, done in zip(("x", "y"), answered, strict=True):
+                nursery.start_soon(queue, tenant, done)
             await until(admin, "llmgw_admission_queue_depth", lambda v: v == 2, band="bronze")
             assert await metric(admin, "llmgw_admission_queue_tenants", band="bronze") == 2
             for _ in range(3):
@@ -315,8 +321,8 @@ def test_ttl_and_capacity_answer_429(fleet: Server) -> None:
             assert pool["pool"] == "m" and pool["admitting"] == []
             await until(admin, "llmgw_admission_queue_depth", lambda v: v == 0, band="bronze")
             # The server has answered both; let their clients finish reading the refusals.
-            while any(r.done is None for r in queued):
-                await trio.sleep(0.01)
+            for done in answered:
+                await done.wait()
             nursery.cancel_scope.cancel()  # ends the held streams
         # The pool is free again: bronze flows.
         await until(admin, "llmgw_admission_pool_saturation_ratio", lambda v: v < 0.3)

@@ -47,3 +47,22 @@ async def lifespan(receive: Receive, send: Send) -> None:
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
+
+
+def split(owns: Callable[[str], bool], app: App, default: App) -> App:
+    """One listener, two apps: requests whose path `owns` accepts go to `app`, the rest
+    (and lifespan events) to `default`."""
+
+    async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and owns(scope["path"]):
+            await app(scope, receive, send)
+        else:
+            await default(scope, receive, send)
+
+    return dispatch
+
+
+def under(prefix: str) -> Callable[[str], bool]:
+    """A path test for `split`: `prefix` itself or anything below it."""
+    below = prefix + "/"
+    return lambda path: path == prefix or path.startswith(below)

@@ -26,6 +26,7 @@ are JSON objects of at most 1 MiB (413 beyond, unread when Content-Length says s
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -424,9 +425,47 @@ class AdminApp:
 
     async def handle(self, req: Request) -> Reply:
         """The reply to one request: a refusal as an error reply, never an exception."""
-        try:
-            if self.admin_auth and self.protected(req.path):
+        if self.admin_auth and self.protected(req.path):
+            try:
                 await self.authorize(req)
+            except ApiError as exc:
+                return exc.reply()
+            except StoreError as exc:
+                log.warning("admin %s %s: store error: %s", req.method, req.path, exc)
+                return ApiError(503, f"the store failed: {exc}", "store_unavailable").reply()
+        return await self.dispatch(req)
+
+    async def call(
+        self, method: str, path: str, *, query: str = "", body: Any = None
+    ) -> tuple[int, Any]:
+        """One API request made in-process, past admin auth (the caller authenticated
+        its user itself): the status and the decoded JSON answer (None without a body).
+        The dashboard reads and changes everything through this, so it shows and does
+        exactly what the API does."""
+        raw = b"" if body is None else json_bytes(body)
+        sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                return {"type": "http.disconnect"}
+            sent = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        scope: Scope = {
+            "type": "http",
+            "method": method,
+            "path": path,
+            "query_string": query.encode("ascii"),
+            "headers": [(b"content-type", b"application/json")],
+        }
+        reply = await self.dispatch(Request(scope, receive, max_body=self.max_body_bytes))
+        data = json.loads(reply.body) if reply.body else None
+        return reply.status, data
+
+    async def dispatch(self, req: Request) -> Reply:
+        """The reply of the route `req` asks for, without admin auth."""
+        try:
             route, params = self.resolve(req.method, req.path)
             req.path_params = params
             req.scope["path_params"] = params
@@ -441,6 +480,11 @@ class AdminApp:
         except Exception:
             log.exception("admin %s %s failed", req.method, req.path)
             return ApiError(500, "internal error (logged by the server)", "internal").reply()
+
+    @staticmethod
+    def owns(path: str) -> bool:
+        """Whether `path` is this app's (the rest of the admin listener is the dashboard's)."""
+        return path in ("/metrics", "/healthz", "/readyz") or AdminApp.protected(path)
 
     @staticmethod
     def protected(path: str) -> bool:

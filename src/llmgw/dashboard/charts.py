@@ -290,7 +290,7 @@ def bar(
             text = fmt(frac, "%")
         else:
             text = f"{fmt(used, unit)} / {fmt(total, unit)} ({fmt(frac, '%')})"
-    elif used is None and total is None:
+    elif (used is None and total is None) or (used is None and unit == "%"):
         text = "unknown"
     else:
         text = (

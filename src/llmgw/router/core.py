@@ -32,7 +32,7 @@ from llmgw.router.metrics import RouterMetrics
 from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
 from llmgw.router.scoring import Candidate, Decision, Scorer
 from llmgw.router.scraper import Scraper
-from llmgw.router.usage import Caller, UsageRecord, UsageSink
+from llmgw.router.usage import Caller, Usage, UsageRecord, UsageSink
 
 NOBODY = Caller()
 
@@ -68,6 +68,10 @@ def catalog_for(config: Config) -> Catalog:
 
 def endpoint_from_config(e: EndpointConfig) -> Endpoint:
     return Endpoint(e.id, e.url, e.models, e.pool, e.weight, e.priority)
+
+
+#: The usage of a request that ended without the engine reporting any.
+NO_USAGE = Usage()
 
 
 class Router:
@@ -255,12 +259,14 @@ class Router:
             self.sessions.record(session_key, ident, now)
         if caller.key_id is not None and usage is not None:
             self.auth.used(caller.key_id, usage.prompt_tokens + usage.completion_tokens)
-        if self.usage_sinks and usage is not None:
+        # Every request that reached an engine is recorded, failures without a usage
+        # block too (with no tokens): usage reports and the dashboard count errors.
+        if self.usage_sinks:
             record = UsageRecord(
                 model=model.name,
                 endpoint=ident,
                 status=code,
-                usage=usage,
+                usage=usage if usage is not None else NO_USAGE,
                 latency=latency,
                 ttft=delivery.ttft,
                 key_id=caller.key_id,

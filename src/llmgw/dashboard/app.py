@@ -1,0 +1,752 @@
+"""The web dashboard: server-rendered pages over the admin API, with a little JavaScript.
+
+Every page reads, and every action changes, through :meth:`AdminApp.call`, the
+admin API made in-process: the dashboard shows exactly what the API answers and
+refuses what it refuses, with the same messages. Pages are plain HTML (read-only
+views work without JavaScript); ``static/dashboard.js`` refreshes the live parts
+of a page every few seconds in place, leaving scroll position and form input alone.
+
+The same app serves two places (DESIGN §8): the admin listener at ``/`` (a login
+only when the listener is off loopback) and the client port at ``/admin`` (always
+behind a login with an admin key). A login is a session in the store: the cookie
+holds its token, HttpOnly and SameSite=Strict (Secure over TLS). Forms carry a CSRF
+token (:mod:`llmgw.dashboard.web`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
+
+import attrs
+import jinja2
+
+from llmgw.admin.http import Request
+from llmgw.asgi import Receive, Scope, Send, lifespan
+from llmgw.dashboard import charts
+from llmgw.dashboard.traffic import TrafficPoint, TrafficRing, TrafficSeries
+from llmgw.dashboard.web import (
+    CSRF_COOKIE,
+    PAGE_HEADERS,
+    SESSION_COOKIE,
+    FormError,
+    Page,
+    cookie_header,
+    cookie_values,
+    new_token,
+    read_form,
+    same_origin,
+    tokens_match,
+)
+from llmgw.store.base import Session, StoreError
+
+if TYPE_CHECKING:
+    from llmgw.admin.api import AdminApp
+
+__all__ = ["DashboardApp"]
+
+log = logging.getLogger("llmgw.dashboard")
+
+#: How often the pages refresh their live parts (seconds).
+REFRESH_SECONDS = 5.0
+
+NAV = (
+    ("overview", "/", "Overview"),
+    ("fleet", "/fleet", "Fleet"),
+    ("models", "/models", "Models"),
+    ("traffic", "/traffic", "Traffic"),
+    ("endpoints", "/endpoints", "Endpoints"),
+    ("usage", "/usage", "Usage"),
+    ("keys", "/keys", "Keys"),
+)
+
+STATIC = {
+    "dashboard.css": b"text/css; charset=utf-8",
+    "dashboard.js": b"text/javascript; charset=utf-8",
+}
+
+#: Usage periods the usage page offers (label -> seconds).
+PERIODS = {"1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
+
+# What a finished action says on the page it leads back to (`?done=`); fixed texts,
+# so a link cannot put words in the dashboard's mouth.
+NOTICES = {
+    "drain": "Node {id} is draining: its replicas move elsewhere, make before break.",
+    "scale": "Model {id} now wants {n} replicas.",
+    "revoke": "Key {id} is revoked.",
+    "logout": "Logged out.",
+}
+
+NODE_ORDER = {"ready": 0, "unreachable": 1, "lost": 2}
+
+
+@attrs.frozen
+class View:
+    """What one request renders with: the page's own data plus the common frame."""
+
+    req: Request
+    csrf: str
+    session: Session | None
+    set_cookies: tuple[tuple[bytes, bytes], ...] = ()
+
+
+Handler = Callable[["DashboardApp", View], Awaitable[Page]]
+
+
+class DashboardApp:
+    """The dashboard as an ASGI app mounted at `prefix` ("" or e.g. "/admin")."""
+
+    def __init__(
+        self,
+        admin: AdminApp,
+        *,
+        prefix: str = "",
+        login_required: bool = False,
+        traffic: TrafficRing | None = None,
+        session_ttl: float = 8 * 3600.0,
+    ) -> None:
+        if prefix and (not prefix.startswith("/") or prefix.endswith("/")):
+            raise ValueError(f"prefix must be '' or start, not end, with '/': {prefix!r}")
+        self.admin = admin
+        self.prefix = prefix
+        self.login_required = login_required
+        self.traffic = traffic
+        self.session_ttl = session_ttl
+        self.env = jinja2.Environment(
+            loader=jinja2.PackageLoader("llmgw.dashboard", "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.env.filters.update(
+            ago=fmt_ago,
+            num=fmt_num,
+            pct=fmt_pct,
+            gib=fmt_gib,
+            secs=fmt_seconds,
+            when=fmt_when,
+        )
+        self.env.globals.update(bar=charts.bar, nav=NAV, prefix=prefix, url=self.url)
+        self.pages: dict[str, Handler] = {
+            "/": DashboardApp.overview,
+            "/fleet": DashboardApp.fleet,
+            "/models": DashboardApp.models,
+            "/traffic": DashboardApp.traffic_page,
+            "/endpoints": DashboardApp.endpoints,
+            "/usage": DashboardApp.usage,
+            "/keys": DashboardApp.keys,
+        }
+        self.actions: dict[str, Handler] = {
+            "/nodes/drain": DashboardApp.drain,
+            "/models/replicas": DashboardApp.scale,
+            "/keys/create": DashboardApp.create_key,
+            "/keys/revoke": DashboardApp.revoke_key,
+            "/logout": DashboardApp.logout,
+        }
+
+    def url(self, path: str, **query: Any) -> str:
+        """A dashboard URL under this app's prefix."""
+        base = (self.prefix + path) if path != "/" or not self.prefix else self.prefix + "/"
+        shown = {k: v for k, v in query.items() if v is not None}
+        return f"{base}?{urlencode(shown)}" if shown else base
+
+    # -- ASGI ----------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        page = await self.handle(Request(scope, receive))
+        headers = [
+            (b"content-type", page.content_type),
+            (b"content-length", str(len(page.body)).encode()),
+            *PAGE_HEADERS,
+            *page.headers,
+        ]
+        await send({"type": "http.response.start", "status": page.status, "headers": headers})
+        await send({"type": "http.response.body", "body": page.body})
+
+    async def handle(self, req: Request) -> Page:
+        path = req.path[len(self.prefix) :] if req.path.startswith(self.prefix) else req.path
+        path = path or "/"
+        if self.prefix and path == "/" and not req.path.endswith("/"):
+            return redirect(self.url("/"))
+        if path.startswith("/static/") and req.method in ("GET", "HEAD"):
+            return static(path.removeprefix("/static/"))
+        csrf_values = cookie_values(req, CSRF_COOKIE)
+        csrf = csrf_values[0] if csrf_values else new_token()
+        cookies: tuple[tuple[bytes, bytes], ...] = ()
+        if not csrf_values:
+            cookies = (self._cookie(req, CSRF_COOKIE, csrf),)
+        try:
+            page = await self._route(req, path, csrf)
+        except FormError as exc:
+            page = self.message_page(exc.status, "Cannot do that", str(exc))
+        except StoreError as exc:
+            log.warning("dashboard %s %s: store error: %s", req.method, req.path, exc)
+            page = self.message_page(503, "The store failed", str(exc))
+        except Exception:
+            log.exception("dashboard %s %s failed", req.method, req.path)
+            page = self.message_page(500, "Internal error", "logged by the server")
+        return attrs.evolve(page, headers=page.headers + cookies)
+
+    async def _route(self, req: Request, path: str, csrf: str) -> Page:
+        if path == "/login":
+            if req.method == "POST":
+                return await self.login(req, csrf)
+            return self.login_form(req, csrf)
+        session = await self.session(req) if self.login_required else None
+        if self.login_required and session is None:
+            if req.method in ("GET", "HEAD"):
+                return redirect(self.url("/login", next=path if path != "/" else None))
+            return self.message_page(401, "Log in first", "this action needs a login")
+        view = View(req, csrf, session)
+        if req.method in ("GET", "HEAD"):
+            page_handler = self.pages.get(path)
+            if page_handler is None:
+                return self.message_page(404, "Not found", f"no dashboard page {path}")
+            return await page_handler(self, view)
+        if req.method == "POST":
+            action = self.actions.get(path)
+            if action is None:
+                return self.message_page(404, "Not found", f"no dashboard action {path}")
+            form = await read_form(req)
+            self._check_csrf(req, form, csrf)
+            return await action(self, attrs.evolve(view, req=_with_form(req, form)))
+        return Page(405, b"method not allowed", b"text/plain", ((b"allow", b"GET, POST"),))
+
+    def _check_csrf(self, req: Request, form: Mapping[str, str], csrf: str) -> None:
+        if not same_origin(req):
+            raise FormError(403, "refused: the request comes from another site")
+        if not cookie_values(req, CSRF_COOKIE) or not tokens_match(form.get("csrf"), csrf):
+            raise FormError(
+                403, "refused: missing or wrong CSRF token (reload the page and try again)"
+            )
+
+    def _cookie(self, req: Request, name: str, value: str, max_age: int | None = None) -> Any:
+        return cookie_header(
+            name,
+            value,
+            path=self.prefix or "/",
+            secure=req.scope.get("scheme") == "https",
+            max_age=max_age,
+        )
+
+    # -- login -----------------------------------------------------------------------
+
+    async def session(self, req: Request) -> Session | None:
+        store = self.admin.store
+        if store is None:
+            return None
+        for token in cookie_values(req, SESSION_COOKIE):
+            session = await store.get_session(token)
+            if session is not None and session.key.admin:
+                return session
+        return None
+
+    def login_form(
+        self,
+        req: Request,
+        csrf: str,
+        *,
+        error: str | None = None,
+        status: int = 200,
+        next_after: str | None = None,
+    ) -> Page:
+        if not self.login_required:
+            return redirect(self.url("/"))
+        problem = None
+        if self.admin.store is None:
+            problem = (
+                "The dashboard here needs a store for its admin keys and sessions "
+                "(store.url); without one use it on the admin listener."
+            )
+        nxt = req.query.get("next") if req.method == "GET" else next_after
+        return self.render(
+            "login.html",
+            status=status,
+            csrf=csrf,
+            session=None,
+            active="login",
+            error=error or problem,
+            next=_local(nxt),
+        )
+
+    async def login(self, req: Request, csrf: str) -> Page:
+        form = await read_form(req)
+        self._check_csrf(req, form, csrf)
+        store = self.admin.store
+        if not self.login_required or store is None:
+            return self.login_form(req, csrf)
+        secret = form.get("key", "").strip()
+        record = await store.lookup_key(secret) if secret else None
+        if record is None:
+            return self.login_form(
+                req,
+                csrf,
+                error="unknown, revoked or expired API key",
+                status=401,
+                next_after=form.get("next"),
+            )
+        if not record.admin:
+            return self.login_form(
+                req,
+                csrf,
+                error=f"key {record.name} is not an admin key",
+                status=403,
+                next_after=form.get("next"),
+            )
+        token = await store.create_session(record.id, self.session_ttl)
+        log.info("dashboard login with key %s (%s)", record.id, record.name)
+        cookie = self._cookie(req, SESSION_COOKIE, token, max_age=int(self.session_ttl))
+        return redirect(self.url(_local(form.get("next")) or "/"), cookie)
+
+    async def logout(self, view: View) -> Page:
+        store = self.admin.store
+        if store is not None:
+            for token in cookie_values(view.req, SESSION_COOKIE):
+                await store.delete_session(token)
+        cookie = self._cookie(view.req, SESSION_COOKIE, "", max_age=0)
+        target = "/login" if self.login_required else "/"
+        return redirect(self.url(target, done="logout"), cookie)
+
+    # -- rendering -----------------------------------------------------------------------
+
+    def render(self, template: str, *, status: int = 200, **context: Any) -> Page:
+        req: Request | None = context.pop("req", None)
+        done = req.query.get("done") if req is not None and req.method == "GET" else None
+        notice = None
+        if done in NOTICES and req is not None:
+            notice = NOTICES[done].format(id=req.query.get("id", "?"), n=req.query.get("n", "?"))
+        context.setdefault("notice", notice)
+        # The URL the page refreshes from: itself, or its page after a form's POST.
+        if req is not None and req.method == "GET":
+            query = bytes(req.scope.get("query_string", b"")).decode("latin-1")
+            self_url = req.path + (f"?{query}" if query else "")
+        else:
+            paths = {key: path for key, path, _ in NAV}
+            self_url = self.url(paths.get(context.get("active", ""), "/"))
+        context.setdefault("self_url", self_url)
+        context.setdefault("error", None)
+        context.setdefault("refresh", REFRESH_SECONDS)
+        context.setdefault("rendered", fmt_when(time.time()))
+        context.setdefault("control", self.admin.controller is not None)
+        context.setdefault("logout", self.login_required)
+        body = self.env.get_template(template).render(**context)
+        return Page(status, body.encode())
+
+    def frame(self, view: View, active: str) -> dict[str, Any]:
+        return {"req": view.req, "csrf": view.csrf, "session": view.session, "active": active}
+
+    def message_page(self, status: int, title: str, message: str) -> Page:
+        return self.render(
+            "message.html",
+            status=status,
+            title=title,
+            message=message,
+            csrf="",
+            session=None,
+            active="",
+            logout=False,
+        )
+
+    async def api(self, method: str, path: str, **kw: Any) -> tuple[int, Any]:
+        return await self.admin.call(method, path, **kw)
+
+    async def get(self, path: str, query: str = "") -> tuple[Any, str | None]:
+        """The data of a GET, or None and the API's error message."""
+        status, data = await self.api("GET", path, query=query)
+        if status == 200:
+            return data, None
+        return None, _message(data)
+
+    # -- pages -------------------------------------------------------------------------
+
+    async def overview(self, view: View) -> Page:
+        control = self.admin.controller is not None
+        nodes = (await self.get("/api/v1/nodes"))[0] if control else None
+        models, _ = await self.get("/api/v1/models")
+        placement = (await self.get("/api/v1/placement"))[0] if control else None
+        endpoints, _ = await self.get("/api/v1/endpoints")
+        admission, _ = await self.get("/api/v1/admission")
+        summary = self.traffic.summary(60.0) if self.traffic is not None else None
+        return self.render(
+            "overview.html",
+            **self.frame(view, "overview"),
+            nodes=_fleet_summary(nodes["nodes"]) if nodes else None,
+            models=models["models"] if models else [],
+            placement=placement["models"] if placement else [],
+            endpoints=_endpoint_summary(endpoints["endpoints"]),
+            admission=admission,
+            summary=summary,
+        )
+
+    async def fleet(self, view: View) -> Page:
+        if self.admin.controller is None:
+            return self._router_only(view, "fleet")
+        data, _ = await self.get("/api/v1/nodes")
+        nodes = sorted(
+            data["nodes"], key=lambda n: (NODE_ORDER.get(n["state"], 9), n["cordoned"], n["id"])
+        )
+        return self.render("fleet.html", **self.frame(view, "fleet"), nodes=nodes)
+
+    async def models(self, view: View, error: str | None = None, status: int = 200) -> Page:
+        models, _ = await self.get("/api/v1/models")
+        control = self.admin.controller is not None
+        placement = (await self.get("/api/v1/placement"))[0] if control else None
+        replicas = (await self.get("/api/v1/replicas"))[0] if control else None
+        by_model: dict[str, list[Any]] = {}
+        for r in replicas["replicas"] if replicas else []:
+            by_model.setdefault(r["model"], []).append(r)
+        explain = {p["model"]: p for p in placement["models"]} if placement else {}
+        return self.render(
+            "models.html",
+            status=status,
+            **self.frame(view, "models"),
+            models=models["models"],
+            replicas=by_model,
+            explain=explain,
+            can_change=self.admin.models is not None and self.admin.store is not None,
+            error=error,
+        )
+
+    async def traffic_page(self, view: View) -> Page:
+        if self.traffic is None:
+            return self.render(
+                "traffic.html", **self.frame(view, "traffic"), charts=None, summary=None
+            )
+        series = self.traffic.series()
+        return self.render(
+            "traffic.html",
+            **self.frame(view, "traffic"),
+            charts=traffic_charts(series),
+            summary=self.traffic.summary(60.0),
+        )
+
+    async def endpoints(self, view: View) -> Page:
+        data, _ = await self.get("/api/v1/endpoints")
+        admission, _ = await self.get("/api/v1/admission")
+        return self.render(
+            "endpoints.html",
+            **self.frame(view, "endpoints"),
+            endpoints=data["endpoints"],
+            admission=admission,
+        )
+
+    async def usage(self, view: View) -> Page:
+        query = view.req.query
+        period = query.get("period", "24h")
+        group_by = query.get("by", "key")
+        error = None
+        if period not in PERIODS:
+            error, period = f"period: must be one of {', '.join(PERIODS)}", "24h"
+        if group_by not in ("key", "model"):
+            error, group_by = "by: must be 'key' or 'model'", "key"
+        since = time.time() - PERIODS[period]
+        data, problem = await self.get(
+            "/api/v1/usage", urlencode({"group_by": group_by, "since": f"{since:.0f}"})
+        )
+        rows = data["usage"] if data else []
+        return self.render(
+            "usage.html",
+            status=400 if error else 200,
+            **self.frame(view, "usage"),
+            rows=rows,
+            period=period,
+            periods=list(PERIODS),
+            by=group_by,
+            problem=problem,
+            error=error,
+            totals=_usage_totals(rows),
+        )
+
+    async def keys(
+        self,
+        view: View,
+        *,
+        created: Any = None,
+        error: str | None = None,
+        status: int = 200,
+        form: Mapping[str, str] | None = None,
+    ) -> Page:
+        data, problem = await self.get("/api/v1/keys")
+        bands = [b.name for b in self.admin.router.config.router.admission.bands]
+        return self.render(
+            "keys.html",
+            status=status,
+            **self.frame(view, "keys"),
+            keys=data["keys"] if data else [],
+            problem=problem,
+            created=created,
+            bands=bands,
+            error=error,
+            form=form or {},
+        )
+
+    def _router_only(self, view: View, active: str) -> Page:
+        return self.render(
+            "message.html",
+            **self.frame(view, active),
+            title="No control plane",
+            message="This server runs in router-only mode: there is no fleet to show. "
+            "The Endpoints page shows the engines it routes to.",
+        )
+
+    # -- actions -------------------------------------------------------------------------
+
+    async def drain(self, view: View) -> Page:
+        node = _form(view).get("node", "")
+        status, data = await self.api("POST", f"/api/v1/nodes/{quote(node, safe='')}/drain")
+        if status != 202:
+            return self.message_page(status, "Cannot drain", _message(data))
+        return redirect(self.url("/fleet", done="drain", id=node))
+
+    async def scale(self, view: View) -> Page:
+        form = _form(view)
+        name = form.get("model", "")
+        text = form.get("replicas", "").strip()
+        try:
+            replicas = int(text)
+        except ValueError:
+            return await self.models(
+                view, error=f"replicas: must be a whole number, got {text!r}", status=400
+            )
+        status, data = await self.api(
+            "PATCH", f"/api/v1/models/{quote(name, safe='')}", body={"replicas": replicas}
+        )
+        if status != 200:
+            return await self.models(view, error=_message(data), status=status)
+        return redirect(self.url("/models", done="scale", id=name, n=replicas))
+
+    async def create_key(self, view: View) -> Page:
+        form = _form(view)
+        try:
+            body = key_request(form)
+        except ValueError as exc:
+            return await self.keys(view, error=str(exc), status=400, form=form)
+        status, data = await self.api("POST", "/api/v1/keys", body=body)
+        if status != 201:
+            return await self.keys(view, error=_message(data), status=status, form=form)
+        return await self.keys(view, created=data)
+
+    async def revoke_key(self, view: View) -> Page:
+        key_id = _form(view).get("id", "")
+        status, data = await self.api("DELETE", f"/api/v1/keys/{quote(key_id, safe='')}")
+        if status != 200:
+            return await self.keys(view, error=_message(data), status=status)
+        return redirect(self.url("/keys", done="revoke", id=key_id))
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _with_form(req: Request, form: dict[str, str]) -> Request:
+    req.scope["llmgw.form"] = form
+    return req
+
+
+def _form(view: View) -> dict[str, str]:
+    form: dict[str, str] = view.req.scope.get("llmgw.form", {})
+    return form
+
+
+def _message(data: Any) -> str:
+    try:
+        return str(data["error"]["message"])
+    except (TypeError, KeyError):
+        return "the admin API refused without a message"
+
+
+def _local(target: str | None) -> str | None:
+    """A dashboard-relative path to go back to after login; anything else is dropped
+    (no open redirect to another site)."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return None
+    return target
+
+
+def redirect(location: str, *headers: tuple[bytes, bytes]) -> Page:
+    return Page(303, b"", headers=((b"location", location.encode("latin-1")), *headers))
+
+
+def static(name: str) -> Page:
+    if name not in STATIC:
+        return Page(404, b"no such file", b"text/plain")
+    body = resources.files("llmgw.dashboard").joinpath("static", name).read_bytes()
+    return Page(200, body, STATIC[name])
+
+
+def key_request(form: Mapping[str, str]) -> dict[str, Any]:
+    """The admin API's key-creation body from the keys page's form; ValueError naming
+    the field at fault."""
+    body: dict[str, Any] = {"name": form.get("name", "").strip()}
+    if form.get("band"):
+        body["band"] = form["band"]
+    models = [m.strip() for m in form.get("models", "").split(",") if m.strip()]
+    if models:
+        body["models"] = models
+    for field in ("rpm", "tpm"):
+        text = form.get(field, "").strip()
+        if text:
+            try:
+                body[field] = int(text)
+            except ValueError:
+                raise ValueError(f"{field}: must be a whole number, got {text!r}") from None
+    days = form.get("expires_days", "").strip()
+    if days:
+        try:
+            body["expires_in_seconds"] = float(days) * 86400
+        except ValueError:
+            raise ValueError(f"expires_days: must be a number, got {days!r}") from None
+        if not math.isfinite(body["expires_in_seconds"]):
+            raise ValueError(f"expires_days: must be a finite number, got {days!r}")
+    body["admin"] = form.get("admin") == "on"
+    return body
+
+
+def _fleet_summary(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    states: dict[str, int] = {}
+    for n in nodes:
+        states[n["state"]] = states.get(n["state"], 0) + 1
+    gpus = [g for n in nodes for g in n["gpus"]]
+    return {
+        "nodes": len(nodes),
+        "states": states,
+        "cordoned": sum(1 for n in nodes if n["cordoned"]),
+        "gpus": len(gpus),
+        "gpus_allocated": sum(n["gpus_allocated"] for n in nodes),
+        "gpus_free": sum(n["gpus_free"] for n in nodes),
+    }
+
+
+def _endpoint_summary(endpoints: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "total": len(endpoints),
+        "stale": sum(1 for e in endpoints if e["stale"]),
+        "open": sum(1 for e in endpoints if e["breaker"] != "closed"),
+        "draining": sum(1 for e in endpoints if e["draining"]),
+    }
+
+
+def _usage_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
+    keys = ("requests", "prompt_tokens", "completion_tokens", "errors")
+    return {k: sum(int(r[k]) for r in rows) for k in keys}
+
+
+def traffic_charts(series: TrafficSeries) -> list[dict[str, str]]:
+    """The traffic page's charts: the whole window, empty before the server started."""
+
+    def lines(**getters: Callable[[TrafficPoint], float | None]) -> list[charts.Line]:
+        return [charts.Line(name, series.column(get)) for name, get in getters.items()]
+
+    def by(names: tuple[str, ...], get: Callable[[TrafficPoint, str], Any]) -> list[charts.Line]:
+        return [
+            charts.Line(name, series.column(lambda p, n=name: get(p, n)))  # type: ignore[misc]
+            for name in names
+        ]
+
+    return [
+        {
+            "title": "Requests per second",
+            "svg": charts.line_chart(
+                lines(
+                    requests=lambda p: p.requests_per_second,
+                    errors=lambda p: p.errors_per_second,
+                ),
+                unit="/s",
+            ),
+        },
+        {
+            "title": "Time to first token",
+            "svg": charts.line_chart(
+                lines(p50=lambda p: p.ttft_p50, p90=lambda p: p.ttft_p90, p99=lambda p: p.ttft_p99),
+                unit="s",
+            ),
+        },
+        {
+            "title": "End-to-end latency",
+            "svg": charts.line_chart(
+                lines(
+                    p50=lambda p: p.latency_p50,
+                    p90=lambda p: p.latency_p90,
+                    p99=lambda p: p.latency_p99,
+                ),
+                unit="s",
+            ),
+        },
+        {
+            "title": "Tokens per second",
+            "svg": charts.line_chart(
+                lines(
+                    total=lambda p: p.tokens_per_second,
+                    completion=lambda p: p.completion_tokens_per_second,
+                ),
+                unit="/s",
+            ),
+        },
+        {
+            "title": "Queue depth per band",
+            "svg": charts.line_chart(by(series.bands, lambda p, b: p.queue_depth.get(b)), unit=""),
+        },
+        {
+            "title": "Saturation per pool",
+            "svg": charts.line_chart(
+                by(series.pools, lambda p, pool: p.saturation.get(pool)), unit="", y_max=1.0
+            ),
+        },
+    ]
+
+
+# -- formatting filters --------------------------------------------------------------
+
+#: What an unknown number shows as: absent, not zero.
+MISSING = "\N{EN DASH}"
+
+
+def fmt_ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def fmt_num(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return MISSING
+    if float(value).is_integer():
+        return f"{int(value):,}"
+    return f"{value:,.{digits}f}"
+
+
+def fmt_pct(value: float | None) -> str:
+    return MISSING if value is None else f"{100 * value:.0f}%"
+
+
+def fmt_gib(value: float | None) -> str:
+    return MISSING if value is None else f"{value / 2**30:.1f} GiB"
+
+
+def fmt_seconds(value: float | None) -> str:
+    if value is None:
+        return MISSING
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def fmt_when(unix: float | None) -> str:
+    if unix is None:
+        return MISSING
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix))
