@@ -65,13 +65,15 @@ Bytes = typing.NewType("Bytes", int)
 
 @attrs.frozen
 class Timeouts:
-    """Per-phase deadlines of one proxied request."""
+    """Per-phase deadlines of one proxied request: reading the client's request head
+    (`client_header`, on both listeners), then the upstream phases."""
 
     dial: Seconds = Seconds(5.0)
     response_header: Seconds = Seconds(60.0)
     first_token: Seconds = Seconds(120.0)
     idle: Seconds = Seconds(60.0)
     total: Seconds = Seconds(1800.0)
+    client_header: Seconds = Seconds(10.0)
 
 
 @attrs.frozen

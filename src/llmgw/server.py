@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from llmgw import units
 from llmgw.admin.api import AdminApp
 from llmgw.config import Config, ControlConfig
 from llmgw.control.controller import Controller
 from llmgw.control.fleet_metrics import register_fleet_metrics
+from llmgw.header_timeout import HeaderTimeoutConfig
+from llmgw.header_timeout import serve as hypercorn_serve
 from llmgw.models import ModelRegistry
 from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router
@@ -29,15 +29,24 @@ log = logging.getLogger("llmgw.server")
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-def hypercorn_config(bind: str, *, graceful: float) -> HypercornConfig:
-    hc = HypercornConfig()
+def hypercorn_config(
+    bind: str,
+    *,
+    graceful: float,
+    header_timeout: float | None = None,
+    on_header_timeout: Callable[[], None] | None = None,
+) -> HeaderTimeoutConfig:
+    hc = HeaderTimeoutConfig()
     address = units.parse_address(bind)
     host = address.bind_host
     hc.bind = [f"[{host}]:{address.port}" if ":" in host else f"{host}:{address.port}"]
     hc.graceful_timeout = graceful
     # Streams last minutes: no read or write timeout on the connection; the proxy
-    # bounds each phase itself. Idle keep-alive connections are closed after 75s.
+    # bounds each phase itself. Idle keep-alive connections are closed after 75s; a
+    # request head must be complete within `header_timeout` (llmgw.header_timeout).
     hc.keep_alive_timeout = 75
+    hc.header_timeout = header_timeout
+    hc.on_header_timeout = on_header_timeout
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
     return hc
@@ -152,6 +161,15 @@ async def _serve(
     )
     drain = config.router.drain_timeout
 
+    def listener_config(bind: str, name: str) -> HeaderTimeoutConfig:
+        expired = router.metrics.client_header_timeouts.labels(name)
+        return hypercorn_config(
+            bind,
+            graceful=drain,
+            header_timeout=config.router.timeouts.client_header,
+            on_header_timeout=expired.inc,
+        )
+
     async def trigger() -> None:
         await stop.wait()
 
@@ -169,10 +187,10 @@ async def _serve(
         # usage batcher flushes what it holds on the way out).
         async with trio.open_nursery() as listeners:
             client_binds: Any = await listeners.start(
-                _serve_app, router.app, hypercorn_config(config.listen, graceful=drain), trigger
+                _serve_app, router.app, listener_config(config.listen, "client"), trigger
             )
             admin_binds: Any = await listeners.start(
-                _serve_app, admin, hypercorn_config(config.admin_listen, graceful=drain), trigger
+                _serve_app, admin, listener_config(config.admin_listen, "admin"), trigger
             )
             log.info(
                 "client API on %s, admin on %s", ", ".join(client_binds), ", ".join(admin_binds)
@@ -183,7 +201,7 @@ async def _serve(
 
 async def _serve_app(
     app: Any,
-    hc: HypercornConfig,
+    hc: HeaderTimeoutConfig,
     trigger: Any,
     *,
     task_status: trio.TaskStatus[Sequence[str]] = trio.TASK_STATUS_IGNORED,

@@ -115,6 +115,13 @@ class RouterMetrics:
             ["endpoint", "phase"],
             registry=r,
         )
+        self.client_header_timeouts = Counter(
+            "llmgw_client_header_timeouts_total",
+            "Connections closed because the client did not send a complete request head "
+            "within router.timeouts.client_header, by listener (client, admin).",
+            ["listener"],
+            registry=r,
+        )
         self.upstream_errors = Counter(
             "llmgw_upstream_errors_total",
             "Failed upstream attempts, by endpoint and kind.",
