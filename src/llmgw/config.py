@@ -237,6 +237,8 @@ class AuthConfig:
     required: bool = False
     # How long a key lookup is cached: a revoked key stops working within this.
     cache_ttl: Seconds = Seconds(1.0)
+    # How long a dashboard login lasts (the session is kept in the store).
+    session_ttl: Seconds = Seconds(8 * 3600.0)
 
 
 @attrs.frozen
@@ -623,6 +625,7 @@ def check(config: Config) -> list[str]:
             if path is not None and not Path(path).is_file():
                 problems.append(f"agent_tls.{key}: no such file: {path}")
     _positive(problems, "auth.cache_ttl", config.auth.cache_ttl)
+    _positive(problems, "auth.session_ttl", config.auth.session_ttl)
     if config.auth.required and config.store.url is None:
         problems.append(
             "auth.required: API keys live in the store; set store.url (e.g. "

@@ -11,9 +11,11 @@ import trio
 
 from llmgw import units
 from llmgw.admin.api import AdminApp
+from llmgw.asgi import split, under
 from llmgw.config import Config, ControlConfig
 from llmgw.control.controller import Controller
 from llmgw.control.fleet_metrics import register_fleet_metrics
+from llmgw.dashboard import DashboardApp, TrafficRing
 from llmgw.header_timeout import HeaderTimeoutConfig
 from llmgw.header_timeout import serve as hypercorn_serve
 from llmgw.models import ModelRegistry
@@ -159,6 +161,31 @@ async def _serve(
         # Off loopback, the admin API wants an admin key.
         admin_auth=not loopback(config.admin_listen),
     )
+    # The dashboard (DESIGN §8): on the admin listener beside the API, and on the client
+    # port under /admin behind a login; both see the last 15 minutes of traffic.
+    traffic = TrafficRing()
+    router.usage_sinks.append(traffic)
+    admin_app = split(
+        AdminApp.owns,
+        admin,
+        DashboardApp(
+            admin,
+            traffic=traffic,
+            login_required=admin.admin_auth,
+            session_ttl=config.auth.session_ttl,
+        ),
+    )
+    client_app = split(
+        under("/admin"),
+        DashboardApp(
+            admin,
+            prefix="/admin",
+            traffic=traffic,
+            login_required=True,
+            session_ttl=config.auth.session_ttl,
+        ),
+        router.app,
+    )
     drain = config.router.drain_timeout
 
     def listener_config(bind: str, name: str) -> HeaderTimeoutConfig:
@@ -177,6 +204,7 @@ async def _serve(
         if handle_signals:
             background.start_soon(_watch_signals, stop)
         await background.start(router.run)
+        await background.start(traffic.run, router.admission_view)
         if batcher is not None:
             await background.start(batcher.run)
         if controller is not None and listener is not None:
@@ -187,10 +215,10 @@ async def _serve(
         # usage batcher flushes what it holds on the way out).
         async with trio.open_nursery() as listeners:
             client_binds: Any = await listeners.start(
-                _serve_app, router.app, listener_config(config.listen, "client"), trigger
+                _serve_app, client_app, listener_config(config.listen, "client"), trigger
             )
             admin_binds: Any = await listeners.start(
-                _serve_app, admin, listener_config(config.admin_listen, "admin"), trigger
+                _serve_app, admin_app, listener_config(config.admin_listen, "admin"), trigger
             )
             log.info(
                 "client API on %s, admin on %s", ", ".join(client_binds), ", ".join(admin_binds)

@@ -1,0 +1,342 @@
+"""The dashboard in a real headless Chromium (Debian's, driven by Playwright) against a
+real llmgw-server with two llmgw-agent processes (pretended GPUs, simulator engines)
+and a SQLite store.
+
+One fleet serves the whole module: model ``m`` fits (one replica), model ``huge``
+cannot (it wants 8 GPUs on one node; nodes have 2). The admin listener is on
+loopback, so its dashboard needs no login; the client port's ``/admin`` does.
+Screenshots go to a temporary directory (their paths are printed), not the repo.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.procs import FleetServer, agent, fleet_server
+from tests.test_fleet_e2e import control_config, model
+
+CHROMIUM = "/usr/bin/chromium"
+# As the machine notes say: without these, Chromium tries the (closed) network.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SHOTS = Path(tempfile.mkdtemp(prefix="llmgw-dashboard-shots-"))
+
+HUGE = """
+[[models]]
+name = "huge"
+replicas = 1
+
+[[models.profiles]]
+name = "tp8"
+engine = "sim"
+weights = "sim"
+tensor_parallel = 8
+"""
+
+
+class Fleet:
+    def __init__(self, srv: FleetServer, admin_key: str, store: Path) -> None:
+        self.srv = srv
+        self.admin_key = admin_key
+        self.store = store
+
+    @property
+    def dash(self) -> str:
+        """The dashboard on the (loopback) admin listener."""
+        return self.srv.admin
+
+    def node(self, node_id: str) -> dict[str, Any]:
+        return self.srv.nodes()[node_id]
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    store = Path(tempfile.mkdtemp(prefix="llmgw-dash-store-")) / "llmgw.db"
+    config = control_config(
+        [model("m", replicas=1), HUGE],
+        extra=f'[store]\nurl = "sqlite:///{store}"\n',
+    )
+    with ExitStack() as stack:
+        srv = stack.enter_context(fleet_server(config))
+        stack.enter_context(agent(srv.agent_address, "n1", address="127.0.0.21", gpus="2x80GB"))
+        stack.enter_context(agent(srv.agent_address, "n2", address="127.0.0.22", gpus="2x80GB"))
+        srv.wait(lambda: srv.ready_replicas("m", 1), "a ready replica of m")
+        r = httpx.post(f"{srv.admin}/api/v1/keys", json={"name": "ops", "admin": True}, timeout=5)
+        assert r.status_code == 201, r.text
+        yield Fleet(srv, r.json()["secret"], store)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    pg.on("dialog", lambda dialog: dialog.accept())  # the drain/revoke confirmations
+    yield pg
+    shot = SHOTS / f"{request.node.name}.png"
+    pg.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+    context.close()
+
+
+def test_fleet_page_lists_nodes_and_their_gpus(fleet: Fleet, page: Page) -> None:
+    page.goto(f"{fleet.dash}/fleet")
+    expect(page).to_have_title(re.compile("Fleet"))
+    for node_id in ("n1", "n2"):
+        section = page.locator(f'section.node[data-node="{node_id}"]')
+        expect(section).to_be_visible()
+        expect(section.locator("[data-state]")).to_have_text(re.compile("^ready"))
+        expect(section.locator("table.gpus tbody tr")).to_have_count(2)
+    # Memory is known (0 of 80 GB used, in GiB); pretended GPUs report no utilisation, which
+    # is drawn as unknown, not as an idle 0%.
+    n1 = page.locator('section.node[data-node="n1"]')
+    memory = n1.locator("table.gpus tbody tr").first.locator("td").nth(2)
+    expect(memory).to_contain_text("0B / 74.5GiB")  # 80 GB
+    utilisation = n1.locator("table.gpus tbody tr").first.locator("td").nth(3)
+    expect(utilisation).to_contain_text("unknown")
+    expect(utilisation.locator("svg .bar-hatch, svg .bar-unknown").first).to_be_attached()
+    # One GPU serves the replica of m.
+    expect(page.locator("section.node table.gpus td", has_text="m").first).to_be_visible()
+
+
+def test_unplaceable_model_shows_its_explanation(fleet: Fleet, page: Page) -> None:
+    fleet.srv.wait(
+        lambda: (fleet.srv.model_counts("huge") or {}).get("unplaced"), "huge marked unplaced"
+    )
+    page.goto(f"{fleet.dash}/models")
+    huge = page.locator('section.model[data-model="huge"]')
+    expect(huge).to_contain_text("0 ready of 1 desired")
+    expect(huge).to_contain_text("cannot be placed")
+    explain = huge.locator(".explain")
+    expect(explain).to_be_visible()
+    # The reason per profile, naming the profile and what is missing.
+    expect(explain).to_contain_text("tp8")
+    expect(explain).to_contain_text(re.compile("GPU", re.I))
+    # A model that fits has no explanation.
+    expect(page.locator('section.model[data-model="m"] .explain')).to_have_count(0)
+    # The overview says the same in one line.
+    page.goto(f"{fleet.dash}/")
+    expect(page.locator(".problem", has_text="huge")).to_be_visible()
+
+
+def test_creating_a_key_shows_its_secret_once(fleet: Fleet, page: Page) -> None:
+    page.goto(f"{fleet.dash}/keys")
+    form = page.locator("form.create-key")
+    form.locator('input[name="name"]').fill("team-a")
+    form.locator('select[name="band"]').select_option("gold")
+    form.locator('input[name="rpm"]').fill("600")
+    form.locator('button[type="submit"]').click()
+    secret = page.locator("#new-secret").inner_text().strip()
+    assert len(secret) >= 20
+    row = page.locator("table.keys tr", has_text="team-a")
+    expect(row).to_contain_text("gold")
+    expect(row).to_contain_text("600 rpm")
+    # The secret works on the client port...
+    client = openai.OpenAI(
+        base_url=f"{fleet.srv.base}/v1", api_key=secret, max_retries=0, timeout=30
+    )
+    done = client.completions.create(model="m", prompt="hi", max_tokens=2)
+    assert done.usage is not None and done.usage.completion_tokens == 2
+    # ... and is never shown again: not on the keys page, not in the API.
+    page.goto(f"{fleet.dash}/keys")
+    expect(page.locator("table.keys tr", has_text="team-a")).to_be_visible()
+    assert secret not in page.content()
+    assert secret not in httpx.get(f"{fleet.srv.admin}/api/v1/keys", timeout=5).text
+
+
+def test_revoking_a_key_through_the_ui(fleet: Fleet, page: Page) -> None:
+    r = httpx.post(f"{fleet.srv.admin}/api/v1/keys", json={"name": "temp"}, timeout=5)
+    key_id, secret = r.json()["id"], r.json()["secret"]
+    page.goto(f"{fleet.dash}/keys")
+    row = page.locator(f'tr[data-key="{key_id}"]')
+    row.locator("button", has_text="Revoke").click()
+    expect(page.locator(".notice")).to_contain_text(f"Key {key_id} is revoked")
+    expect(page.locator(f'tr[data-key="{key_id}"]')).to_contain_text("revoked")
+    # Refused within the key cache's TTL (1 s by default).
+    client = openai.OpenAI(
+        base_url=f"{fleet.srv.base}/v1", api_key=secret, max_retries=0, timeout=30
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.completions.create(model="m", prompt="hi", max_tokens=1)
+        except openai.AuthenticationError:
+            break
+        assert time.monotonic() < deadline, "a revoked key still works after 10s"
+        time.sleep(0.2)
+
+
+def test_client_port_dashboard_needs_an_admin_login(fleet: Fleet, page: Page) -> None:
+    base = fleet.srv.base
+    page.goto(f"{base}/admin/fleet")
+    expect(page).to_have_url(re.compile(r"/admin/login\?next=%2Ffleet$"))
+    # A key that is not an admin key is refused...
+    user = httpx.post(f"{fleet.srv.admin}/api/v1/keys", json={"name": "user"}, timeout=5)
+    page.fill('input[name="key"]', user.json()["secret"])
+    page.click('form.login button[type="submit"]')
+    expect(page.locator(".error")).to_contain_text("not an admin key")
+    # ... as is a wrong one.
+    page.fill('input[name="key"]', "sk-nonsense")
+    page.click('form.login button[type="submit"]')
+    expect(page.locator(".error")).to_contain_text("unknown, revoked or expired")
+    # An admin key logs in and goes where it was headed.
+    page.fill('input[name="key"]', fleet.admin_key)
+    page.click('form.login button[type="submit"]')
+    expect(page).to_have_url(f"{base}/admin/fleet")
+    expect(page.locator('section.node[data-node="n1"]')).to_be_visible()
+    cookies = {c["name"]: c for c in page.context.cookies()}
+    session = cookies["llmgw_session"]
+    assert session["httpOnly"] and session["sameSite"] == "Strict"
+    assert session["path"] == "/admin"
+    assert cookies["llmgw_csrf"]["httpOnly"] and cookies["llmgw_csrf"]["sameSite"] == "Strict"
+    # The session lives in the store: another browser without it is sent to the login.
+    assert httpx.get(f"{base}/admin/", timeout=5).status_code == 303
+    with_cookie = httpx.get(
+        f"{base}/admin/models", cookies={"llmgw_session": session["value"]}, timeout=5
+    )
+    assert with_cookie.status_code == 200 and "huge" in with_cookie.text
+    # Logging out ends the session for everyone holding the cookie.
+    page.click("header.top form.logout button")
+    expect(page).to_have_url(re.compile(r"/admin/login"))
+    gone = httpx.get(f"{base}/admin/models", cookies={"llmgw_session": session["value"]})
+    assert gone.status_code == 303
+
+
+def test_changes_without_the_csrf_token_are_refused(fleet: Fleet, page: Page) -> None:
+    page.goto(f"{fleet.dash}/fleet")
+    token = page.locator('input[name="csrf"]').first.get_attribute("value")
+    csrf_cookie = {c["name"]: c["value"] for c in page.context.cookies()}["llmgw_csrf"]
+    assert token == csrf_cookie
+    url = f"{fleet.dash}/nodes/drain"
+    # No token at all; a token without its cookie; a cookie with another token; a
+    # matching pair sent from another site.
+    attempts = [
+        ({"node": "n1"}, {}, {}),
+        ({"node": "n1", "csrf": token}, {}, {}),
+        ({"node": "n1", "csrf": "forged"}, {"llmgw_csrf": token}, {}),
+        (
+            {"node": "n1", "csrf": token},
+            {"llmgw_csrf": token},
+            {"origin": "http://evil.example", "sec-fetch-site": "cross-site"},
+        ),
+    ]
+    for form, cookies, headers in attempts:
+        r = httpx.post(url, data=form, cookies=cookies, headers=headers, timeout=5)
+        assert r.status_code == 403, (form, cookies, headers, r.text)
+        assert "refused" in r.text
+    assert fleet.node("n1")["cordoned"] is False
+
+
+def test_draining_a_node_through_the_ui(fleet: Fleet, page: Page) -> None:
+    page.goto(f"{fleet.dash}/fleet")
+    n2 = page.locator('section.node[data-node="n2"]')
+    n2.locator("button", has_text="Drain").click()
+    expect(page.locator(".notice")).to_contain_text("Node n2 is draining")
+    expect(page.locator('section.node[data-node="n2"] [data-state]')).to_contain_text("cordoned")
+    expect(page.locator('section.node[data-node="n2"] button', has_text="Drain")).to_have_count(0)
+    assert fleet.node("n2")["cordoned"] is True
+    assert fleet.node("n1")["cordoned"] is False
+
+
+def test_auto_refresh_keeps_input_and_scroll(fleet: Fleet, page: Page) -> None:
+    page.set_viewport_size({"width": 900, "height": 300})
+    page.goto(f"{fleet.dash}/keys")
+    before = page.locator("#rendered time").inner_text()
+    name = page.locator('form.create-key input[name="name"]')
+    name.fill("half-typed")
+    page.evaluate("window.scrollTo(0, 120)")
+    scrolled = page.evaluate("window.scrollY")
+    assert scrolled > 0
+    # A new key appears without a reload (the table is a live region)...
+    r = httpx.post(f"{fleet.srv.admin}/api/v1/keys", json={"name": "appears-live"}, timeout=5)
+    assert r.status_code == 201
+    expect(page.locator("table.keys tr", has_text="appears-live")).to_be_visible(timeout=12_000)
+    expect(page.locator("#rendered time")).not_to_have_text(before)
+    # ... while what was typed and where the page was stay as they were.
+    assert name.input_value() == "half-typed"
+    assert page.evaluate("window.scrollY") == scrolled
+
+
+def test_traffic_page_charts_requests(fleet: Fleet, page: Page) -> None:
+    client = openai.OpenAI(
+        base_url=f"{fleet.srv.base}/v1", api_key=fleet.admin_key, max_retries=0, timeout=30
+    )
+    # Streamed, so each has a time to first token.
+    for _ in range(6):
+        stream = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
+        )
+        assert sum(1 for _ in stream) >= 3
+    page.goto(f"{fleet.dash}/traffic")
+    expect(page.locator("p.headline")).to_contain_text("req/s")
+    figures = page.locator("figure.chart")
+    expect(figures).to_have_count(6)
+    expect(figures.first.locator("figcaption")).to_have_text("Requests per second")
+    # Finished slots are charted: once the 5 s slot with the streams closes, their
+    # time to first token appears (the page refreshes itself).
+    ttft = figures.nth(1)
+    expect(ttft.locator("svg .chart-line, svg .chart-dot").first).to_be_attached(timeout=15_000)
+    expect(figures.first.locator("svg .chart-line, svg .chart-dot").first).to_be_attached()
+    expect(ttft.locator("svg")).not_to_contain_text("no data")
+
+
+def test_read_only_pages_work_without_javascript(fleet: Fleet, browser: Browser) -> None:
+    context = browser.new_context(java_script_enabled=False)
+    try:
+        pg = context.new_page()
+        for path, text in (
+            ("/", "Overview"),
+            ("/fleet", "n1"),
+            ("/models", "huge"),
+            ("/endpoints", "Engine replicas"),
+            ("/usage", "Usage"),
+            ("/keys", "ops"),
+        ):
+            response = pg.goto(f"{fleet.dash}{path}")
+            assert response is not None and response.status == 200, path
+            expect(pg.locator("main")).to_contain_text(text)
+        pg.screenshot(path=str(SHOTS / "no-js-keys.png"), full_page=True)
+    finally:
+        context.close()
+
+
+def test_usage_page_by_key_and_model(fleet: Fleet, page: Page) -> None:
+    client = openai.OpenAI(
+        base_url=f"{fleet.srv.base}/v1", api_key=fleet.admin_key, max_retries=0, timeout=30
+    )
+    client.completions.create(model="m", prompt="count me", max_tokens=4)
+    page.goto(f"{fleet.dash}/usage?period=1h&by=key")
+    # Usage is written in batches: the row appears within a few refreshes.
+    expect(page.locator("table.usage tbody tr", has_text="ops")).to_be_visible(timeout=15_000)
+    page.select_option('select[name="by"]', "model")
+    page.click('form.filters button[type="submit"]')
+    expect(page).to_have_url(re.compile(r"by=model"))
+    row = page.locator("table.usage tbody tr", has_text="m")
+    expect(row.first).to_be_visible()
+    bad = httpx.get(f"{fleet.dash}/usage?period=forever", timeout=5)
+    assert bad.status_code == 400 and "period: must be one of" in bad.text

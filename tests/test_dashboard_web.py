@@ -1,0 +1,154 @@
+"""The dashboard's HTTP plumbing and pages in-process: cookies, the origin check, the
+key form, router-only mode and no store. The browser tests (test_dashboard_browser.py)
+cover the same app through a real server and Chromium."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from llmgw.admin.api import AdminApp
+from llmgw.admin.http import Request
+from llmgw.config import Config, EndpointConfig
+from llmgw.dashboard import DashboardApp
+from llmgw.dashboard.app import _local, key_request
+from llmgw.dashboard.web import cookie_header, cookie_values, same_origin
+from llmgw.router.core import Router
+
+
+def request(*headers: tuple[bytes, bytes]) -> Request:
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    return Request({"type": "http", "headers": list(headers)}, receive)
+
+
+def test_cookie_values_reads_every_value_and_skips_malformed_parts() -> None:
+    req = request(
+        (b"cookie", b'llmgw_session=a; other=x; bad="unterminated; llmgw_session=b'),
+        (b"cookie", b"llmgw_session=c"),
+    )
+    assert cookie_values(req, "llmgw_session") == ["a", "b", "c"]
+    assert cookie_values(req, "missing") == []
+
+
+def test_cookie_header_flags() -> None:
+    name, value = cookie_header("s", "v", path="/admin", secure=True, max_age=60)
+    assert name == b"set-cookie"
+    assert value == b"s=v; Path=/admin; HttpOnly; SameSite=Strict; Max-Age=60; Secure"
+    assert b"Secure" not in cookie_header("s", "v", path="/", secure=False)[1]
+
+
+@pytest.mark.parametrize(
+    ("headers", "same"),
+    [
+        ((), True),  # curl, or a browser too old to say
+        (((b"sec-fetch-site", b"same-origin"),), True),
+        (((b"sec-fetch-site", b"none"),), True),  # typed into the address bar
+        (((b"sec-fetch-site", b"cross-site"),), False),
+        (((b"sec-fetch-site", b"same-site"),), False),  # another port or subdomain
+        (((b"origin", b"http://127.0.0.1:9090"), (b"host", b"127.0.0.1:9090")), True),
+        (((b"origin", b"http://evil.example"), (b"host", b"127.0.0.1:9090")), False),
+        (((b"origin", b"null"), (b"host", b"127.0.0.1:9090")), False),
+    ],
+)
+def test_same_origin(headers: tuple[tuple[bytes, bytes], ...], same: bool) -> None:
+    assert same_origin(request(*headers)) is same
+
+
+def test_key_form_to_api_body() -> None:
+    body = key_request(
+        {"name": " ci ", "band": "gold", "models": "a, b,", "rpm": "60", "expires_days": "1.5"}
+    )
+    assert body == {
+        "name": "ci",
+        "band": "gold",
+        "models": ["a", "b"],
+        "rpm": 60,
+        "expires_in_seconds": 1.5 * 86400,
+        "admin": False,
+    }
+    assert key_request({"name": "x", "admin": "on"})["admin"] is True
+    with pytest.raises(ValueError, match="tpm: must be a whole number, got '1e3'"):
+        key_request({"name": "x", "tpm": "1e3"})
+    with pytest.raises(ValueError, match="expires_days: must be a finite number"):
+        key_request({"name": "x", "expires_days": "inf"})
+
+
+@pytest.mark.parametrize(
+    ("target", "kept"),
+    [("/fleet", "/fleet"), ("//evil.example/x", None), ("https://evil.example", None),
+     ("/\\evil.example", None), (None, None), ("", None)],
+)  # fmt: skip
+def test_login_goes_back_only_within_the_dashboard(target: str | None, kept: str | None) -> None:
+    assert _local(target) == kept
+
+
+# -- in-process pages, router-only and without a store ------------------------------------
+
+
+def dashboard(**kw: Any) -> DashboardApp:
+    config = Config(endpoints=(EndpointConfig(id="e1", url="http://127.0.0.1:9", models=("m",)),))
+    return DashboardApp(AdminApp(Router(config)), **kw)
+
+
+def run(app: DashboardApp, main: Callable[[httpx.AsyncClient], Awaitable[None]]) -> None:
+    async def wrapper() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as client:
+            await main(client)
+
+    trio.run(wrapper)
+
+
+def test_router_only_pages() -> None:
+    async def main(client: httpx.AsyncClient) -> None:
+        fleet = await client.get("/fleet")
+        assert fleet.status_code == 200 and "router-only mode" in fleet.text
+        endpoints = await client.get("/endpoints")
+        assert endpoints.status_code == 200
+        assert 'data-endpoint="e1"' in endpoints.text and "http://127.0.0.1:9" in endpoints.text
+        # Never scraped: its numbers are missing, not 0.
+        assert "never" in endpoints.text
+        models = await client.get("/models")
+        assert 'data-model="m"' in models.text
+        assert (await client.get("/nope")).status_code == 404
+        for path in ("/static/../app.py", "/static/nothing.css"):
+            assert (await client.get(path)).status_code == 404
+        css = await client.get("/static/dashboard.css")
+        assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
+        page = await client.get("/")
+        assert "default-src 'none'" in page.headers["content-security-policy"]
+        assert page.headers["cache-control"] == "no-store"
+
+    run(dashboard(), main)
+
+
+def test_without_a_store_keys_and_usage_say_so_and_changes_are_refused() -> None:
+    async def main(client: httpx.AsyncClient) -> None:
+        keys = await client.get("/keys")
+        assert keys.status_code == 200 and "no store is configured" in keys.text
+        token = client.cookies["llmgw_csrf"]
+        created = await client.post("/keys/create", data={"csrf": token, "name": "x"})
+        assert created.status_code == 409 and "no store is configured" in created.text
+        usage = await client.get("/usage")
+        assert "no store is configured" in usage.text
+
+    run(dashboard(), main)
+
+
+def test_a_login_without_a_store_explains_itself() -> None:
+    async def main(client: httpx.AsyncClient) -> None:
+        r = await client.get("/admin/fleet")
+        assert r.status_code == 303 and r.headers["location"] == "/admin/login?next=%2Ffleet"
+        login = await client.get("/admin/login")
+        assert login.status_code == 200 and "needs a store" in login.text
+        # The bare prefix goes to the overview.
+        bare = await client.get("/admin")
+        assert bare.status_code == 303 and bare.headers["location"] == "/admin/"
+
+    run(dashboard(prefix="/admin", login_required=True), main)
