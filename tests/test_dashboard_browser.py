@@ -340,3 +340,37 @@ def test_usage_page_by_key_and_model(fleet: Fleet, page: Page) -> None:
     expect(row.first).to_be_visible()
     bad = httpx.get(f"{fleet.dash}/usage?period=forever", timeout=5)
     assert bad.status_code == 400 and "period: must be one of" in bad.text
+
+
+def test_changing_a_runtime_models_replica_count(fleet: Fleet, page: Page) -> None:
+    entry = {
+        "name": "extra",
+        "replicas": 0,
+        "profiles": [{"name": "sim", "engine": "sim", "weights": "sim"}],
+    }
+    r = httpx.post(f"{fleet.srv.admin}/api/v1/models", json=entry, timeout=5)
+    assert r.status_code == 201, r.text
+    page.goto(f"{fleet.dash}/models")
+    extra = page.locator('section.model[data-model="extra"]')
+    expect(extra).to_contain_text("0 ready of 0 desired")
+    # A bad number is refused with the API's reason, and nothing changes.
+    extra.locator('input[name="replicas"]').fill("-1")
+    page.evaluate(
+        "document.querySelector('section.model[data-model=\"extra\"] form').noValidate = true"
+    )
+    extra.locator("button", has_text="Set").click()
+    expect(page.locator(".error")).to_contain_text("replicas")
+    assert fleet.srv.model_counts("extra")["desired"] == 0  # type: ignore[index]
+    page.goto(f"{fleet.dash}/models")
+    extra = page.locator('section.model[data-model="extra"]')
+    extra.locator('input[name="replicas"]').fill("1")
+    extra.locator("button", has_text="Set").click()
+    expect(page.locator(".notice")).to_contain_text("Model extra: desired replicas set to 1")
+    fleet.srv.wait(lambda: fleet.srv.ready_replicas("extra", 1), "a ready replica of extra")
+    expect(page.locator('section.model[data-model="extra"]')).to_contain_text(
+        "1 ready of 1 desired", timeout=12_000
+    )
+    # Models from the configuration file are changed there, not here.
+    m = page.locator('section.model[data-model="m"]')
+    expect(m.locator('input[name="replicas"]')).to_have_count(0)
+    expect(m).to_contain_text("Defined in the configuration file")

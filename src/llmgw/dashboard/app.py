@@ -77,7 +77,7 @@ PERIODS = {"1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 # so a link cannot put words in the dashboard's mouth.
 NOTICES = {
     "drain": "Node {id} is draining: its replicas move elsewhere, make before break.",
-    "scale": "Model {id} now wants {n} replicas.",
+    "scale": "Model {id}: desired replicas set to {n}.",
     "revoke": "Key {id} is revoked.",
     "logout": "Logged out.",
 }
