@@ -34,6 +34,7 @@ from llmgw.header_timeout import HeaderTimeoutTCPServer, install
 from .procs import Server, server, sim
 
 TIMEOUT = 1.0
+BODY_TIMEOUT = 3.0  # above the 2s the slow-body test takes
 SLACK = 0.2
 CONFIG = f"""
 [router]
@@ -42,6 +43,7 @@ scrape_timeout = "150ms"
 
 [router.timeouts]
 client_header = "{TIMEOUT:g}s"
+client_body = "{BODY_TIMEOUT:g}s"
 """
 READ_TIMEOUT = 10.0  # any single socket read; far above every expected wait
 
@@ -82,7 +84,8 @@ class Conn:
         return data + self.h11.send(h11.EndOfMessage())
 
     def response(self) -> tuple[int, bytes]:
-        """Read one whole response (status, body); ready for the next request after."""
+        """Read one whole response (status, body); ready for the next request after,
+        unless either side ends the connection with it."""
         status, body = 0, b""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -94,7 +97,8 @@ class Conn:
             elif isinstance(event, h11.Data):
                 body += event.data
             elif isinstance(event, h11.EndOfMessage):
-                self.h11.start_next_cycle()
+                if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
+                    self.h11.start_next_cycle()
                 return status, body
             else:
                 raise AssertionError(f"unexpected {event!r}")
@@ -136,7 +140,7 @@ def assert_cut_after_deadline(elapsed: float) -> None:
 
 
 def expiries(srv: Server, listener: str) -> float:
-    return srv.metric("llmgw_client_header_timeouts_total", listener=listener)
+    return srv.metric("llmgw_client_timeouts_total", listener=listener, phase="header")
 
 
 @pytest.mark.parametrize("listener", ["client", "admin"])
@@ -179,6 +183,25 @@ def test_a_head_dribbled_within_the_deadline_and_a_slower_body_are_served(gw: Se
         status, reply = conn.response()
     assert status == 200, reply
     assert json.loads(reply)["usage"]["completion_tokens"] == 2
+
+
+def test_a_body_that_stops_coming_gets_408_after_client_body(gw: Server) -> None:
+    before = gw.metric("llmgw_client_timeouts_total", listener="client", phase="body")
+    body = chat_body(2)
+    with connect(gw.base) as conn:
+        conn.sock.sendall(conn.head("POST", "/v1/chat/completions", body))
+        started = time.monotonic()
+        conn.sock.sendall(conn.h11.send(h11.Data(data=body[:10])))  # then nothing
+        status, reply = conn.response()
+        elapsed = time.monotonic() - started
+        assert BODY_TIMEOUT - SLACK <= elapsed < 5 * BODY_TIMEOUT, elapsed
+        assert conn.until_closed() == b""  # and the connection is closed
+    assert status == 408
+    error = json.loads(reply)["error"]
+    assert error["code"] == "request_timeout"
+    assert "within 3s (router.timeouts.client_body); 10 bytes came" in error["message"]
+    after = gw.metric("llmgw_client_timeouts_total", listener="client", phase="body")
+    assert after == before + 1
 
 
 def test_a_stream_outlasting_the_deadline_is_not_cut_and_the_connection_stays(
@@ -280,6 +303,7 @@ def test_h11_protocol_reports_parsed_heads_and_kept_alive_waits() -> None:
 
 def test_client_header_defaults_to_10s_and_must_be_positive() -> None:
     assert cfg.load(data={}, environ={}).router.timeouts.client_header == 10
+    assert cfg.load(data={}, environ={}).router.timeouts.client_body == 30
     with pytest.raises(cfg.ConfigError) as error:
         cfg.load(data={"router": {"timeouts": {"client_header": "0s"}}}, environ={})
     assert "router.timeouts.client_header: must be greater than 0, got 0" in str(error.value)

@@ -66,7 +66,8 @@ Bytes = typing.NewType("Bytes", int)
 @attrs.frozen
 class Timeouts:
     """Per-phase deadlines of one proxied request: reading the client's request head
-    (`client_header`, on both listeners), then the upstream phases."""
+    (`client_header`, on both listeners) and body (`client_body`), then the upstream
+    phases."""
 
     dial: Seconds = Seconds(5.0)
     response_header: Seconds = Seconds(60.0)
@@ -74,6 +75,7 @@ class Timeouts:
     idle: Seconds = Seconds(60.0)
     total: Seconds = Seconds(1800.0)
     client_header: Seconds = Seconds(10.0)
+    client_body: Seconds = Seconds(30.0)
 
 
 @attrs.frozen

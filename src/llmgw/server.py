@@ -189,7 +189,7 @@ async def _serve(
     drain = config.router.drain_timeout
 
     def listener_config(bind: str, name: str) -> HeaderTimeoutConfig:
-        expired = router.metrics.client_header_timeouts.labels(name)
+        expired = router.metrics.client_timeouts.labels(name, "header")
         return hypercorn_config(
             bind,
             graceful=drain,

@@ -127,17 +127,29 @@ class ClientApp:
             )
         parts: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise HttpError(413, f"request body exceeds the limit of {limit} bytes")
-            parts.append(chunk)
-            if not message.get("more_body"):
-                return b"".join(parts)
+        # The head came in time (llmgw.header_timeout); a body dribbled forever would
+        # hold the connection all the same.
+        deadline = self.router.config.router.timeouts.client_body
+        with trio.move_on_after(deadline):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientGone
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise HttpError(413, f"request body exceeds the limit of {limit} bytes")
+                parts.append(chunk)
+                if not message.get("more_body"):
+                    return b"".join(parts)
+        self.router.metrics.client_timeouts.labels("client", "body").inc()
+        raise HttpError(
+            408,
+            f"the request body did not arrive within {deadline:g}s "
+            f"(router.timeouts.client_body); {size} bytes came",
+            code="request_timeout",
+            headers=[(b"connection", b"close")],
+        )
 
     async def _inference(self, scope: Scope, receive: Receive, send: Send) -> None:
         router = self.router

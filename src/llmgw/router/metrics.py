@@ -115,11 +115,12 @@ class RouterMetrics:
             ["endpoint", "phase"],
             registry=r,
         )
-        self.client_header_timeouts = Counter(
-            "llmgw_client_header_timeouts_total",
-            "Connections closed because the client did not send a complete request head "
-            "within router.timeouts.client_header, by listener (client, admin).",
-            ["listener"],
+        self.client_timeouts = Counter(
+            "llmgw_client_timeouts_total",
+            "Requests refused because the client was too slow to send them: its request "
+            "head (phase=header, router.timeouts.client_header) or body (phase=body, "
+            "router.timeouts.client_body), by listener (client, admin).",
+            ["listener", "phase"],
             registry=r,
         )
         self.upstream_errors = Counter(
