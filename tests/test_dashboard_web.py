@@ -152,3 +152,48 @@ def test_a_login_without_a_store_explains_itself() -> None:
         assert bare.status_code == 303 and bare.headers["location"] == "/admin/"
 
     run(dashboard(prefix="/admin", login_required=True), main)
+
+
+def test_login_on_an_admin_listener_off_loopback(tmp_path: Any) -> None:
+    """With a login required at "/" (the admin listener bound off loopback): sessions
+    come from the store, end with their TTL, and end when the key is revoked."""
+    from llmgw.store import open_store
+
+    now = [1_000_000.0]
+
+    async def main() -> None:
+        store = await open_store(f"sqlite:///{tmp_path}/s.db", clock=lambda: now[0])
+        try:
+            config = Config(
+                endpoints=(EndpointConfig(id="e1", url="http://127.0.0.1:9", models=("m",)),)
+            )
+            admin = AdminApp(Router(config), store=store, admin_auth=True)
+            app = DashboardApp(admin, login_required=True, session_ttl=60)
+            record, secret = await store.create_key("ops", admin=True)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://d") as client:
+                assert (await client.get("/keys")).headers["location"] == "/login?next=%2Fkeys"
+                await client.get("/login")
+                token = client.cookies["llmgw_csrf"]
+                r = await client.post(
+                    "/login", data={"csrf": token, "key": secret, "next": "/keys"}
+                )
+                assert r.status_code == 303 and r.headers["location"] == "/keys"
+                assert "Max-Age=60" in r.headers["set-cookie"]
+                page = await client.get("/keys")
+                assert page.status_code == 200 and record.id in page.text
+                # Past its TTL the session is gone.
+                now[0] += 61
+                assert (await client.get("/keys")).status_code == 303
+                # A new login, then the key is revoked: the session ends with it.
+                await client.post("/login", data={"csrf": token, "key": secret})
+                assert (await client.get("/keys")).status_code == 200
+                await store.revoke_key(record.id)
+                assert (await client.get("/keys")).status_code == 303
+                # Changes need the login too, before anything else is looked at.
+                refused = await client.post("/nodes/drain", data={"csrf": token, "node": "x"})
+                assert refused.status_code == 401
+        finally:
+            await store.aclose()
+
+    trio.run(main)

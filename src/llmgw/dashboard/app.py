@@ -127,9 +127,8 @@ class DashboardApp:
         self.env.filters.update(
             ago=fmt_ago,
             num=fmt_num,
-            pct=fmt_pct,
-            gib=fmt_gib,
-            secs=fmt_seconds,
+            pct=lambda v: charts.fmt(v, "%"),
+            secs=lambda v: charts.fmt(v, "s"),
             when=fmt_when,
         )
         self.env.globals.update(bar=charts.bar, nav=NAV, prefix=prefix, url=self.url)
@@ -712,16 +711,8 @@ MISSING = "\N{EN DASH}"
 
 
 def fmt_ago(seconds: float | None) -> str:
-    if seconds is None:
-        return "never"
-    seconds = max(0.0, float(seconds))
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f}m"
-    if seconds < 86400:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
+    """How long ago (or how long for); None is "never"."""
+    return "never" if seconds is None else charts.fmt(max(0.0, float(seconds)), "s")
 
 
 def fmt_num(value: float | None, digits: int = 1) -> str:
@@ -730,20 +721,6 @@ def fmt_num(value: float | None, digits: int = 1) -> str:
     if float(value).is_integer():
         return f"{int(value):,}"
     return f"{value:,.{digits}f}"
-
-
-def fmt_pct(value: float | None) -> str:
-    return MISSING if value is None else f"{100 * value:.0f}%"
-
-
-def fmt_gib(value: float | None) -> str:
-    return MISSING if value is None else f"{value / 2**30:.1f} GiB"
-
-
-def fmt_seconds(value: float | None) -> str:
-    if value is None:
-        return MISSING
-    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
 def fmt_when(unix: float | None) -> str:
