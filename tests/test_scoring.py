@@ -210,13 +210,24 @@ def test_session_guard_uses_relative_load() -> None:
 
 
 def test_prefix_best_match_wins_within_guard() -> None:
-    # Guard: load <= 1.25 * 2 + target_inflight/4 (2) = 4.5: a (4) qualifies over the
-    # idler b and c.
+    # Guard: load <= 1.25 * least load + target_inflight (8) * match. a (4) is within
+    # 1.25 * 2 + 7.2 of the idler b and c.
     cands = [cand("a", running=4), cand("b", running=2), cand("c", running=2)]
     assert pick(cands, prefix={"a": 0.9, "b": 0.5}) == ("a", "prefix")
-    # Next to an idle replica the guard is 2: a at 3 is out, b at 1 is in.
-    cands = [cand("a", running=3), cand("b", running=1), cand("c")]
+    # Next to an idle replica a's guard is 7.2: a at 8 is out; b's (a half holder) is 4.
+    cands = [cand("a", running=8), cand("b", running=1), cand("c")]
     assert pick(cands, prefix={"a": 0.9, "b": 0.5}) == ("b", "prefix")
+    cands = [cand("a", running=8), cand("b", running=5), cand("c")]
+    assert pick(cands, prefix={"a": 0.9, "b": 0.5})[1] == "score"
+
+
+def test_prefix_home_full_by_request_count_is_still_chosen() -> None:
+    # a is at target_inflight (saturated by count) but holds the whole prefix: queueing
+    # one more there beats a cold prefill on b (6 in flight, guard 7.5 + 8).
+    cands = [cand("a", running=8, waiting=1), cand("b", running=6)]
+    assert pick(cands, prefix={"a": 1.0}) == ("a", "prefix")
+    # Without the prefix, b (unsaturated) is the only eligible one.
+    assert pick(cands) == ("b", "score")
 
 
 def test_prefix_affinity_holds_when_every_replica_is_saturated() -> None:
@@ -226,13 +237,14 @@ def test_prefix_affinity_holds_when_every_replica_is_saturated() -> None:
 
 
 def test_prefix_hot_replica_not_overloaded() -> None:
-    # a holds the prefix but is well above the least loaded: scoring spreads it.
-    cands = [cand("a", running=5), cand("b", running=1)]
+    # a holds the prefix but is more than its worth (8) above the least loaded:
+    # scoring spreads it.
+    cands = [cand("a", running=10), cand("b", running=1)]
     assert pick(cands, prefix={"a": 1.0}) == ("b", "score")
 
 
 def test_prefix_falls_to_lesser_match_within_guard() -> None:
-    cands = [cand("a", running=5), cand("b", running=1), cand("c")]
+    cands = [cand("a", running=9), cand("b", running=1), cand("c")]
     assert pick(cands, prefix={"a": 1.0, "b": 0.3}) == ("b", "prefix")
 
 

@@ -49,10 +49,15 @@ Pick (:meth:`Scorer.pick`)
    (``load/weight``) is within the guard of the best other eligible one. The guard
    is ``rel_load <= session_load_factor * best_rel_load + 1``; the ``+ 1`` (one
    request) keeps an idle peer from pulling every session off its warm cache.
-4. Prefix: among eligible, unsaturated candidates within the same guard of the best
-   relative load, the highest prefix match wins (ties: lower score). A hot prefix
-   cannot pile onto one replica: once it is more than the guard above the least
-   loaded, scoring takes over and the prefix spreads.
+4. Prefix: the highest prefix match ``m`` wins (ties: lower score) among the
+   candidates within the prefix guard ``rel_load <= session_load_factor *
+   best_rel_load + max(1, target_inflight * m)``: a replica holding the whole prefix
+   is worth up to one replica's target load of extra requests, because a long
+   prompt's prefill costs far more than a queued turn. Candidates are the eligible
+   ones plus those saturated only by their request count (not by KV, a 429 or
+   another priority tier). A hot prefix cannot pile onto one replica: once it is
+   more than the guard above the least loaded, scoring takes over and the prefix
+   spreads.
 5. Score: the lowest score wins; exact ties (within ``TIE``) are broken at random in
    proportion to weight.
 """
@@ -271,15 +276,22 @@ class Scorer:
                     chosen, kind = s, "session"
 
         if chosen is None and prefix_matches:
-            # A cached prefix is worth a few queued requests (prefill is the expensive
-            # part of a long prompt), so the prefix guard is looser than the session one.
-            # When every replica is saturated, affinity still decides among them.
-            slack = max(1.0, self.scoring.target_inflight / 4)
-            limit = factor * min(rel[i] for i in eligible) + slack
+            # A cached prefix saves its prefill, the expensive part of a long prompt, and
+            # keeps the prefix from being cached (and evicting another) elsewhere: a
+            # replica holding all of it is worth up to one replica's target load of
+            # extra requests (`target_inflight`), a partial or occasional holder that
+            # share of it. So the prefix guard is looser than the session one, and a
+            # replica full only by its request count stays a candidate (queueing there
+            # beats a cold prefill). It still caps the pile-up: a hot prefix spreads
+            # once its home is that far above the least loaded. A full KV cache, a 429
+            # or another priority tier disqualify. When every replica is saturated,
+            # affinity still decides among them.
+            base = factor * min(rel[i] for i in eligible)
+            worth = self.scoring.target_inflight
             best_match = 0.0
-            for i in eligible:
+            for i in self._prefix_eligible(candidates, ests, eligible, tier, any_fresh):
                 m = prefix_matches.get(candidates[i].endpoint_id, 0.0)
-                if m <= 0.0 or rel[i] > limit:
+                if m <= 0.0 or rel[i] > base + max(1.0, worth * m):
                     continue
                 if (
                     chosen is None
@@ -310,6 +322,27 @@ class Scorer:
         return Decision(endpoint_id=candidates[chosen].endpoint_id, tier=kind, ranked=ranked)
 
     # -- internals --------------------------------------------------------------
+
+    def _prefix_eligible(
+        self,
+        candidates: Sequence[Candidate],
+        ests: Sequence[Estimate],
+        eligible: Sequence[int],
+        tier: int | None,
+        any_fresh: bool,
+    ) -> Sequence[int]:
+        """The eligible candidates, plus those left out only for their request count."""
+        if tier is None:
+            return eligible  # every candidate is saturated: all are eligible already
+        s = self.scoring
+        return [
+            i
+            for i, (c, e) in enumerate(zip(candidates, ests, strict=True))
+            if not (any_fresh and e.stale)
+            and c.priority == tier
+            and not c.throttled
+            and not (e.kv_usage is not None and e.kv_usage >= s.kv_ceiling)
+        ]
 
     def _saturated(self, c: Candidate, e: Estimate) -> bool:
         s = self.scoring
