@@ -147,6 +147,11 @@ def test_a_login_without_a_store_explains_itself() -> None:
         assert r.status_code == 303 and r.headers["location"] == "/admin/login?next=%2Ffleet"
         login = await client.get("/admin/login")
         assert login.status_code == 200 and "needs a store" in login.text
+        assert "Secure" not in r.headers["set-cookie"]
+        # Behind a TLS-terminating proxy the cookies are Secure.
+        client.cookies.clear()
+        proxied = await client.get("/admin/login", headers={"x-forwarded-proto": "https"})
+        assert proxied.headers["set-cookie"].endswith("; Secure")
         # The bare prefix goes to the overview.
         bare = await client.get("/admin")
         assert bare.status_code == 303 and bare.headers["location"] == "/admin/"

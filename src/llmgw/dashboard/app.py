@@ -231,11 +231,14 @@ class DashboardApp:
             )
 
     def _cookie(self, req: Request, name: str, value: str, max_age: int | None = None) -> Any:
+        # Secure over TLS, ours or a proxy's in front (trusting the proxy's header is
+        # harmless here: Secure only keeps the cookie off plain HTTP).
+        forwarded = (req.header(b"x-forwarded-proto") or "").split(",")[0].strip().lower()
         return cookie_header(
             name,
             value,
             path=self.prefix or "/",
-            secure=req.scope.get("scheme") == "https",
+            secure=req.scope.get("scheme") == "https" or forwarded == "https",
             max_age=max_age,
         )
 
