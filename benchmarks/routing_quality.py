@@ -26,8 +26,9 @@ Targets, interleaved A, B, A, B, ... with the same prompts within a round:
   replica t mod 4, which fits two tenants' prompts in each cache. Not a contender (it
   ignores load and needs to know tenants); it shows what affinity can gain here.
 
-Every replica's prefix cache is reset before each turn, so neither target inherits the
-other's cache. Reported: TTFT p50/p90/p99, e2e p50, throughput, each target's prefix
+Before each turn the replicas are idle as llmgw's own scrapes see them (so its first
+picks do not rest on the previous turn's load), and every replica's prefix cache is
+reset, so neither target inherits the other's cache. Reported: TTFT p50/p90/p99, e2e p50, throughput, each target's prefix
 cache hit rate (hit tokens / looked-up tokens, from the simulators' counters, delta over
 its turns), llmgw's routing decisions by tier and its split over the replicas.
 Nothing is asserted: the target (TTFT p90 at least 2x better than round robin) is
@@ -207,6 +208,20 @@ def reset_caches(sims: Sequence[str]) -> None:
         httpx.post(f"{base}/reset_prefix_cache", timeout=5, trust_env=False).raise_for_status()
 
 
+def wait_seen_idle(router: c.RouterProc, timeout: float = 10.0) -> None:
+    """Wait until llmgw's own scrapes show every replica idle. The previous turn (round
+    robin's, say) leaves the replicas busy for a moment, and llmgw would otherwise place
+    its first requests on a load that is no longer there: a turn must not start with
+    another target's leftovers in its view. Blocks (between turns, nothing else runs)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        endpoints = httpx.get(f"{router.admin}/api/v1/endpoints", timeout=5).json()["endpoints"]
+        if all(e["running"] == 0 and e["waiting"] == 0 for e in endpoints):
+            return
+        time.sleep(0.1)
+    c.log(f"llmgw still sees busy replicas after {timeout:g}s; starting the turn anyway")
+
+
 async def measure(
     settings: Settings, sims: list[str], router: c.RouterProc, concurrency: int, pinned: bool
 ) -> dict[str, Any]:
@@ -245,6 +260,7 @@ async def measure(
     mark: dict[str, Any] = {}
 
     def before(_round: int, target: bench.Target) -> None:
+        wait_seen_idle(router)
         reset_caches(sims)
         mark["sims"] = sim_counters(sims)
         if target is via:
