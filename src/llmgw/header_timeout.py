@@ -54,10 +54,12 @@ import hypercorn.trio
 import hypercorn.trio.run
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.events import Event, Updated
+from hypercorn.events import Event, RawData, Updated
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import AppWrapper, LifespanState
+
+from llmgw.coalesce import HeadCoalescer
 
 __all__ = ["HeaderTimeoutConfig", "HeaderTimeoutTCPServer", "install", "serve"]
 
@@ -75,6 +77,8 @@ class HeaderTimeoutConfig(HypercornConfig):
     header_timeout: float | None = None
     #: Called on every expiry (e.g. to count it); must not block.
     on_header_timeout: Callable[[], None] | None = None
+    #: Write a response's head with its first body bytes (llmgw.coalesce).
+    coalesce_writes: bool = False
 
 
 class _HeadDeadline:
@@ -138,7 +142,9 @@ class _HeadDeadline:
 
 class HeaderTimeoutTCPServer(TCPServer):
     """hypercorn's per-connection server, plus the request-head deadline of a
-    :class:`HeaderTimeoutConfig` (any other config: hypercorn's behaviour)."""
+    :class:`HeaderTimeoutConfig` and, when it asks, one write for a response's head
+    and first body bytes (:mod:`llmgw.coalesce`); any other config: hypercorn's
+    behaviour."""
 
     def __init__(
         self,
@@ -149,6 +155,9 @@ class HeaderTimeoutTCPServer(TCPServer):
         stream: trio.SSLStream[trio.SocketStream],
     ) -> None:
         super().__init__(app, config, context, state, stream)
+        self._coalescer: HeadCoalescer | None = None
+        if isinstance(config, HeaderTimeoutConfig) and config.coalesce_writes:
+            self._coalescer = HeadCoalescer()
         self._head: _HeadDeadline | None = None
         if isinstance(config, HeaderTimeoutConfig) and config.header_timeout is not None:
             self._head = _HeadDeadline(stream, config.header_timeout, self._head_expired)
@@ -156,6 +165,14 @@ class HeaderTimeoutTCPServer(TCPServer):
             self.stream = cast("trio.SSLStream[trio.SocketStream]", self._head)
 
     async def protocol_send(self, event: Event) -> None:
+        coalescer = self._coalescer
+        if coalescer is not None and isinstance(event, RawData):
+            connection = self._h11_connection()
+            if connection is not None:  # HTTP/2 and WebSocket bytes pass as they are
+                out = coalescer.feed(event.data, connection.our_state is h11.SEND_BODY)
+                if out is None:
+                    return
+                event = RawData(data=out)
         head = self._head
         if head is not None and isinstance(event, Updated):
             if not event.idle:

@@ -49,6 +49,7 @@ def hypercorn_config(
     hc.keep_alive_timeout = 75
     hc.header_timeout = header_timeout
     hc.on_header_timeout = on_header_timeout
+    hc.coalesce_writes = True
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
     return hc
