@@ -41,6 +41,10 @@ def test_demo_serves_a_fleet_and_stops_its_engines() -> None:
         assert reply.model == "demo-chat" and reply.usage and reply.usage.completion_tokens == 4
         nodes = httpx.get(f"http://127.0.0.1:{admin}/api/v1/nodes").json()["nodes"]
         assert [n["id"] for n in nodes] == ["demo-node"] and len(nodes[0]["gpus"]) == 4
+        # The dashboard it announces shows the node.
+        assert f"dashboard: http://127.0.0.1:{admin}/" in proc.output()
+        fleet = httpx.get(f"http://127.0.0.1:{admin}/fleet")
+        assert fleet.status_code == 200 and 'data-node="demo-node"' in fleet.text
         assert proc.stop() == 0
     # The demo's engines went with it.
     sims = subprocess.run(["pgrep", "-af", "llmgw_cli.sim"], capture_output=True, text=True)

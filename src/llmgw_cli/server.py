@@ -118,6 +118,7 @@ async def _run_demo(config: cfg.Config, fake_gpus: str | None = DEMO_GPUS) -> No
             f"  try: curl http://{host}:{listen.port}/v1/chat/completions "
             "-H 'content-type: application/json' "
             '-d \'{"model": "demo-chat", "messages": [{"role": "user", "content": "hi"}]}\'\n'
+            f"  dashboard: http://{config.admin_listen}/\n"
             f"  fleet: http://{config.admin_listen}/api/v1/nodes, "
             f"http://{config.admin_listen}/api/v1/replicas, "
             f"http://{config.admin_listen}/metrics",
