@@ -28,9 +28,10 @@ Targets, interleaved A, B, A, B, ... with the same prompts within a round:
 
 Before each turn the replicas are idle as llmgw's own scrapes see them (so its first
 picks do not rest on the previous turn's load), and every replica's prefix cache is
-reset, so neither target inherits the other's cache. Reported: TTFT p50/p90/p99, e2e p50, throughput, each target's prefix
-cache hit rate (hit tokens / looked-up tokens, from the simulators' counters, delta over
-its turns), llmgw's routing decisions by tier and its split over the replicas.
+reset, so neither target inherits the other's cache. Reported: TTFT p50/p90/p99, e2e
+p50, throughput, each target's prefix cache hit rate (hit tokens / looked-up tokens,
+from the simulators' counters, delta over its turns), llmgw's routing decisions by
+tier and its split over the replicas.
 Nothing is asserted: the target (TTFT p90 at least 2x better than round robin) is
 printed beside the measurement.
 """
