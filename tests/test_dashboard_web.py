@@ -15,7 +15,8 @@ from llmgw.admin.api import AdminApp
 from llmgw.admin.http import Request
 from llmgw.config import Config, EndpointConfig
 from llmgw.dashboard import DashboardApp
-from llmgw.dashboard.app import _local, key_request
+from llmgw.dashboard.app import _local
+from llmgw.dashboard.panels import key_request
 from llmgw.dashboard.web import cookie_header, cookie_values, same_origin
 from llmgw.router.core import Router
 
@@ -202,3 +203,41 @@ def test_login_on_an_admin_listener_off_loopback(tmp_path: Any) -> None:
             await store.aclose()
 
     trio.run(main)
+
+
+def test_panels_summaries_and_formats() -> None:
+    from llmgw.dashboard import panels
+    from llmgw.dashboard.traffic import TrafficRing
+
+    gpu = {"memory_used_bytes": None}
+    nodes = [
+        {"state": "ready", "cordoned": False, "gpus": [gpu] * 2, "gpus_allocated": 1,
+         "gpus_free": 1},
+        {"state": "lost", "cordoned": True, "gpus": [gpu], "gpus_allocated": 0, "gpus_free": 0},
+    ]  # fmt: skip
+    assert panels.fleet_summary(nodes) == {
+        "nodes": 2,
+        "states": {"ready": 1, "lost": 1},
+        "cordoned": 1,
+        "gpus": 3,
+        "gpus_allocated": 1,
+        "gpus_free": 1,
+    }
+    endpoints = [
+        {"stale": True, "breaker": "closed", "draining": False},
+        {"stale": False, "breaker": "half_open", "draining": True},
+    ]
+    assert panels.endpoint_summary(endpoints) == {
+        "total": 2, "stale": 1, "open": 1, "draining": 1
+    }  # fmt: skip
+    # Absent is not zero.
+    assert panels.fmt_num(None) == panels.MISSING and panels.fmt_num(0) == "0"
+    assert panels.fmt_num(12345) == "12,345" and panels.fmt_num(2.25, 2) == "2.25"
+    assert panels.fmt_ago(None) == "never" and panels.fmt_ago(90) == "1.5m"
+    assert panels.fmt_when(0) == "1970-01-01 00:00:00 UTC"
+    # An empty ring still gives every chart, each saying it has no data.
+    now = [100.0]
+    ring = TrafficRing(clock=lambda: now[0])
+    made = panels.traffic_charts(ring.series())
+    assert [c["title"] for c in made][:2] == ["Requests per second", "Time to first token"]
+    assert len(made) == 6 and all("no data" in c["svg"] for c in made)

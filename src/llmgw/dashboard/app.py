@@ -16,7 +16,6 @@ token (:mod:`llmgw.dashboard.web`).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
@@ -28,8 +27,8 @@ import jinja2
 
 from llmgw.admin.http import Request
 from llmgw.asgi import Receive, Scope, Send, lifespan
-from llmgw.dashboard import charts
-from llmgw.dashboard.traffic import TrafficPoint, TrafficRing, TrafficSeries
+from llmgw.dashboard import charts, panels
+from llmgw.dashboard.traffic import TrafficRing
 from llmgw.dashboard.web import (
     CSRF_COOKIE,
     PAGE_HEADERS,
@@ -92,7 +91,7 @@ class View:
     req: Request
     csrf: str
     session: Session | None
-    set_cookies: tuple[tuple[bytes, bytes], ...] = ()
+    form: Mapping[str, str] = attrs.field(factory=dict)  # a POST's fields
 
 
 Handler = Callable[["DashboardApp", View], Awaitable[Page]]
@@ -125,11 +124,11 @@ class DashboardApp:
             lstrip_blocks=True,
         )
         self.env.filters.update(
-            ago=fmt_ago,
-            num=fmt_num,
+            ago=panels.fmt_ago,
+            num=panels.fmt_num,
             pct=lambda v: charts.fmt(v, "%"),
             secs=lambda v: charts.fmt(v, "s"),
-            when=fmt_when,
+            when=panels.fmt_when,
         )
         self.env.globals.update(bar=charts.bar, nav=NAV, prefix=prefix, url=self.url)
         self.pages: dict[str, Handler] = {
@@ -219,7 +218,7 @@ class DashboardApp:
                 return self.message_page(404, "Not found", f"no dashboard action {path}")
             form = await read_form(req)
             self._check_csrf(req, form, csrf)
-            return await action(self, attrs.evolve(view, req=_with_form(req, form)))
+            return await action(self, attrs.evolve(view, form=form))
         return Page(405, b"method not allowed", b"text/plain", ((b"allow", b"GET, POST"),))
 
     def _check_csrf(self, req: Request, form: Mapping[str, str], csrf: str) -> None:
@@ -339,7 +338,7 @@ class DashboardApp:
         context.setdefault("self_url", self_url)
         context.setdefault("error", None)
         context.setdefault("refresh", REFRESH_SECONDS)
-        context.setdefault("rendered", fmt_when(time.time()))
+        context.setdefault("rendered", panels.fmt_when(time.time()))
         context.setdefault("control", self.admin.controller is not None)
         context.setdefault("logout", self.login_required)
         body = self.env.get_template(template).render(**context)
@@ -383,10 +382,10 @@ class DashboardApp:
         return self.render(
             "overview.html",
             **self.frame(view, "overview"),
-            nodes=_fleet_summary(nodes["nodes"]) if nodes else None,
+            nodes=panels.fleet_summary(nodes["nodes"]) if nodes else None,
             models=models["models"] if models else [],
             placement=placement["models"] if placement else [],
-            endpoints=_endpoint_summary(endpoints["endpoints"]),
+            endpoints=panels.endpoint_summary(endpoints["endpoints"]),
             admission=admission,
             summary=summary,
         )
@@ -429,7 +428,7 @@ class DashboardApp:
         return self.render(
             "traffic.html",
             **self.frame(view, "traffic"),
-            charts=traffic_charts(series),
+            charts=panels.traffic_charts(series),
             summary=self.traffic.summary(60.0),
         )
 
@@ -467,7 +466,7 @@ class DashboardApp:
             by=group_by,
             problem=problem,
             error=error,
-            totals=_usage_totals(rows),
+            totals=panels.usage_totals(rows),
         )
 
     async def keys(
@@ -505,14 +504,14 @@ class DashboardApp:
     # -- actions -------------------------------------------------------------------------
 
     async def drain(self, view: View) -> Page:
-        node = _form(view).get("node", "")
+        node = view.form.get("node", "")
         status, data = await self.api("POST", f"/api/v1/nodes/{quote(node, safe='')}/drain")
         if status != 202:
             return self.message_page(status, "Cannot drain", _message(data))
         return redirect(self.url("/fleet", done="drain", id=node))
 
     async def scale(self, view: View) -> Page:
-        form = _form(view)
+        form = view.form
         name = form.get("model", "")
         text = form.get("replicas", "").strip()
         try:
@@ -529,9 +528,9 @@ class DashboardApp:
         return redirect(self.url("/models", done="scale", id=name, n=replicas))
 
     async def create_key(self, view: View) -> Page:
-        form = _form(view)
+        form = view.form
         try:
-            body = key_request(form)
+            body = panels.key_request(form)
         except ValueError as exc:
             return await self.keys(view, error=str(exc), status=400, form=form)
         status, data = await self.api("POST", "/api/v1/keys", body=body)
@@ -540,7 +539,7 @@ class DashboardApp:
         return await self.keys(view, created=data)
 
     async def revoke_key(self, view: View) -> Page:
-        key_id = _form(view).get("id", "")
+        key_id = view.form.get("id", "")
         status, data = await self.api("DELETE", f"/api/v1/keys/{quote(key_id, safe='')}")
         if status != 200:
             return await self.keys(view, error=_message(data), status=status)
@@ -548,16 +547,6 @@ class DashboardApp:
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def _with_form(req: Request, form: dict[str, str]) -> Request:
-    req.scope["llmgw.form"] = form
-    return req
-
-
-def _form(view: View) -> dict[str, str]:
-    form: dict[str, str] = view.req.scope.get("llmgw.form", {})
-    return form
 
 
 def _message(data: Any) -> str:
@@ -584,149 +573,3 @@ def static(name: str) -> Page:
         return Page(404, b"no such file", b"text/plain")
     body = resources.files("llmgw.dashboard").joinpath("static", name).read_bytes()
     return Page(200, body, STATIC[name])
-
-
-def key_request(form: Mapping[str, str]) -> dict[str, Any]:
-    """The admin API's key-creation body from the keys page's form; ValueError naming
-    the field at fault."""
-    body: dict[str, Any] = {"name": form.get("name", "").strip()}
-    if form.get("band"):
-        body["band"] = form["band"]
-    models = [m.strip() for m in form.get("models", "").split(",") if m.strip()]
-    if models:
-        body["models"] = models
-    for field in ("rpm", "tpm"):
-        text = form.get(field, "").strip()
-        if text:
-            try:
-                body[field] = int(text)
-            except ValueError:
-                raise ValueError(f"{field}: must be a whole number, got {text!r}") from None
-    days = form.get("expires_days", "").strip()
-    if days:
-        try:
-            body["expires_in_seconds"] = float(days) * 86400
-        except ValueError:
-            raise ValueError(f"expires_days: must be a number, got {days!r}") from None
-        if not math.isfinite(body["expires_in_seconds"]):
-            raise ValueError(f"expires_days: must be a finite number, got {days!r}")
-    body["admin"] = form.get("admin") == "on"
-    return body
-
-
-def _fleet_summary(nodes: list[dict[str, Any]]) -> dict[str, Any]:
-    states: dict[str, int] = {}
-    for n in nodes:
-        states[n["state"]] = states.get(n["state"], 0) + 1
-    gpus = [g for n in nodes for g in n["gpus"]]
-    return {
-        "nodes": len(nodes),
-        "states": states,
-        "cordoned": sum(1 for n in nodes if n["cordoned"]),
-        "gpus": len(gpus),
-        "gpus_allocated": sum(n["gpus_allocated"] for n in nodes),
-        "gpus_free": sum(n["gpus_free"] for n in nodes),
-    }
-
-
-def _endpoint_summary(endpoints: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "total": len(endpoints),
-        "stale": sum(1 for e in endpoints if e["stale"]),
-        "open": sum(1 for e in endpoints if e["breaker"] != "closed"),
-        "draining": sum(1 for e in endpoints if e["draining"]),
-    }
-
-
-def _usage_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
-    keys = ("requests", "prompt_tokens", "completion_tokens", "errors")
-    return {k: sum(int(r[k]) for r in rows) for k in keys}
-
-
-def traffic_charts(series: TrafficSeries) -> list[dict[str, str]]:
-    """The traffic page's charts: the whole window, empty before the server started."""
-
-    def lines(**getters: Callable[[TrafficPoint], float | None]) -> list[charts.Line]:
-        return [charts.Line(name, series.column(get)) for name, get in getters.items()]
-
-    def by(names: tuple[str, ...], get: Callable[[TrafficPoint, str], Any]) -> list[charts.Line]:
-        return [
-            charts.Line(name, series.column(lambda p, n=name: get(p, n)))  # type: ignore[misc]
-            for name in names
-        ]
-
-    return [
-        {
-            "title": "Requests per second",
-            "svg": charts.line_chart(
-                lines(
-                    requests=lambda p: p.requests_per_second,
-                    errors=lambda p: p.errors_per_second,
-                ),
-                unit="/s",
-            ),
-        },
-        {
-            "title": "Time to first token",
-            "svg": charts.line_chart(
-                lines(p50=lambda p: p.ttft_p50, p90=lambda p: p.ttft_p90, p99=lambda p: p.ttft_p99),
-                unit="s",
-            ),
-        },
-        {
-            "title": "End-to-end latency",
-            "svg": charts.line_chart(
-                lines(
-                    p50=lambda p: p.latency_p50,
-                    p90=lambda p: p.latency_p90,
-                    p99=lambda p: p.latency_p99,
-                ),
-                unit="s",
-            ),
-        },
-        {
-            "title": "Tokens per second",
-            "svg": charts.line_chart(
-                lines(
-                    total=lambda p: p.tokens_per_second,
-                    completion=lambda p: p.completion_tokens_per_second,
-                ),
-                unit="/s",
-            ),
-        },
-        {
-            "title": "Queue depth per band",
-            "svg": charts.line_chart(by(series.bands, lambda p, b: p.queue_depth.get(b)), unit=""),
-        },
-        {
-            "title": "Saturation per pool",
-            "svg": charts.line_chart(
-                by(series.pools, lambda p, pool: p.saturation.get(pool)), unit="", y_max=1.0
-            ),
-        },
-    ]
-
-
-# -- formatting filters --------------------------------------------------------------
-
-#: What an unknown number shows as: absent, not zero.
-MISSING = "\N{EN DASH}"
-
-
-def fmt_ago(seconds: float | None) -> str:
-    """How long ago (or how long for); None is "never"."""
-    return "never" if seconds is None else charts.fmt(max(0.0, float(seconds)), "s")
-
-
-def fmt_num(value: float | None, digits: int = 1) -> str:
-    if value is None:
-        return MISSING
-    if float(value).is_integer():
-        return f"{int(value):,}"
-    return f"{value:,.{digits}f}"
-
-
-def fmt_when(unix: float | None) -> str:
-    if unix is None:
-        return MISSING
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix))

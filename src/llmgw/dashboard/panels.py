@@ -1,0 +1,174 @@
+"""What the dashboard's pages show, shaped from the admin API's answers: pure functions
+of values (no I/O), so the pages' numbers can be checked without a server.
+
+Also the Jinja filters that format numbers for people; an unknown number is shown as
+missing (an en dash, or "never" for a time), not as 0.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from llmgw.dashboard import charts
+from llmgw.dashboard.traffic import TrafficPoint, TrafficSeries
+
+__all__ = [
+    "MISSING",
+    "endpoint_summary",
+    "fleet_summary",
+    "fmt_ago",
+    "fmt_num",
+    "fmt_when",
+    "key_request",
+    "traffic_charts",
+    "usage_totals",
+]
+
+
+def key_request(form: Mapping[str, str]) -> dict[str, Any]:
+    """The admin API's key-creation body from the keys page's form; ValueError naming
+    the field at fault."""
+    body: dict[str, Any] = {"name": form.get("name", "").strip()}
+    if form.get("band"):
+        body["band"] = form["band"]
+    models = [m.strip() for m in form.get("models", "").split(",") if m.strip()]
+    if models:
+        body["models"] = models
+    for field in ("rpm", "tpm"):
+        text = form.get(field, "").strip()
+        if text:
+            try:
+                body[field] = int(text)
+            except ValueError:
+                raise ValueError(f"{field}: must be a whole number, got {text!r}") from None
+    days = form.get("expires_days", "").strip()
+    if days:
+        try:
+            body["expires_in_seconds"] = float(days) * 86400
+        except ValueError:
+            raise ValueError(f"expires_days: must be a number, got {days!r}") from None
+        if not math.isfinite(body["expires_in_seconds"]):
+            raise ValueError(f"expires_days: must be a finite number, got {days!r}")
+    body["admin"] = form.get("admin") == "on"
+    return body
+
+
+def fleet_summary(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    states: dict[str, int] = {}
+    for n in nodes:
+        states[n["state"]] = states.get(n["state"], 0) + 1
+    gpus = [g for n in nodes for g in n["gpus"]]
+    return {
+        "nodes": len(nodes),
+        "states": states,
+        "cordoned": sum(1 for n in nodes if n["cordoned"]),
+        "gpus": len(gpus),
+        "gpus_allocated": sum(n["gpus_allocated"] for n in nodes),
+        "gpus_free": sum(n["gpus_free"] for n in nodes),
+    }
+
+
+def endpoint_summary(endpoints: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "total": len(endpoints),
+        "stale": sum(1 for e in endpoints if e["stale"]),
+        "open": sum(1 for e in endpoints if e["breaker"] != "closed"),
+        "draining": sum(1 for e in endpoints if e["draining"]),
+    }
+
+
+def usage_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
+    keys = ("requests", "prompt_tokens", "completion_tokens", "errors")
+    return {k: sum(int(r[k]) for r in rows) for k in keys}
+
+
+def traffic_charts(series: TrafficSeries) -> list[dict[str, str]]:
+    """The traffic page's charts: the whole window, empty before the server started."""
+
+    def lines(**getters: Callable[[TrafficPoint], float | None]) -> list[charts.Line]:
+        return [charts.Line(name, series.column(get)) for name, get in getters.items()]
+
+    def by(names: tuple[str, ...], get: Callable[[TrafficPoint, str], Any]) -> list[charts.Line]:
+        return [
+            charts.Line(name, series.column(lambda p, n=name: get(p, n)))  # type: ignore[misc]
+            for name in names
+        ]
+
+    return [
+        {
+            "title": "Requests per second",
+            "svg": charts.line_chart(
+                lines(
+                    requests=lambda p: p.requests_per_second,
+                    errors=lambda p: p.errors_per_second,
+                ),
+                unit="/s",
+            ),
+        },
+        {
+            "title": "Time to first token",
+            "svg": charts.line_chart(
+                lines(p50=lambda p: p.ttft_p50, p90=lambda p: p.ttft_p90, p99=lambda p: p.ttft_p99),
+                unit="s",
+            ),
+        },
+        {
+            "title": "End-to-end latency",
+            "svg": charts.line_chart(
+                lines(
+                    p50=lambda p: p.latency_p50,
+                    p90=lambda p: p.latency_p90,
+                    p99=lambda p: p.latency_p99,
+                ),
+                unit="s",
+            ),
+        },
+        {
+            "title": "Tokens per second",
+            "svg": charts.line_chart(
+                lines(
+                    total=lambda p: p.tokens_per_second,
+                    completion=lambda p: p.completion_tokens_per_second,
+                ),
+                unit="/s",
+            ),
+        },
+        {
+            "title": "Queue depth per band",
+            "svg": charts.line_chart(by(series.bands, lambda p, b: p.queue_depth.get(b)), unit=""),
+        },
+        {
+            "title": "Saturation per pool",
+            "svg": charts.line_chart(
+                by(series.pools, lambda p, pool: p.saturation.get(pool)), unit="", y_max=1.0
+            ),
+        },
+    ]
+
+
+# -- formatting filters --------------------------------------------------------------
+
+#: What an unknown number shows as: absent, not zero.
+MISSING = "\N{EN DASH}"
+
+
+def fmt_ago(seconds: float | None) -> str:
+    """How long ago (or how long for); None is "never"."""
+    return "never" if seconds is None else charts.fmt(max(0.0, float(seconds)), "s")
+
+
+def fmt_num(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return MISSING
+    if float(value).is_integer():
+        return f"{int(value):,}"
+    return f"{value:,.{digits}f}"
+
+
+def fmt_when(unix: float | None) -> str:
+    if unix is None:
+        return MISSING
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix))
