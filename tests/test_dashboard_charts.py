@@ -211,3 +211,18 @@ def test_bar_label_is_escaped() -> None:
     assert "<img" not in svg
     root = parse(svg)
     assert texts(root, "bar-label") == ['<img src=x onerror="alert(1)">']
+
+
+def test_marks_are_labelled_reference_lines_inside_the_axis() -> None:
+    svg = line_chart(
+        [Line("m", [0.2, 0.5])],
+        unit="",
+        y_max=1.0,
+        marks=[("gold ceiling", 0.85), ("bronze ceiling", 0.3), ("off the chart", 1.5)],
+    )
+    root = ET.fromstring(svg)
+    marks = [e for e in root.iter() if e.get("class") == "chart-mark"]
+    labels = [e.text for e in root.iter() if e.get("class") == "chart-mark-label"]
+    assert labels == ["gold ceiling", "bronze ceiling"] and len(marks) == 2
+    # Higher values are drawn higher (smaller y).
+    assert float(marks[0].get("y1", "0")) < float(marks[1].get("y1", "0"))

@@ -241,3 +241,16 @@ def test_panels_summaries_and_formats() -> None:
     made = panels.traffic_charts(ring.series())
     assert [c["title"] for c in made][:2] == ["Requests per second", "Time to first token"]
     assert len(made) == 6 and all("no data" in c["svg"] for c in made)
+
+
+def test_the_saturation_chart_marks_each_bands_ceiling() -> None:
+    from llmgw.dashboard import panels
+    from llmgw.dashboard.traffic import TrafficRing
+
+    ring = TrafficRing(clock=lambda: 100.0)
+    ceilings = [("platinum", 1.0), ("gold", 0.85), ("bronze", 0.3)]
+    (saturation,) = [
+        c for c in panels.traffic_charts(ring.series(), ceilings) if "Saturation" in c["title"]
+    ]
+    assert "gold ceiling" in saturation["svg"] and "bronze ceiling" in saturation["svg"]
+    assert "platinum ceiling" not in saturation["svg"]  # 1.0 is the top: nothing is held

@@ -428,9 +428,13 @@ class DashboardApp:
         return self.render(
             "traffic.html",
             **self.frame(view, "traffic"),
-            charts=panels.traffic_charts(series),
+            charts=panels.traffic_charts(series, self._ceilings()),
             summary=self.traffic.summary(60.0),
         )
+
+    def _ceilings(self) -> list[tuple[str, float]]:
+        bands = self.admin.router.config.router.admission.bands
+        return [(b.name, b.saturation_ceiling) for b in bands]
 
     async def endpoints(self, view: View) -> Page:
         data, _ = await self.get("/api/v1/endpoints")

@@ -19,6 +19,8 @@ attributes such as ``fill="none"`` are only fallbacks a stylesheet overrides):
     the legend below the plot: a swatch, the name and the latest value per line.
 ``chart-nodata``
     the "no data" text of a chart without a single value.
+``chart-mark`` / ``chart-mark-label``
+    a reference line (``marks``) and its label.
 ``bar``
     the ``<svg>`` of :func:`bar`.
 ``bar-label`` / ``bar-value``
@@ -176,13 +178,15 @@ def line_chart(
     x_labels: Sequence[str] = ("-15m", "-10m", "-5m", "now"),
     title: str | None = None,
     ticks: int = 4,
+    marks: Sequence[tuple[str, float]] = (),
 ) -> str:
     """An ``<svg>`` line chart of ``series`` over shared, evenly spaced x positions (the
     longest line sets how many; put the latest value last). ``y_max`` fixes the top of
     the y axis (1.0 for a ratio); otherwise it is the data's maximum rounded up to a
     nice tick. The y axis starts at 0 (values below are drawn at 0). ``x_labels`` are
     spread evenly from the left edge to the right one. ``title`` (default: the line
-    names and the unit) is the accessible name."""
+    names and the unit) is the accessible name. ``marks`` are labelled horizontal
+    reference lines (a band's saturation ceiling, say), drawn when inside the axis."""
     lines = list(series)
     names = ", ".join(line.name for line in lines)
     label = title if title is not None else f"{names} ({unit})" if unit else names
@@ -221,6 +225,19 @@ def line_chart(
         out.append(
             f'<text class="chart-tick chart-tick-x" x="{_c(x)}" y="{_c(y1 + 14)}"'
             f' text-anchor="{anchor}">{_esc(text)}</text>'
+        )
+    top_mark = (
+        y_max if y_max is not None else (_scale(None, max(present), ticks)[0] if present else None)
+    )
+    for name, value in marks:
+        if top_mark is None or not 0 <= value <= top_mark:
+            continue
+        y = y1 - (value / top_mark) * (y1 - y0)
+        out.append(
+            f'<line class="chart-mark" x1="{_c(x0)}" x2="{_c(x1)}" y1="{_c(y)}" y2="{_c(y)}"'
+            f' stroke="currentColor" stroke-opacity="0.5" stroke-dasharray="4 3"/>'
+            f'<text class="chart-mark-label" x="{_c(x0 + 3)}" y="{_c(y - 3)}">'
+            f"{_esc(name)}</text>"
         )
     if not present:
         out.append(

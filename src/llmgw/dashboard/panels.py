@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from llmgw.dashboard import charts
@@ -85,7 +85,9 @@ def usage_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
     return {k: sum(int(r[k]) for r in rows) for k in keys}
 
 
-def traffic_charts(series: TrafficSeries) -> list[dict[str, str]]:
+def traffic_charts(
+    series: TrafficSeries, ceilings: Sequence[tuple[str, float]] = ()
+) -> list[dict[str, str]]:
     """The traffic page's charts: the whole window, empty before the server started."""
 
     def lines(**getters: Callable[[TrafficPoint], float | None]) -> list[charts.Line]:
@@ -141,9 +143,13 @@ def traffic_charts(series: TrafficSeries) -> list[dict[str, str]]:
             "svg": charts.line_chart(by(series.bands, lambda p, b: p.queue_depth.get(b)), unit=""),
         },
         {
-            "title": "Saturation per pool",
+            "title": "Saturation per pool, against the bands' ceilings",
             "svg": charts.line_chart(
-                by(series.pools, lambda p, pool: p.saturation.get(pool)), unit="", y_max=1.0
+                by(series.pools, lambda p, pool: p.saturation.get(pool)),
+                unit="",
+                y_max=1.0,
+                # A band is held back while its pool is at or above its ceiling.
+                marks=[(f"{band} ceiling", c) for band, c in ceilings if c < 1.0],
             ),
         },
     ]
