@@ -374,3 +374,20 @@ def test_changing_a_runtime_models_replica_count(fleet: Fleet, page: Page) -> No
     m = page.locator('section.model[data-model="m"]')
     expect(m.locator('input[name="replicas"]')).to_have_count(0)
     expect(m).to_contain_text("Defined in the configuration file")
+
+
+def test_a_crash_looping_model_shows_why_it_does_not_start(page: Page) -> None:
+    """Its own fleet: a model whose engine exits at once (a bad flag) backs off, and the
+    dashboard says why, from the failed shard the agent reported."""
+    config = control_config([model("bad", replicas=1, args=["--no-such-flag"])])
+    with ExitStack() as stack:
+        srv = stack.enter_context(fleet_server(config))
+        stack.enter_context(agent(srv.agent_address, "n9", address="127.0.0.29"))
+        srv.wait(lambda: (srv.model_counts("bad") or {}).get("backoff_seconds"), "bad backing off")
+        page.goto(f"{srv.admin}/models")
+        failure = page.locator('section.model[data-model="bad"] .failure')
+        expect(failure).to_contain_text("Last failed start: exited with code 2")
+        expect(failure).to_contain_text("unrecognized arguments: --no-such-flag")
+        expect(failure).to_contain_text("on n9, exit code 2")
+        page.goto(f"{srv.admin}/")
+        expect(page.locator(".problem", has_text="bad")).to_contain_text("last failure")

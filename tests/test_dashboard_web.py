@@ -254,3 +254,20 @@ def test_the_saturation_chart_marks_each_bands_ceiling() -> None:
     ]
     assert "gold ceiling" in saturation["svg"] and "bronze ceiling" in saturation["svg"]
     assert "platinum ceiling" not in saturation["svg"]  # 1.0 is the top: nothing is held
+
+
+def test_last_failures_keep_each_models_latest_failed_shard() -> None:
+    from llmgw.dashboard import panels
+
+    def shard(model: str, epoch: int, state: str = "failed") -> dict[str, Any]:
+        return {"model": model, "epoch": epoch, "state": state, "message": f"{model}@{epoch}"}
+
+    nodes = [
+        {"id": "n1", "shards": [shard("a", 1), shard("a", 3, "ready"), shard("b", 2)]},
+        {"id": "n2", "shards": [shard("a", 2)]},
+    ]
+    found = panels.last_failures(nodes)
+    assert {m: (f["node"], f["message"]) for m, f in found.items()} == {
+        "a": ("n2", "a@2"),
+        "b": ("n1", "b@2"),
+    }

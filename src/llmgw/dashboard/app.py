@@ -377,6 +377,7 @@ class DashboardApp:
         models, _ = await self.get("/api/v1/models")
         placement = (await self.get("/api/v1/placement"))[0] if control else None
         endpoints, _ = await self.get("/api/v1/endpoints")
+        failures = panels.last_failures(nodes["nodes"]) if nodes else {}
         admission, _ = await self.get("/api/v1/admission")
         summary = self.traffic.summary(60.0) if self.traffic is not None else None
         return self.render(
@@ -385,6 +386,7 @@ class DashboardApp:
             nodes=panels.fleet_summary(nodes["nodes"]) if nodes else None,
             models=models["models"] if models else [],
             placement=placement["models"] if placement else [],
+            failures=failures,
             endpoints=panels.endpoint_summary(endpoints["endpoints"]),
             admission=admission,
             summary=summary,
@@ -404,6 +406,7 @@ class DashboardApp:
         control = self.admin.controller is not None
         placement = (await self.get("/api/v1/placement"))[0] if control else None
         replicas = (await self.get("/api/v1/replicas"))[0] if control else None
+        nodes = (await self.get("/api/v1/nodes"))[0] if control else None
         by_model: dict[str, list[Any]] = {}
         for r in replicas["replicas"] if replicas else []:
             by_model.setdefault(r["model"], []).append(r)
@@ -415,6 +418,7 @@ class DashboardApp:
             models=models["models"],
             replicas=by_model,
             explain=explain,
+            failures=panels.last_failures(nodes["nodes"]) if nodes else {},
             can_change=self.admin.models is not None and self.admin.store is not None,
             error=error,
         )

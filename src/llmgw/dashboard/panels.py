@@ -23,6 +23,7 @@ __all__ = [
     "fmt_num",
     "fmt_when",
     "key_request",
+    "last_failures",
     "traffic_charts",
     "usage_totals",
 ]
@@ -78,6 +79,20 @@ def endpoint_summary(endpoints: list[dict[str, Any]]) -> dict[str, Any]:
         "open": sum(1 for e in endpoints if e["breaker"] != "closed"),
         "draining": sum(1 for e in endpoints if e["draining"]),
     }
+
+
+def last_failures(nodes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per model, its most recent failed shard as the agents reported it (node, message,
+    exit code, output tail): why a model that keeps backing off does not start."""
+    found: dict[str, dict[str, Any]] = {}
+    for node in nodes:
+        for shard in node["shards"]:
+            if shard["state"] != "failed":
+                continue
+            seen = found.get(shard["model"])
+            if seen is None or shard["epoch"] > seen["epoch"]:
+                found[shard["model"]] = {**shard, "node": node["id"]}
+    return found
 
 
 def usage_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
