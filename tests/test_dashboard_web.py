@@ -271,3 +271,37 @@ def test_last_failures_keep_each_models_latest_failed_shard() -> None:
         "a": ("n2", "a@2"),
         "b": ("n1", "b@2"),
     }
+
+
+def test_a_large_fleet_is_paged_with_problems_first() -> None:
+    def node(i: int, state: str = "ready") -> dict[str, Any]:
+        return {
+            "id": f"n{i:03d}", "hostname": "h", "address": "a", "agent_version": "1",
+            "state": state, "in_state_seconds": 1.0, "heartbeat_age_seconds": 1.0,
+            "cordoned": i == 7, "labels": {}, "fabrics": [], "engines": [], "shards": [],
+            "gpus_total": 0, "gpus_allocated": 0, "gpus_free": 0, "gpus": [],
+        }  # fmt: skip
+
+    nodes = [node(i, "lost" if i in (90, 91) else "ready") for i in range(120)]
+    app = dashboard()
+    app.admin.controller = object()  # type: ignore[assignment]
+
+    async def call(method: str, path: str, **kw: Any) -> tuple[int, Any]:
+        assert (method, path) == ("GET", "/api/v1/nodes")
+        return 200, {"nodes": nodes}
+
+    app.admin.call = call  # type: ignore[method-assign]
+
+    async def main(client: httpx.AsyncClient) -> None:
+        first = (await client.get("/fleet")).text
+        ids = [part.split('"', 1)[0] for part in first.split('data-node="')[1:]]
+        # The lost nodes, then the cordoned one, then the rest in order.
+        assert ids[:4] == ["n090", "n091", "n007", "n000"] and len(ids) == 50
+        assert "nodes 1\N{EN DASH}50 of 120 (problems first)" in first and "page 1 of 3" in first
+        last = (await client.get("/fleet?page=3")).text
+        assert last.count('data-node="') == 20 and "previous" in last
+        assert "next \N{SINGLE RIGHT-POINTING ANGLE QUOTATION MARK}" not in last
+        bad = await client.get("/fleet?page=4")
+        assert bad.status_code == 400 and "page: must be a whole number in [1, 3]" in bad.text
+
+    run(app, main)

@@ -24,6 +24,7 @@ from urllib.parse import quote, urlencode
 
 import attrs
 import jinja2
+import trio
 
 from llmgw.admin.http import Request
 from llmgw.asgi import Receive, Scope, Send, lifespan
@@ -81,7 +82,10 @@ NOTICES = {
     "logout": "Logged out.",
 }
 
-NODE_ORDER = {"ready": 0, "unreachable": 1, "lost": 2}
+# Problems first: an operator opens the fleet page when something is wrong.
+NODE_ORDER = {"lost": 0, "unreachable": 1, "ready": 2}
+#: Nodes per fleet page: a thousand-node fleet is twenty pages, not one 10 MB page.
+NODES_PER_PAGE = 50
 
 
 @attrs.frozen
@@ -194,6 +198,10 @@ class DashboardApp:
         except Exception:
             log.exception("dashboard %s %s failed", req.method, req.path)
             page = self.message_page(500, "Internal error", "logged by the server")
+        if page.deferred is not None:
+            # Off the trio thread, so a big page does not hold up the proxied requests.
+            body = await trio.to_thread.run_sync(page.deferred)
+            page = attrs.evolve(page, body=body, deferred=None)
         return attrs.evolve(page, headers=page.headers + cookies)
 
     async def _route(self, req: Request, path: str, csrf: str) -> Page:
@@ -341,8 +349,10 @@ class DashboardApp:
         context.setdefault("rendered", panels.fmt_when(time.time()))
         context.setdefault("control", self.admin.controller is not None)
         context.setdefault("logout", self.login_required)
-        body = self.env.get_template(template).render(**context)
-        return Page(status, body.encode())
+        compiled = self.env.get_template(template)
+        # Rendered in a worker thread by `handle`: the context is plain data (decoded
+        # API answers), nothing the trio thread owns.
+        return Page(status, b"", deferred=lambda: compiled.render(**context).encode())
 
     def frame(self, view: View, active: str) -> dict[str, Any]:
         return {"req": view.req, "csrf": view.csrf, "session": view.session, "active": active}
@@ -397,9 +407,26 @@ class DashboardApp:
             return self._router_only(view, "fleet")
         data, _ = await self.get("/api/v1/nodes")
         nodes = sorted(
-            data["nodes"], key=lambda n: (NODE_ORDER.get(n["state"], 9), n["cordoned"], n["id"])
+            data["nodes"],
+            key=lambda n: (NODE_ORDER.get(n["state"], 9), not n["cordoned"], n["id"]),
         )
-        return self.render("fleet.html", **self.frame(view, "fleet"), nodes=nodes)
+        pages = max(1, -(-len(nodes) // NODES_PER_PAGE))
+        text = view.req.query.get("page", "1")
+        number = int(text) if text.isdigit() else 0
+        if not 1 <= number <= pages:
+            return self.message_page(
+                400, "No such page", f"page: must be a whole number in [1, {pages}], got {text!r}"
+            )
+        first = (number - 1) * NODES_PER_PAGE
+        return self.render(
+            "fleet.html",
+            **self.frame(view, "fleet"),
+            nodes=nodes[first : first + NODES_PER_PAGE],
+            summary=panels.fleet_summary(nodes),
+            page=number,
+            pages=pages,
+            first=first,
+        )
 
     async def models(self, view: View, error: str | None = None, status: int = 200) -> Page:
         models, _ = await self.get("/api/v1/models")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qsl, urlsplit
 
@@ -56,12 +56,14 @@ PAGE_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 
 @attrs.frozen
 class Page:
-    """A finished dashboard response."""
+    """A dashboard response: its body, or the template and context to render it from
+    (rendered off the trio thread: a large fleet's page takes a noticeable while)."""
 
     status: int
     body: bytes
     content_type: bytes = b"text/html; charset=utf-8"
     headers: tuple[tuple[bytes, bytes], ...] = ()
+    deferred: Callable[[], bytes] | None = None
 
 
 class FormError(Exception):
