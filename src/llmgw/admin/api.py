@@ -460,8 +460,9 @@ class AdminApp:
             "headers": [(b"content-type", b"application/json")],
         }
         reply = await self.dispatch(Request(scope, receive, max_body=self.max_body_bytes))
-        data = json.loads(reply.body) if reply.body else None
-        return reply.status, data
+        if reply.data is not None:
+            return reply.status, reply.data
+        return reply.status, json.loads(reply.body) if reply.body else None
 
     async def dispatch(self, req: Request) -> Reply:
         """The reply of the route `req` asks for, without admin auth."""

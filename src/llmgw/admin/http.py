@@ -120,6 +120,9 @@ class Reply:
     body: bytes | None
     content_type: bytes = b"application/json"
     headers: tuple[tuple[bytes, bytes], ...] = ()
+    # What `body` encodes, when a JSON reply was built from data: an in-process caller
+    # (AdminApp.call) takes it instead of decoding the bytes again. Not to be mutated.
+    data: Any = attrs.field(default=None, eq=False, repr=False)
 
     def start_headers(self) -> list[tuple[bytes, bytes]]:
         headers = list(self.headers)
@@ -134,7 +137,7 @@ class Reply:
 
 
 def json_reply(status: int, data: Any, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Reply:
-    return Reply(status, json_bytes(data), headers=headers)
+    return Reply(status, json_bytes(data), headers=headers, data=data)
 
 
 def _no_constants(name: str) -> Any:
