@@ -55,6 +55,17 @@ def test_cookie_header_flags() -> None:
         (((b"origin", b"http://127.0.0.1:9090"), (b"host", b"127.0.0.1:9090")), True),
         (((b"origin", b"http://evil.example"), (b"host", b"127.0.0.1:9090")), False),
         (((b"origin", b"null"), (b"host", b"127.0.0.1:9090")), False),
+        # Behind a proxy that rewrote Host: the browser's word, or X-Forwarded-Host.
+        (((b"sec-fetch-site", b"same-origin"), (b"origin", b"https://gw"), (b"host", b"x")), True),
+        (((b"sec-fetch-site", b"cross-site"), (b"origin", b"https://gw"), (b"host", b"gw")), False),
+        (
+            (
+                (b"origin", b"https://gw"),
+                (b"host", b"127.0.0.1:8080"),
+                (b"x-forwarded-host", b"gw"),
+            ),
+            True,
+        ),
     ],
 )
 def test_same_origin(headers: tuple[tuple[bytes, bytes], ...], same: bool) -> None:

@@ -114,15 +114,20 @@ def cookie_header(
 
 
 def same_origin(req: Request) -> bool:
-    """False when the browser says the request comes from another site."""
+    """False when the browser says the request comes from another site.
+
+    ``Sec-Fetch-Site`` is the browser's own word (a page cannot set it) and wins. Only
+    without it (older browsers) is ``Origin`` compared with the host, which a reverse
+    proxy may have rewritten: its ``X-Forwarded-Host`` counts too."""
     fetch_site = req.header(b"sec-fetch-site")
-    if fetch_site is not None and fetch_site.strip().lower() not in ("same-origin", "none"):
-        return False
+    if fetch_site is not None:
+        return fetch_site.strip().lower() in ("same-origin", "none")
     origin = req.header(b"origin")
     if origin is None or origin.strip() == "null":
         return origin is None
-    host = req.header(b"host")
-    return host is not None and urlsplit(origin.strip()).netloc.lower() == host.strip().lower()
+    netloc = urlsplit(origin.strip()).netloc.lower()
+    hosts = (req.header(b"host"), req.header(b"x-forwarded-host"))
+    return any(h is not None and netloc == h.split(",")[0].strip().lower() for h in hosts)
 
 
 async def read_form(req: Request) -> dict[str, str]:
