@@ -316,3 +316,18 @@ def test_a_large_fleet_is_paged_with_problems_first() -> None:
         assert bad.status_code == 400 and "page: must be a whole number in [1, 3]" in bad.text
 
     run(app, main)
+
+
+def test_a_page_that_fails_to_render_is_a_500_page_not_a_dropped_connection() -> None:
+    app = dashboard()
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("template bug")
+
+    app.env.filters["num"] = broken  # the endpoints page formats numbers with it
+
+    async def main(client: httpx.AsyncClient) -> None:
+        r = await client.get("/endpoints")
+        assert r.status_code == 500 and "Internal error" in r.text
+
+    run(app, main)

@@ -200,7 +200,13 @@ class DashboardApp:
             page = self.message_page(500, "Internal error", "logged by the server")
         if page.deferred is not None:
             # Off the trio thread, so a big page does not hold up the proxied requests.
-            body = await trio.to_thread.run_sync(page.deferred)
+            try:
+                body = await trio.to_thread.run_sync(page.deferred)
+            except Exception:
+                log.exception("dashboard %s %s: rendering failed", req.method, req.path)
+                failed = self.message_page(500, "Internal error", "logged by the server")
+                assert failed.deferred is not None
+                page, body = failed, failed.deferred()
             page = attrs.evolve(page, body=body, deferred=None)
         return attrs.evolve(page, headers=page.headers + cookies)
 
