@@ -94,3 +94,16 @@ def test_a_real_answer_arrives_in_one_read() -> None:
                         if line.lower().startswith(b"content-length:")
                     )
                     assert len(body) == length, data
+
+
+def test_hypercorns_own_error_answer_still_goes_out() -> None:
+    """hypercorn answers a malformed request itself (a head, then an empty end): the
+    held head must leave with that end, not vanish when the connection closes."""
+    with server("--endpoint", "e1=http://127.0.0.1:9=m") as srv:
+        host, port = srv.base.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"NOT A REQUEST\r\n\r\n")
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+    assert reply.startswith(b"HTTP/1.1 400 "), reply
