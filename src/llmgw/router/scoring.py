@@ -245,7 +245,9 @@ class Scorer:
         factor = self.scoring.session_load_factor
         n = len(candidates)
         ests = [self.estimate(c, prior) for c in candidates]
-        sats = [self._saturated(c, e) for c, e in zip(candidates, ests, strict=True)]
+        # Saturated: full by a hard limit (a 429, the KV cache) or by request count.
+        hard = [self._hard_full(c, e) for c, e in zip(candidates, ests, strict=True)]
+        sats = [hard[i] or self._count_full(candidates[i], ests[i]) for i in range(len(candidates))]
         scores = [
             self._score(c, e, prefix_matches.get(c.endpoint_id, 0.0))
             for c, e in zip(candidates, ests, strict=True)
@@ -289,7 +291,19 @@ class Scorer:
             base = factor * min(rel[i] for i in eligible)
             worth = self.scoring.target_inflight
             best_match = 0.0
-            for i in self._prefix_eligible(candidates, ests, eligible, tier, any_fresh):
+            # Eligible ones, plus those of the same tier left out only by request count.
+            prefix_eligible = (
+                eligible
+                if tier is None  # every candidate is saturated: all are eligible already
+                else [
+                    i
+                    for i in range(n)
+                    if not hard[i]
+                    and candidates[i].priority == tier
+                    and not (any_fresh and ests[i].stale)
+                ]
+            )
+            for i in prefix_eligible:
                 m = prefix_matches.get(candidates[i].endpoint_id, 0.0)
                 if m <= 0.0 or rel[i] > base + max(1.0, worth * m):
                     continue
@@ -323,35 +337,17 @@ class Scorer:
 
     # -- internals --------------------------------------------------------------
 
-    def _prefix_eligible(
-        self,
-        candidates: Sequence[Candidate],
-        ests: Sequence[Estimate],
-        eligible: Sequence[int],
-        tier: int | None,
-        any_fresh: bool,
-    ) -> Sequence[int]:
-        """The eligible candidates, plus those left out only for their request count."""
-        if tier is None:
-            return eligible  # every candidate is saturated: all are eligible already
-        s = self.scoring
-        return [
-            i
-            for i, (c, e) in enumerate(zip(candidates, ests, strict=True))
-            if not (any_fresh and e.stale)
-            and c.priority == tier
-            and not c.throttled
-            and not (e.kv_usage is not None and e.kv_usage >= s.kv_ceiling)
-        ]
-
     def _saturated(self, c: Candidate, e: Estimate) -> bool:
+        return self._hard_full(c, e) or self._count_full(c, e)
+
+    def _hard_full(self, c: Candidate, e: Estimate) -> bool:
+        """Full whatever its queue: throttled (a recent 429) or its KV cache at the ceiling."""
+        return c.throttled or (e.kv_usage is not None and e.kv_usage >= self.scoring.kv_ceiling)
+
+    def _count_full(self, c: Candidate, e: Estimate) -> bool:
+        """Full by request count: its queue or its load at the target."""
         s = self.scoring
-        return (
-            c.throttled
-            or e.waiting >= s.target_waiting * c.weight
-            or e.load >= s.target_inflight * c.weight
-            or (e.kv_usage is not None and e.kv_usage >= s.kv_ceiling)
-        )
+        return e.waiting >= s.target_waiting * c.weight or e.load >= s.target_inflight * c.weight
 
     def _score(self, c: Candidate, e: Estimate, prefix_match: float) -> float:
         s, p = self.scoring, self.profile
