@@ -15,6 +15,7 @@ token (:mod:`llmgw.dashboard.web`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -32,6 +33,7 @@ from llmgw.dashboard import charts, panels
 from llmgw.dashboard.traffic import TrafficRing
 from llmgw.dashboard.web import (
     CSRF_COOKIE,
+    MAX_FORM_BYTES,
     PAGE_HEADERS,
     SESSION_COOKIE,
     FormError,
@@ -166,7 +168,7 @@ class DashboardApp:
             return
         if scope["type"] != "http":
             return
-        page = await self.handle(Request(scope, receive))
+        page = await self.handle(Request(scope, receive, max_body=MAX_FORM_BYTES))
         headers = [
             (b"content-type", page.content_type),
             (b"content-length", str(len(page.body)).encode()),
@@ -612,5 +614,10 @@ def redirect(location: str, *headers: tuple[bytes, bytes]) -> Page:
 def static(name: str) -> Page:
     if name not in STATIC:
         return Page(404, b"no such file", b"text/plain")
-    body = resources.files("llmgw.dashboard").joinpath("static", name).read_bytes()
-    return Page(200, body, STATIC[name])
+    return Page(200, _asset(name), STATIC[name])
+
+
+@functools.cache
+def _asset(name: str) -> bytes:
+    """A static file, read once (every page load asks for the stylesheet and script)."""
+    return resources.files("llmgw.dashboard").joinpath("static", name).read_bytes()

@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import attrs
 
-from llmgw.admin.http import Request
+from llmgw.admin.http import ApiError, Request
 
 __all__ = [
     "CSRF_COOKIE",
@@ -136,14 +136,10 @@ async def read_form(req: Request) -> dict[str, str]:
     content_type = (req.header(b"content-type") or "").split(";", 1)[0].strip().lower()
     if content_type != "application/x-www-form-urlencoded":
         raise FormError(415, "expected a form (application/x-www-form-urlencoded)")
-    saved = req.max_body
-    req.max_body = MAX_FORM_BYTES
     try:
-        raw = await req.body()
-    except Exception as exc:
-        raise FormError(getattr(exc, "status", 400), str(exc)) from None
-    finally:
-        req.max_body = saved
+        raw = await req.body()  # at most req.max_body: the app reads with MAX_FORM_BYTES
+    except ApiError as exc:
+        raise FormError(exc.status, exc.message) from None
     try:
         pairs: Iterable[tuple[str, str]] = parse_qsl(
             raw.decode("ascii"), keep_blank_values=True, errors="strict"
