@@ -95,6 +95,22 @@ def base_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def multinode_spec(
+    argv: Sequence[str], env: dict[str, str], host: str, port: int, rank: int
+) -> LaunchSpec:
+    """A shard of an engine whose rank 0 serves HTTP (health, the API, metrics) and
+    whose other ranks only compute: they are ready once launched."""
+    url = base_url(host, port)
+    serves = rank == 0
+    return LaunchSpec(
+        argv=tuple(argv),
+        env=env,
+        health_url=f"{url}/health" if serves else None,
+        endpoint_url=url if serves else None,
+        metrics_url=f"{url}/metrics" if serves else None,
+    )
+
+
 def flag_name(arg: str) -> str | None:
     """The flag an argument names (``--max-num-seqs=8`` -> ``--max-num-seqs``;
     underscores read as dashes, as argparse-based engines accept both), or None for

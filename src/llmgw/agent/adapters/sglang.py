@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import sys
 
-from llmgw.agent.adapters.base import BaseAdapter, LaunchSpec, base_url, probe_version
+from llmgw.agent.adapters.base import (
+    BaseAdapter,
+    LaunchSpec,
+    multinode_spec,
+    probe_version,
+)
 from llmgw.control.fleet import EngineInfo, NodeInfo
 from llmgw.transport.messages import StartShard
 
@@ -92,12 +97,4 @@ class SglangAdapter(BaseAdapter):
                 f"{master}:{cmd.master_port}",
             ]
         argv += p.args
-        url = base_url(host, cmd.port)
-        serves = cmd.rank == 0
-        return LaunchSpec(
-            argv=tuple(argv),
-            env=self.environment(cmd, node),
-            health_url=f"{url}/health" if serves else None,
-            endpoint_url=url if serves else None,
-            metrics_url=f"{url}/metrics" if serves else None,
-        )
+        return multinode_spec(argv, self.environment(cmd, node), host, cmd.port, cmd.rank)

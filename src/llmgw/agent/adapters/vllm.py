@@ -23,7 +23,12 @@ from __future__ import annotations
 import shutil
 from collections.abc import Sequence
 
-from llmgw.agent.adapters.base import BaseAdapter, LaunchSpec, base_url, probe_version
+from llmgw.agent.adapters.base import (
+    BaseAdapter,
+    LaunchSpec,
+    multinode_spec,
+    probe_version,
+)
 from llmgw.control.fleet import EngineInfo, NodeInfo
 from llmgw.transport.messages import StartShard
 
@@ -103,15 +108,7 @@ class VllmAdapter(BaseAdapter):
             if cmd.rank > 0:
                 argv.append("--headless")
         argv += p.args
-        url = base_url(host, cmd.port)
-        serves = cmd.rank == 0
-        return LaunchSpec(
-            argv=tuple(argv),
-            env=self.environment(cmd, node),
-            health_url=f"{url}/health" if serves else None,
-            endpoint_url=url if serves else None,
-            metrics_url=f"{url}/metrics" if serves else None,
-        )
+        return multinode_spec(argv, self.environment(cmd, node), host, cmd.port, cmd.rank)
 
     def engine_environment(self, cmd: StartShard, node: NodeInfo) -> dict[str, str]:
         # The address vLLM advertises to the other nodes' workers; without it vLLM
