@@ -406,8 +406,12 @@ async def interleave(
     warm_requests: int = 0,
     before: Callable[[int, bench.Target], Any] | None = None,
     after: Callable[[int, bench.Target, bench.BenchResult], Any] | None = None,
+    rotate: bool = False,
 ) -> list[list[bench.BenchResult]]:
     """Targets A, B, A, B, ... for `rounds` rounds; per target the list of its turns.
+    With `rotate` each round starts one target later (A B C, B C A, C A B, ...): with
+    three targets a fixed order would always give the same one the turn right after
+    the warm-up, or after the same neighbour.
 
     Like `bench.run_interleaved` (same prompt indices for every target within a round,
     fresh indices each round), but each target keeps its own client (its transport may
@@ -432,7 +436,9 @@ async def interleave(
         for r in range(rounds):
             step = attrs.evolve(config, start_index=start_index)
             used = 0
-            for i, (target, _) in enumerate(targets):
+            n = len(targets)
+            for i in [(r + j) % n for j in range(n)] if rotate else range(n):
+                target = targets[i][0]
                 if before is not None:
                     await _maybe_await(before(r, target))
                 result = await bench.run_with_client(clients[i], target, step)

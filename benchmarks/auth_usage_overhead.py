@@ -40,13 +40,11 @@ beside the measurement.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -154,46 +152,6 @@ def check_auth(server: Server) -> None:
         r.raise_for_status()
 
 
-async def rotated_interleave(
-    targets: Sequence[tuple[bench.Target, httpx.AsyncBaseTransport]],
-    config: bench.LoadConfig,
-    *,
-    rounds: int,
-    warm_requests: int,
-    before: Callable[[int, bench.Target], None],
-    after: Callable[[int, bench.Target, bench.BenchResult], None],
-) -> list[list[bench.BenchResult]]:
-    """`_common.interleave`, except that each round starts one target later (A B C,
-    B C A, C A B, ...): with three targets a fixed order would always give the same
-    one the turn right after the warm-up or after the same neighbour."""
-    per_target: list[list[bench.BenchResult]] = [[] for _ in targets]
-    async with contextlib.AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(bench.runner.open_client(config, transport))
-            for _, transport in targets
-        ]
-        if warm_requests:
-            warm = attrs.evolve(
-                config, requests=warm_requests, duration=15.0, start_index=50_000_000
-            )
-            for client, (target, _) in zip(clients, targets, strict=True):
-                await bench.run_with_client(client, target, warm)
-        start_index = config.start_index
-        n = len(targets)
-        for r in range(rounds):
-            step = attrs.evolve(config, start_index=start_index)
-            used = 0
-            for i in [(r + j) % n for j in range(n)]:
-                target = targets[i][0]
-                before(r, target)
-                result = await bench.run_with_client(clients[i], target, step)
-                after(r, target, result)
-                per_target[i].append(result)
-                used = max(used, len(result.samples))
-            start_index += used
-    return per_target
-
-
 async def measure(settings: Settings, servers: list[Server], sims: list[str]) -> dict[str, Any]:
     config = bench.LoadConfig(
         concurrency=CONCURRENCY,
@@ -228,13 +186,14 @@ async def measure(settings: Settings, servers: list[Server], sims: list[str]) ->
         )
         for s in servers
     ]
-    turns = await rotated_interleave(
+    turns = await c.interleave(
         targets,
         config,
         rounds=settings.rounds,
         warm_requests=settings.warm_requests,
         before=before,
         after=after,
+        rotate=True,
     )
     return {
         s.name: {"turns": t, "merged": bench.merge(t), "cpu": cpu[s.name], "busy": busy[s.name]}
