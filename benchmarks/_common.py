@@ -35,72 +35,12 @@ import httpx
 import trio
 
 from llmgw import bench
+from llmgw.testing_procs import LOOPBACK, Proc, free_port
 
 BIN = Path(sys.executable).parent
-LOOPBACK = "127.0.0.1"
 
 
 # -- processes ---------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
-
-
-class Proc:
-    """One started program, its output in a log file, in its own process group."""
-
-    def __init__(self, argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
-        self.argv = list(argv)
-        self.log = log
-        self._logf = log.open("wb")
-        self.popen = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=self._logf,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env} if env else None,
-            # Own group: a Ctrl-C in the terminal reaches only this script, which then
-            # stops its children in order (and nothing else).
-            start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def output(self, tail: int = 4000) -> str:
-        self._logf.flush()
-        return self.log.read_text(errors="replace")[-tail:]
-
-    def wait_http(self, url: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                raise RuntimeError(
-                    f"{self.argv[0]} exited with {self.popen.returncode}:\n{self.output()}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
-                    return
-            time.sleep(0.05)
-        raise TimeoutError(f"{url} not up after {timeout:g}s:\n{self.output()}")
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM to the process group, SIGKILL after `timeout`."""
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(5)
-        self._logf.close()
 
 
 class Fleet:
@@ -117,7 +57,7 @@ class Fleet:
     ) -> Proc:
         proc = Proc([str(BIN / program), *args], self.logdir / f"{name}.log", env)
         self.procs.append(proc)
-        proc.wait_http(health)
+        proc.wait_http(health, timeout=30.0)
         return proc
 
     def sim(self, name: str, *args: str, model: str) -> tuple[Proc, str]:
@@ -147,7 +87,7 @@ class Fleet:
         self._closed = True
         # Router first, so it does not log every simulator going away.
         for proc in reversed(self.procs):
-            proc.stop()
+            proc.stop(5.0)
 
 
 @contextlib.contextmanager

@@ -258,7 +258,7 @@ class Bench:
     def check_workers(self) -> None:
         for w in self.workers:
             if w.popen.poll() is not None:
-                raise RuntimeError(f"a worker exited with {w.popen.returncode}:\n{w.output()}")
+                raise RuntimeError(f"a worker exited with {w.popen.returncode}:\n{w.output(4000)}")
 
     def connect_phase(self) -> dict[str, Any]:
         _proc, sampler, spawned, up = self.start_server("server-0")

@@ -7,8 +7,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -18,69 +16,10 @@ from typing import Any, TypeVar
 
 import httpx
 
+from llmgw.testing_procs import Proc, free_port
+
 BIN = Path(sys.executable).parent
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Proc:
-    """A running command with its output captured to a file."""
-
-    def __init__(self, argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
-        self.argv = list(argv)
-        self.log = log
-        self._logf = log.open("wb")
-        self.popen = subprocess.Popen(
-            self.argv,
-            stdout=self._logf,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def output(self) -> str:
-        self._logf.flush()
-        return self.log.read_text(errors="replace")
-
-    def wait_http(self, url: str, timeout: float = 20.0) -> None:
-        """Wait until `url` answers 200, or fail with the process's output."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                raise RuntimeError(
-                    f"{self.argv[0]} exited with {self.popen.returncode}:\n{self.output()}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url, timeout=1.0).status_code == 200:
-                    return
-            time.sleep(0.05)
-        raise TimeoutError(f"{url} not up after {timeout}s:\n{self.output()}")
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, sig)
-
-    def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM, then SIGKILL after `timeout`; returns the exit code."""
-        self.kill(signal.SIGTERM)
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill(signal.SIGKILL)
-            self.popen.wait()
-        self._logf.close()
-        return self.popen.returncode
 
 
 @contextlib.contextmanager
