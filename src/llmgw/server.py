@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
@@ -16,8 +15,8 @@ from llmgw.config import Config, ControlConfig
 from llmgw.control.controller import Controller
 from llmgw.control.fleet_metrics import register_fleet_metrics
 from llmgw.dashboard import DashboardApp, TrafficRing
-from llmgw.header_timeout import HeaderTimeoutConfig
-from llmgw.header_timeout import serve as hypercorn_serve
+from llmgw.http1 import HttpServerConfig
+from llmgw.http1 import serve as http_serve
 from llmgw.models import ModelRegistry
 from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router
@@ -29,30 +28,6 @@ from llmgw.transport.base import AgentListener
 log = logging.getLogger("llmgw.server")
 # httpx logs every request at INFO: far too much on a proxy's hot path.
 logging.getLogger("httpx").setLevel(logging.WARNING)
-
-
-def hypercorn_config(
-    bind: str,
-    *,
-    graceful: float,
-    header_timeout: float | None = None,
-    on_header_timeout: Callable[[], None] | None = None,
-) -> HeaderTimeoutConfig:
-    hc = HeaderTimeoutConfig()
-    address = units.parse_address(bind)
-    host = address.bind_host
-    hc.bind = [f"[{host}]:{address.port}" if ":" in host else f"{host}:{address.port}"]
-    hc.graceful_timeout = graceful
-    # Streams last minutes: no read or write timeout on the connection; the proxy
-    # bounds each phase itself. Idle keep-alive connections are closed after 75s; a
-    # request head must be complete within `header_timeout` (llmgw.header_timeout).
-    hc.keep_alive_timeout = 75
-    hc.header_timeout = header_timeout
-    hc.on_header_timeout = on_header_timeout
-    hc.coalesce_writes = True
-    hc.accesslog = None
-    hc.errorlog = logging.getLogger("hypercorn.error")
-    return hc
 
 
 #: How often agents heartbeat unless `control.unreachable_after` needs it more often.
@@ -189,13 +164,14 @@ async def _serve(
     )
     drain = config.router.drain_timeout
 
-    def listener_config(bind: str, name: str) -> HeaderTimeoutConfig:
-        expired = router.metrics.client_timeouts.labels(name, "header")
-        return hypercorn_config(
-            bind,
-            graceful=drain,
+    def listener_config(name: str) -> HttpServerConfig:
+        # Streams last minutes: no read or write timeout on a connection; the proxy
+        # bounds each phase itself, the apps bound request bodies.
+        return HttpServerConfig(
             header_timeout=config.router.timeouts.client_header,
-            on_header_timeout=expired.inc,
+            keep_alive_timeout=75.0,
+            graceful_timeout=drain,
+            on_header_timeout=router.metrics.client_timeouts.labels(name, "header").inc,
         )
 
     async def trigger() -> None:
@@ -212,14 +188,14 @@ async def _serve(
             await background.start(controller.run, listener)
             log.info("control plane: agents connect on %s", config.agent_listen)
         # The listeners return once `stop` is set and their streams have drained
-        # (hypercorn's graceful_timeout); then the background work is cancelled (the
+        # (`router.drain_timeout`); then the background work is cancelled (the
         # usage batcher flushes what it holds on the way out).
         async with trio.open_nursery() as listeners:
             client_binds: Any = await listeners.start(
-                _serve_app, client_app, listener_config(config.listen, "client"), trigger
+                _serve_app, client_app, config.listen, listener_config("client"), trigger
             )
             admin_binds: Any = await listeners.start(
-                _serve_app, admin_app, listener_config(config.admin_listen, "admin"), trigger
+                _serve_app, admin_app, config.admin_listen, listener_config("admin"), trigger
             )
             log.info(
                 "client API on %s, admin on %s", ", ".join(client_binds), ", ".join(admin_binds)
@@ -230,12 +206,14 @@ async def _serve(
 
 async def _serve_app(
     app: Any,
-    hc: HeaderTimeoutConfig,
+    bind: str,
+    http: HttpServerConfig,
     trigger: Any,
     *,
-    task_status: trio.TaskStatus[Sequence[str]] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    await hypercorn_serve(app, hc, shutdown_trigger=trigger, task_status=task_status)
+    address = units.parse_address(bind)
+    await http_serve(app, address, http, shutdown_trigger=trigger, task_status=task_status)
 
 
 async def _watch_signals(stop: trio.Event) -> None:

@@ -15,11 +15,14 @@ A response not read to its end is closed with its connection, never pooled.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import trio
+
+from llmgw import sockio
 
 _MAX_HEAD = 64 * 1024
 _RECV = 65536
@@ -61,17 +64,28 @@ class Target:
 
 
 class _Conn:
-    __slots__ = ("buf", "idle_since", "key", "stream")
+    __slots__ = ("buf", "idle_since", "key", "sock")
 
-    def __init__(self, stream: trio.SocketStream, key: tuple[str, int]) -> None:
-        self.stream = stream
+    def __init__(self, sock: socket.socket, key: tuple[str, int]) -> None:
+        self.sock = sock
         self.key = key
         self.buf = b""
         self.idle_since = 0.0
 
     def close(self) -> None:
         # Synchronous (no checkpoint), so it works while cancelled; wakes any waiter.
-        self.stream.socket.close()
+        sockio.close(self.sock)
+
+    def readable(self) -> bool:
+        """Whether the idle connection has something to read: the server closed it
+        or sent bytes nobody asked for; either way it cannot be reused."""
+        try:
+            self.sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return False
+        except OSError:
+            pass
+        return True
 
 
 _LENGTH, _CHUNKED, _UNTIL_CLOSE = 0, 1, 2
@@ -125,8 +139,8 @@ class Response:
 
     async def _recv(self, conn: _Conn) -> bytes:
         try:
-            data = await conn.stream.receive_some(_RECV)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            data = await sockio.recv(conn.sock, _RECV)
+        except (trio.ClosedResourceError, OSError) as exc:
             raise UpstreamError(f"connection broke while reading the body: {exc!r}") from None
         return data
 
@@ -274,7 +288,7 @@ class Pool:
         while idle:
             conn = idle.pop()
             # Expired, or readable while idle (the server closed it, or sent junk).
-            if now - conn.idle_since > KEEPALIVE_EXPIRY or conn.stream.socket.is_readable():
+            if now - conn.idle_since > KEEPALIVE_EXPIRY or conn.readable():
                 conn.close()
                 continue
             return conn
@@ -288,7 +302,11 @@ class Pool:
             raise ConnectTimeout(f"could not connect within {self.dial_timeout:g}s") from None
         except OSError as exc:
             raise ConnectFailed(str(exc) or repr(exc)) from None
-        return _Conn(stream, target.key)
+        # trio set TCP_NODELAY on it; from here on the socket is driven directly.
+        trio_sock = stream.socket
+        sock = socket.socket(trio_sock.family, trio_sock.type, fileno=trio_sock.detach())
+        sock.setblocking(False)
+        return _Conn(sock, target.key)
 
     async def post(self, url: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> Response:
         """Send `body` and return once the response's status and headers are in."""
@@ -317,10 +335,10 @@ class Pool:
                 raise
 
     async def _exchange(self, conn: _Conn, data: bytes) -> Response:
-        stream = conn.stream
+        sock = conn.sock
         try:
-            await stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await sockio.send_all(sock, data)
+        except (trio.ClosedResourceError, OSError):
             raise _StaleConnection from None
         buf = b""
         while True:
@@ -338,8 +356,8 @@ class Pool:
             if len(buf) > _MAX_HEAD:
                 raise UpstreamError("response headers too large")
             try:
-                more = await stream.receive_some(_RECV)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                more = await sockio.recv(sock, _RECV)
+            except (trio.ClosedResourceError, OSError) as exc:
                 if not buf:
                     raise _StaleConnection from None
                 raise UpstreamError(f"connection broke while reading headers: {exc!r}") from None

@@ -19,9 +19,10 @@ the primary one.
 Faults (flags or ``POST /sim/faults``; see ``Faults``) apply to the chat, completion and
 embedding routes only, so health checks and scrapes keep passing on a sick replica.
 
-Served with hypercorn's trio worker. TCP_NODELAY: hypercorn sets it on the listening
-socket and trio's ``SocketStream`` sets it on every accepted connection, so the first
-SSE events are not held back by Nagle.
+Served by llmgw's own HTTP/1.1 server (:mod:`llmgw.http1`), like llmgw-server: the
+simulator shares the benchmark machine's cores with the router it is measured against,
+so its per-request cost is kept low too. TCP_NODELAY is on for every accepted
+connection, so the first SSE events are not held back by Nagle.
 """
 
 from __future__ import annotations
@@ -44,9 +45,12 @@ import attrs
 import trio
 
 from llmgw import __version__
+from llmgw.http1 import HttpServerConfig
+from llmgw.http1 import serve as http_serve
 from llmgw.sim import tokens
 from llmgw.sim.metrics import EngineCollector, Exposition, MetricsFormat, Recorder
 from llmgw.sim.model import Engine, EngineConfig, Finished, Request, Token
+from llmgw.units import Address
 
 Scope = Mapping[str, Any]
 Message = dict[str, Any]
@@ -281,6 +285,13 @@ SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
 ]
+
+
+async def start_stream(send: Send) -> None:
+    """Send an SSE response's head now, before its first event (as engines do; the
+    server would otherwise hold it for the first body bytes)."""
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    await send({"type": "http.response.body", "body": b"", "more_body": True})
 
 
 async def send_bytes(send: Send, status: int, body: bytes, headers: list[Any]) -> None:
@@ -679,9 +690,7 @@ class SimApp:
             try:
                 if self._roll(faults.hang_rate):
                     if stream:  # a real engine has sent its headers by then
-                        await send(
-                            {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
-                        )
+                        await start_stream(send)
                     await trio.sleep_forever()
                 await work()
             except HTTPError as e:
@@ -799,7 +808,7 @@ class SimApp:
             nonlocal sent
             if limit is not None and sent + len(chunks) >= limit:
                 # Stop after exactly `limit` events, without [DONE]; returning mid-body
-                # makes hypercorn close the connection.
+                # makes the server close the connection.
                 cut = b"".join(chunks[: limit - sent])
                 await send({"type": "http.response.body", "body": cut, "more_body": True})
                 return False
@@ -810,7 +819,7 @@ class SimApp:
             await send({"type": "http.response.body", "body": body, "more_body": not last})
             return True
 
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        await start_stream(send)
         # Like vLLM, the role chunk goes out with the first token, not before it: a
         # router that times the first event must see the real time to first token.
         role_event: list[bytes] = []
@@ -927,20 +936,12 @@ async def serve(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until SIGINT or SIGTERM; `task_status` gets the bound URLs."""
-    from hypercorn.config import Config as HyperConfig
-    from hypercorn.trio import serve as hyper_serve
-
     app = SimApp(config)
-    hyper = HyperConfig()
-    hyper.bind = [
-        f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"
-    ]
-    hyper.accesslog = None
-    hyper.errorlog = "-"  # tracebacks of handler bugs go to stderr
-    # Longer than clients' pool expiry, so a client closes an idle connection first
-    # instead of racing our close with its next request.
-    hyper.keep_alive_timeout = 75.0
-    hyper.graceful_timeout = 2.0
+    # Keep-alive longer than clients' pool expiry, so a client closes an idle
+    # connection first instead of racing our close with its next request.
+    http_config = HttpServerConfig(
+        header_timeout=None, keep_alive_timeout=75.0, graceful_timeout=2.0
+    )
     shutdown = trio.Event()
 
     async def watch_signals(task_status: trio.TaskStatus[None]) -> None:
@@ -953,8 +954,12 @@ async def serve(
     async with trio.open_nursery() as nursery:
 
         async def http(task_status: trio.TaskStatus[list[str]]) -> None:
-            await hyper_serve(
-                cast(Any, app), hyper, shutdown_trigger=shutdown.wait, task_status=task_status
+            await http_serve(
+                cast(Any, app),  # its Scope/Receive/Send are stricter than ASGI's
+                Address(config.host, config.port),
+                http_config,
+                shutdown_trigger=shutdown.wait,
+                task_status=task_status,
             )
             nursery.cancel_scope.cancel()  # the engine driver never returns by itself
 
