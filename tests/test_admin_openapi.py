@@ -2,7 +2,7 @@
 view classes, and true to what the handlers accept and answer (schemathesis drives
 a real server with generated requests and checks every answer against it).
 
-The fuzzing server is hypercorn on trio in a background thread, on a loopback port,
+The fuzzing server is llmgw.http1 on trio in a background thread, on a loopback port,
 over a real SQLite store, a router with static endpoints and a control plane
 (`tests.test_fleet_metrics.scenario`), with admin auth on.
 """
@@ -23,8 +23,6 @@ import jsonschema_rs
 import pytest
 import schemathesis
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from llmgw.admin import keys
@@ -32,6 +30,7 @@ from llmgw.admin.api import AdminApp
 from llmgw.admin.usage import UsageReport
 from llmgw.config import ModelConfig, load
 from llmgw.control import views
+from llmgw.http1 import HttpServerConfig, serve_listeners
 from llmgw.models import ModelRegistry
 from llmgw.router.core import Router
 from llmgw.router.scrape import EngineSample
@@ -209,14 +208,12 @@ async def _serve_admin(
         app = AdminApp(
             router, controller=s.controller, store=store, models=registry, admin_auth=True
         )
-        hc = HypercornConfig()
-        hc.bind = [f"fd://{sock.detach()}"]  # hypercorn owns (and closes) it now
-        hc.accesslog = None
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
         stop = trio.Event()
         token = trio.lowlevel.current_trio_token()
         info.update(secret=secret, user_id=user.id, stop=stop, token=token)
         started.set()  # the socket already listens: early connections wait in its backlog
-        await serve(app, hc, shutdown_trigger=stop.wait)
+        await serve_listeners(app, [listener], HttpServerConfig(), shutdown_trigger=stop.wait)
     finally:
         with trio.CancelScope(shield=True):
             await store.aclose()

@@ -1,35 +1,23 @@
-"""The request-head deadline (`router.timeouts.client_header`, llmgw.header_timeout).
+"""The request-head deadline (`router.timeouts.client_header`, served by llmgw.http1).
 
 End to end: a real llmgw-server (head deadline 1s) and llmgw-sim on loopback, driven by
 raw sockets so that each test controls exactly which bytes arrive when. Every read has
 a socket timeout and every loop a deadline. Timing bounds are loose on purpose: a
 disconnect must come no earlier than the deadline (less slack) and well before 5x.
-
-The last tests pin the hypercorn internals the module relies on; they fail (rather
-than the deadline silently stopping to work) when a hypercorn upgrade changes them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
-import inspect
 import json
 import socket
 import time
-import tomllib
 from collections.abc import Iterator
-from pathlib import Path
 
 import h11
-import hypercorn.trio.run
 import pytest
-from hypercorn.protocol.h11 import H11Protocol
-from hypercorn.trio.tcp_server import TCPServer
-from packaging.requirements import Requirement
 
 from llmgw import config as cfg
-from llmgw.header_timeout import HeaderTimeoutTCPServer, install
 
 from .procs import Server, server, sim
 
@@ -254,51 +242,6 @@ def test_a_pipelined_partial_head_is_bounded_from_the_end_of_the_response(gw: Se
         reply = conn.until_closed()
         assert_cut_after_deadline(time.monotonic() - ended)
     assert reply.startswith(b"HTTP/1.1 408 "), reply
-
-
-# The hypercorn internals llmgw.header_timeout relies on (see its docstring).
-
-
-def test_the_installed_hypercorn_is_in_the_pinned_range() -> None:
-    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
-    (pin,) = (
-        Requirement(d)
-        for d in pyproject["project"]["dependencies"]
-        if Requirement(d).name == "hypercorn"
-    )
-    assert pin.specifier.contains(importlib.metadata.version("hypercorn")), pin
-
-
-def test_the_trio_worker_builds_connections_with_the_module_level_tcpserver() -> None:
-    # 1. worker_serve looks the name up when it serves; install() replaces it, once.
-    assert "TCPServer" in hypercorn.trio.run.worker_serve.__code__.co_names
-    install()
-    install()
-    assert vars(hypercorn.trio.run)["TCPServer"] is HeaderTimeoutTCPServer
-    assert issubclass(HeaderTimeoutTCPServer, TCPServer)
-    params = list(inspect.signature(TCPServer.__init__).parameters)
-    assert params == ["self", "app", "config", "context", "state", "stream"]
-
-
-def test_tcpserver_reads_through_its_stream_and_closes_on_too_slow() -> None:
-    # 2. Reads go through self.stream.receive_some; TooSlowError ends the read loop.
-    init = inspect.getsource(TCPServer.__init__)
-    assert "self.stream = stream" in init
-    assert "self.idle_task" in init and "self.send_lock" in init
-    read = inspect.getsource(TCPServer._read_data)
-    assert "self.stream.receive_some(" in read
-    assert "trio.TooSlowError" in read
-    run = inspect.getsource(TCPServer.run)
-    assert "self.protocol = ProtocolWrapper(" in run
-    assert "self.protocol_send" in run
-
-
-def test_h11_protocol_reports_parsed_heads_and_kept_alive_waits() -> None:
-    # 3. Updated(idle=False) once h11 parsed a head; Updated(idle=True) on recycling.
-    source = inspect.getsource(H11Protocol)
-    assert "Updated(idle=False)" in source and "Updated(idle=True)" in source
-    # 4. The h11 state machine is the protocol's `connection`.
-    assert "self.connection: h11.Connection | H11WSConnection = h11.Connection(" in source
 
 
 def test_client_header_defaults_to_10s_and_must_be_positive() -> None:

@@ -50,7 +50,7 @@ from llmgw import sockio
 from llmgw.asgi import App
 from llmgw.units import Address
 
-__all__ = ["HttpServerConfig", "serve"]
+__all__ = ["HttpServerConfig", "serve", "serve_listeners"]
 
 log = logging.getLogger("llmgw.http1")
 
@@ -110,6 +110,20 @@ async def serve(
     """Serve `app` on `bind` (port 0 picks one) until `shutdown_trigger` returns, then
     drain. Reports the bound URLs through `task_status` once listening."""
     listeners = await trio.open_tcp_listeners(bind.port, host=bind.bind_host)
+    await serve_listeners(
+        app, listeners, config, shutdown_trigger=shutdown_trigger, task_status=task_status
+    )
+
+
+async def serve_listeners(
+    app: App,
+    listeners: list[trio.SocketListener],
+    config: HttpServerConfig,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """:func:`serve` on listening sockets made elsewhere (closed on return)."""
     server = _Server(app, config)
     try:
         await server.run(listeners, shutdown_trigger, task_status)

@@ -127,7 +127,7 @@ class ClientApp:
             )
         parts: list[bytes] = []
         size = 0
-        # The head came in time (llmgw.header_timeout); a body dribbled forever would
+        # The head came in time (llmgw.http1); a body dribbled forever would
         # hold the connection all the same.
         deadline = self.router.config.router.timeouts.client_body
         # A bare scope: move_on_after's context manager costs more on this path.
