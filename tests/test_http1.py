@@ -454,3 +454,16 @@ async def test_requests_past_the_graceful_time_are_cancelled() -> None:
         assert await busy.raw_until_closed() == b""
         with trio.fail_after(WAIT):
             await server.done.wait()
+
+
+async def test_after_a_refusal_the_server_still_takes_the_clients_bytes_for_a_while() -> None:
+    # A lingering close: the server shuts its side and drains what the client still
+    # sends, instead of closing with bytes unread (the kernel would answer those with
+    # a reset, which can destroy the refusal before the client has read it).
+    async with running() as server, connect(server) as client:
+        await client.send(b"POST /early HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n")
+        answer = await client.raw_until_closed()
+        assert answer.startswith(b"HTTP/1.1 501 ")
+        for _ in range(4):  # a closed socket would have reset the connection by now
+            await client.send(b"x" * 16384)
+            await trio.sleep(0.05)

@@ -65,6 +65,10 @@ _MAX_PIPELINED = 256 * 1024
 #: How long a refusal (400, 408, 431, ...) may take to send: a client that does not
 #: read must not hold the connection.
 _REFUSAL_SEND_TIMEOUT = 1.0
+#: How long, and for how many bytes, a connection we close waits for the client to
+#: close its side (:func:`_linger`).
+_LINGER_SECONDS = 2.0
+_LINGER_BYTES = 1 << 20
 #: accept() errors that mean "out of resources for now": wait and retry.
 _ACCEPT_RETRY = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
@@ -182,9 +186,32 @@ class _Server:
         try:
             with connection.scope:
                 await connection.run()
+            if not connection.peer_closed:
+                await _linger(sock)
         finally:
             self.connections.discard(connection)
             sockio.close(sock)
+
+
+async def _linger(sock: socket.socket) -> None:
+    """Close our side first and let the client's last bytes drain before the socket
+    closes: closing with unread bytes (the rest of a refused request, a body the app
+    did not read) makes the kernel send a reset, which can destroy the answer just
+    sent before the client has read it."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        return
+    with trio.move_on_after(_LINGER_SECONDS):
+        drained = 0
+        while drained < _LINGER_BYTES:
+            try:
+                data = await sockio.recv(sock, _RECV)
+            except OSError:
+                return
+            if not data:
+                return
+            drained += len(data)
 
 
 def _url(sockname: Any) -> str:
@@ -209,6 +236,7 @@ class _Connection:
         "framing",
         "head",
         "head_only",
+        "peer_closed",
         "request_read",
         "scope",
         "server",
@@ -224,6 +252,7 @@ class _Connection:
         self.scope = trio.CancelScope()
         self.buf = bytearray()
         self.busy = False
+        self.peer_closed = False  # the client closed its side (or reset the connection)
         try:
             self.client: tuple[str, int] | None = sock.getpeername()[:2]
             self.serverside: tuple[str, int] | None = sock.getsockname()[:2]
@@ -302,6 +331,7 @@ class _Connection:
                 try:
                     data = await sockio.recv(self.sock, _RECV)
                 except OSError:
+                    self.peer_closed = True
                     return None
             if wait.cancelled_caught:
                 if idle:
@@ -312,6 +342,7 @@ class _Connection:
                     await self._refuse(408, "the request head did not arrive in time")
                 return None
             if not data:
+                self.peer_closed = True
                 return None
             buf += data
             if idle:
@@ -466,9 +497,12 @@ class _Connection:
         try:
             data = await sockio.recv(self.sock, _RECV)
         except OSError:
+            data = b""
+        if not data:
+            self.peer_closed = True
             return False
         self.buf += data
-        return bool(data)
+        return True
 
     async def _length_body(self) -> bytes | None:
         buf = self.buf
@@ -607,8 +641,11 @@ class _Connection:
         try:
             await sockio.send_all(self.sock, data)
         except OSError:
-            self.closing = True
+            self.closing = self.peer_closed = True
             return False
+        except BaseException:
+            self.closing = True  # cancelled mid-write: the framing is lost
+            raise
         return True
 
     async def _refuse(self, status: int, message: str) -> None:
