@@ -13,7 +13,9 @@ replicas' capacity (see ROUTER_CONFIG) and defaults otherwise. Two targets share
 
 Phases: non-streaming at concurrency 1, 32 and 128, then streaming (32 output tokens,
 one SSE event each) at 1, 32 and 128 (c=1 shows the added latency of an idle router;
-at 32 and 128 it includes queueing for CPU). Each phase runs the targets interleaved A, B, A, B
+at 32 and 128 it includes queueing for CPU), and once more streaming at 32 on two
+more replicas whose decode steps take 10 ms, an engine's pace, at which the machine's
+cores are not all busy (see PACED_MODEL). Each phase runs the targets interleaved A, B, A, B
 (same prompts for both within a round) after a short unmeasured warm-up. Reported per
 phase: request throughput and the router/direct ratio; e2e (and for streams TTFT)
 distributions of both targets side by side; the added latency as the difference of
@@ -43,6 +45,12 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import _common as c
 
 MODEL = "bench-model"
+# A second pair of replicas, with decode steps at an engine's pace (10 ms, where a GPU
+# engine's inter-token time lies) instead of 1 ms. With 1 ms steps, 32 streams keep the
+# load generator, the replicas and the router wanting more than this machine's two
+# cores, so the added TTFT there is mostly waiting for a core; at 10 ms steps the same
+# 32 streams leave cores idle and the difference is the router's own latency.
+PACED_MODEL = "bench-model-paced"
 SIM_ARGS = (
     "--decode-step-ms", "1",
     "--decode-ms-per-seq", "0.01",
@@ -55,6 +63,7 @@ SIM_ARGS = (
 # targets) and scoring see them as far from full. With the defaults (8 in flight per
 # replica) admission would hold requests back at c=32 already, and this benchmark would
 # measure that policy instead of the proxy's cost. Admission still runs on every request.
+PACED_SIM_ARGS = tuple("10" if a == "1" and i == 1 else a for i, a in enumerate(SIM_ARGS))
 ROUTER_CONFIG = """\
 [router.scoring]
 target_inflight = 256
@@ -83,6 +92,9 @@ class Phase:
     output_tokens: int = OUTPUT_TOKENS
     # False: llmgw only (used for the per-event slope, which needs no baseline).
     direct: bool = True
+    # True: on the replicas with engine-speed steps (PACED_SIM_ARGS), which leave the
+    # machine's cores partly idle at this concurrency.
+    paced: bool = False
 
 
 PHASES = (
@@ -93,6 +105,7 @@ PHASES = (
     Phase("stream c=32", True, 32),
     Phase("stream c=128", True, 128),
     Phase(f"stream c=32, {LONG_TOKENS} tok", True, 32, LONG_TOKENS, direct=False),
+    Phase("stream c=32, 10 ms steps", True, 32, paced=True),
 )
 
 
@@ -134,6 +147,7 @@ async def run_phase(
     settings: Settings,
     sims: list[str],
     router: c.RouterProc,
+    model: str = MODEL,
 ) -> dict[str, Any]:
     config = bench.LoadConfig(
         concurrency=phase.concurrency,
@@ -145,8 +159,8 @@ async def run_phase(
         ),
         request_timeout=60.0,
     )
-    direct = bench.Target(sims[0], MODEL, name="direct")
-    via = bench.Target(router.base, MODEL, name="router")
+    direct = bench.Target(sims[0], model, name="direct")
+    via = bench.Target(router.base, model, name="router")
     rr = c.RoundRobinTransport(sims, c.pooled_transport(phase.concurrency))
     cpu: list[float] = []
     overhead = {"sum": 0.0, "count": 0.0}
@@ -203,6 +217,7 @@ def analyse(phase: Phase, out: dict[str, Any], events_per_stream: int) -> dict[s
         "stream": phase.stream,
         "concurrency": phase.concurrency,
         "output_tokens": phase.output_tokens,
+        "paced": phase.paced,
         "direct": ds,
         "router": rs,
         "throughput_ratio": rs.request_throughput / ds.request_throughput
@@ -239,7 +254,11 @@ def event_slope(rows: list[dict[str, Any]]) -> float | None:
 
     (CPU per 128-token stream - CPU per 32-token stream) / (difference in events): the
     per-request part (parsing, routing, connections) cancels out."""
-    pair = [x for x in rows if x["stream"] and x["concurrency"] == 32 and x["cpu_per_request"]]
+    pair = [
+        x
+        for x in rows
+        if x["stream"] and x["concurrency"] == 32 and not x["paced"] and x["cpu_per_request"]
+    ]
     short = [x for x in pair if x["output_tokens"] == OUTPUT_TOKENS]
     long = [x for x in pair if x["output_tokens"] == LONG_TOKENS]
     if not short or not long:
@@ -361,6 +380,7 @@ def report(result: dict[str, Any]) -> None:
     by = {x["phase"]: x for x in rows}
     unary = [by[p]["cpu_per_request"] for p in ("unary c=1", "unary c=32", "unary c=128")]
     s32 = by.get("stream c=32", {})
+    s32_paced = by.get("stream c=32, 10 ms steps", {})
     s1 = by.get("stream c=1", {})
     events = [by[p]["cpu_per_event"] for p in ("stream c=32", "stream c=128")]
     slope = result["event_slope"]
@@ -389,6 +409,13 @@ def report(result: dict[str, Any]) -> None:
             c.ms(s32.get("ttft_p50_diff"), 2) + " ms",
             f"<= {TARGET_ADDED_TTFT_P50 * 1e3:.0f} ms",
             verdict(s32.get("ttft_p50_diff"), TARGET_ADDED_TTFT_P50),
+        ],
+        [
+            "  same, engine-pace replicas (10 ms steps)",
+            c.ms(s32_paced.get("ttft_p50_diff"), 2)
+            + f" ms  (cores busy {pct(s32_paced.get('machine_busy', {}).get('router'))})",
+            f"<= {TARGET_ADDED_TTFT_P50 * 1e3:.0f} ms",
+            verdict(s32_paced.get("ttft_p50_diff"), TARGET_ADDED_TTFT_P50),
         ],
         [
             "  (context) added TTFT p50 at 1 stream",
@@ -443,9 +470,14 @@ async def main_async(settings: Settings, fleet: c.Fleet, engine: str = "sim") ->
         else:
             _, base = fleet.sim(f"sim-{i}", *SIM_ARGS, "--seed", str(i), model=MODEL)
         sims.append(base)
-    router = fleet.router(
-        [(f"sim-{i}", base, MODEL) for i, base in enumerate(sims)], config=ROUTER_CONFIG
-    )
+    paced: list[str] = []
+    if engine == "sim":
+        for i in range(2):
+            args = (*PACED_SIM_ARGS, "--seed", str(i))
+            paced.append(fleet.sim(f"paced-{i}", *args, model=PACED_MODEL)[1])
+    endpoints = [(f"sim-{i}", base, MODEL) for i, base in enumerate(sims)]
+    endpoints += [(f"paced-{i}", base, PACED_MODEL) for i, base in enumerate(paced)]
+    router = fleet.router(endpoints, config=ROUTER_CONFIG)
     router.wait_scraped()
     children = c.children_of(router.pid)
     events = {n: count_events(router, n) for n in {p.output_tokens for p in PHASES}}
@@ -453,9 +485,14 @@ async def main_async(settings: Settings, fleet: c.Fleet, engine: str = "sim") ->
     rows = []
     rss_after = 0
     for phase in PHASES:
+        if phase.paced and not paced:
+            continue
         who = "(direct, router)" if phase.direct else "router only"
         c.log(f"phase {phase.name}: {settings.rounds} rounds x {who}")
-        out = await run_phase(phase, settings, sims, router)
+        if phase.paced:
+            out = await run_phase(phase, settings, paced, router, PACED_MODEL)
+        else:
+            out = await run_phase(phase, settings, sims, router)
         if phase.stream and phase.concurrency == 128:
             rss_after = c.rss_bytes(router.pid)
         rows.append(analyse(phase, out, events[phase.output_tokens]))
@@ -466,6 +503,7 @@ async def main_async(settings: Settings, fleet: c.Fleet, engine: str = "sim") ->
         "revision": c.revision(),
         "settings": attrs.asdict(settings),
         "sim_args": list(SIM_ARGS),
+        "paced_sim_args": list(PACED_SIM_ARGS) if paced else None,
         "prompt_tokens": PROMPT_TOKENS,
         "output_tokens": OUTPUT_TOKENS,
         "router_pid": router.pid,
