@@ -186,7 +186,7 @@ class _Server:
         try:
             with connection.scope:
                 await connection.run()
-            if not connection.peer_closed:
+            if connection.unread and not connection.peer_closed:
                 await _linger(sock)
         finally:
             self.connections.discard(connection)
@@ -243,6 +243,7 @@ class _Connection:
         "serverside",
         "sock",
         "started",
+        "unread",
         "version",
     )
 
@@ -253,6 +254,9 @@ class _Connection:
         self.buf = bytearray()
         self.busy = False
         self.peer_closed = False  # the client closed its side (or reset the connection)
+        # The connection ends with client bytes possibly unread (a refused request, a
+        # body the app did not read): close it lingering. Idle ones close at once.
+        self.unread = False
         try:
             self.client: tuple[str, int] | None = sock.getpeername()[:2]
             self.serverside: tuple[str, int] | None = sock.getsockname()[:2]
@@ -291,7 +295,10 @@ class _Connection:
             self.busy = True
             await self._handle(scope)
             self.busy = False
-            if self.closing or self.server.draining or self.body_mode != _NONE:
+            if self.body_mode != _NONE:
+                self.unread = True
+                return
+            if self.closing or self.server.draining:
                 return
             if self.buf:
                 # Pipelined: the next head is here already; let other tasks run first.
@@ -650,7 +657,7 @@ class _Connection:
 
     async def _refuse(self, status: int, message: str) -> None:
         """Answer an error the app never saw, then the connection closes."""
-        self.closing = True
+        self.closing = self.unread = True
         kind = "invalid_request_error" if status < 500 else "server_error"
         body = json.dumps({"error": {"message": message, "type": kind}}).encode()
         head = (
