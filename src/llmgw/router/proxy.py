@@ -384,11 +384,12 @@ class Upstream:
                 else:
                     outcome.itl.append(now - last)
                 last = now
+                # [DONE] ends the client's response in the same write.
                 await send(
                     {
                         "type": "http.response.body",
                         "body": out[0] if len(out) == 1 else b"".join(out),
-                        "more_body": True,
+                        "more_body": not done,
                     }
                 )
         if scope.cancelled_caught:
@@ -409,7 +410,6 @@ class Upstream:
                 Outcome.BROKEN_STREAM, "upstream ended the stream without [DONE]"
             )
             return await self._broken(outcome, failure, send, extra_headers, body_size)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
         # Read the body's end (the chunked terminator) so the connection goes back to
         # the pool instead of being closed: a new TCP connection per stream costs CPU.
         with trio.move_on_after(1.0):
