@@ -7,8 +7,10 @@ router's CPU. These helpers try the operation on a non-blocking stdlib socket fi
 and wait (cancellably) only on ``EAGAIN``.
 
 The price: a call that does not wait is not a checkpoint, so it neither notices
-cancellation nor lets other tasks run. Callers are loops that do wait for their peer
-between requests (and check for cancellation there); that is where they yield.
+cancellation nor lets other tasks run. Callers are loops that wait for their peer
+most of the time, and yield there; so that a peer that always has data ready (a
+large body arriving faster than it is read) cannot hold the thread, every
+`FAIR_EVERY`-th call that did not wait yields anyway.
 """
 
 from __future__ import annotations
@@ -17,16 +19,31 @@ import socket
 
 import trio
 
-__all__ = ["close", "recv", "send_all"]
+__all__ = ["FAIR_EVERY", "close", "recv", "send_all"]
+
+#: Calls that did not wait between two forced yields, across all tasks.
+FAIR_EVERY = 32
+_unyielded = 0
+
+
+async def _fair() -> None:
+    global _unyielded
+    _unyielded += 1
+    if _unyielded >= FAIR_EVERY:
+        _unyielded = 0
+        await trio.lowlevel.checkpoint()
 
 
 async def recv(sock: socket.socket, size: int) -> bytes:
     """Up to `size` bytes; b"" at the end of the stream. Raises OSError on a reset."""
     while True:
         try:
-            return sock.recv(size)
+            data = sock.recv(size)
         except BlockingIOError:
             await trio.lowlevel.wait_readable(sock)
+            continue
+        await _fair()
+        return data
 
 
 async def send_all(sock: socket.socket, data: bytes | bytearray | memoryview) -> None:
@@ -41,6 +58,7 @@ async def send_all(sock: socket.socket, data: bytes | bytearray | memoryview) ->
             continue
         remaining = (len(data) if view is None else len(view)) - sent
         if remaining <= 0:
+            await _fair()
             return
         view = (memoryview(data) if view is None else view)[sent:]
 
