@@ -99,7 +99,8 @@ class Server:
 
 
 @asynccontextmanager
-async def running(**config: Any) -> AsyncIterator[Server]:
+async def running(asgi: Any = None, **config: Any) -> AsyncIterator[Server]:
+    """A server on a loopback port; its app is a fresh `App` unless `asgi` is given."""
     app = App()
     stop = trio.Event()
     expiries: list[int] = []
@@ -108,7 +109,7 @@ async def running(**config: Any) -> AsyncIterator[Server]:
 
         async def run(task_status: trio.TaskStatus[Any]) -> None:
             await serve(
-                app,
+                asgi or app,
                 Address("127.0.0.1", 0),
                 settings,
                 shutdown_trigger=stop.wait,

@@ -188,6 +188,9 @@ class _Server:
                 await connection.run()
             if connection.unread and not connection.peer_closed:
                 await _linger(sock)
+        except Exception:
+            # A bug met on one connection must not end the others (or the server).
+            log.exception("connection from %s failed", connection.client)
         finally:
             self.connections.discard(connection)
             sockio.close(sock)
