@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import h11
@@ -217,6 +218,8 @@ async def test_keep_alive_serves_requests_one_after_another_on_one_connection() 
             assert head.status_code == 200
             assert (seen["path"], seen["query"], seen["body"]) == ("/echo", f"i={i}", f"body{i}")
             assert header(head, b"connection") is None
+            date = header(head, b"date") or b""
+            assert parsedate_to_datetime(date.decode()).tzinfo is not None  # RFC 9110 form
         assert server.app.calls == 3
 
 

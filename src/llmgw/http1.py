@@ -39,7 +39,9 @@ import json
 import logging
 import math
 import socket
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote
 
@@ -194,6 +196,19 @@ class _Server:
         finally:
             self.connections.discard(connection)
             sockio.close(sock)
+
+
+_date: tuple[int, bytes] = (0, b"")
+
+
+def _date_line() -> bytes:
+    """The ``date`` header line (RFC 9110 asks an origin server with a clock for one),
+    formatted once per second."""
+    global _date
+    now = int(time.time())
+    if _date[0] != now:
+        _date = (now, b"date: " + formatdate(now, usegmt=True).encode() + b"\r\n")
+    return _date[1]
 
 
 async def _linger(sock: socket.socket) -> None:
@@ -618,7 +633,7 @@ class _Connection:
             self.body_mode = _NONE
         if self.body_mode != _NONE or self.server.draining:
             self.closing = True  # an unread body cannot be skipped safely: close after
-        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
+        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"")), _date_line()]
         sized = False
         for name, value in headers:
             lower = name.lower()
@@ -664,8 +679,9 @@ class _Connection:
         kind = "invalid_request_error" if status < 500 else "server_error"
         body = json.dumps({"error": {"message": message, "type": kind}}).encode()
         head = (
-            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-            b"connection: close\r\n\r\n" % (status, _REASONS.get(status, b""), len(body))
+            b"HTTP/1.1 %d %s\r\n%scontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n"
+            % (status, _REASONS.get(status, b""), _date_line(), len(body))
         )
         with trio.move_on_after(_REFUSAL_SEND_TIMEOUT):
             await self._write(head + body)
