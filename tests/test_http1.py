@@ -7,6 +7,7 @@ responses are parsed with h11 (an independent parser). Every wait is bounded.
 
 from __future__ import annotations
 
+import http
 import json
 from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
@@ -361,7 +362,10 @@ async def test_a_request_the_server_cannot_frame_safely_is_refused_and_closed(
         answer = await client.raw_until_closed()  # refused, then the connection closes
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 %d " % status)
-        assert json.loads(body)["error"]["message"]
+        error = json.loads(body)["error"]  # the OpenAI shape, like every llmgw error
+        assert error["message"] and error["type"] == "invalid_request_error"
+        assert error["code"] == http.HTTPStatus(status).phrase.lower().replace(" ", "_")
+        assert "param" in error
         assert server.app.calls == 0
 
 

@@ -6,6 +6,7 @@ framework: on the request path every layer costs CPU per request.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -15,6 +16,13 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _JSON = [(b"content-type", b"application/json")]
+
+
+def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
+    """An error in the OpenAI API's shape, the one shape every llmgw error takes."""
+    return json.dumps(
+        {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    ).encode()
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:

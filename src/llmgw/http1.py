@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import errno
 import http
-import json
 import logging
 import math
 import socket
@@ -49,7 +48,7 @@ import attrs
 import trio
 
 from llmgw import sockio
-from llmgw.asgi import App
+from llmgw.asgi import App, error_body
 from llmgw.units import Address
 
 __all__ = ["HttpServerConfig", "serve", "serve_listeners"]
@@ -676,8 +675,9 @@ class _Connection:
     async def _refuse(self, status: int, message: str) -> None:
         """Answer an error the app never saw, then the connection closes."""
         self.closing = self.unread = True
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        body = json.dumps({"error": {"message": message, "type": kind}}).encode()
+        kind = "server_error" if status == 500 else "invalid_request_error"
+        code = _REASONS.get(status, b"error").decode().lower().replace(" ", "_").replace("-", "_")
+        body = error_body(message, kind, code)
         head = (
             b"HTTP/1.1 %d %s\r\n%scontent-type: application/json\r\ncontent-length: %d\r\n"
             b"connection: close\r\n\r\n"

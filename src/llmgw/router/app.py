@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from llmgw.asgi import Receive, Scope, Send, header, lifespan, send_json
+from llmgw.asgi import Receive, Scope, Send, error_body, header, lifespan, send_json
 from llmgw.router.admission import AdmissionRejected, UnknownBand
 from llmgw.router.auth import AuthError
 from llmgw.router.breaker import Outcome, Ticket, classify_status
-from llmgw.router.proxy import AttemptFailed, Delivery, error_body
+from llmgw.router.proxy import AttemptFailed, Delivery
 from llmgw.router.usage import Caller, Usage, estimate_prompt_tokens
 from llmgw.store.base import KeyRecord
 

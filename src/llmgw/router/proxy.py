@@ -19,6 +19,7 @@ import attrs
 import httpx
 import trio
 
+from llmgw.asgi import error_body
 from llmgw.config import Timeouts
 from llmgw.router.breaker import Outcome, classify_status
 from llmgw.router.upstream_http import ConnectFailed, ConnectTimeout, Pool, UpstreamError
@@ -71,12 +72,6 @@ class Delivery:
     failure: AttemptFailed | None = None
     events: int = 0
     itl: list[float] = attrs.field(factory=list)
-
-
-def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
-    return json.dumps(
-        {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    ).encode()
 
 
 class UpstreamResponse(Protocol):
