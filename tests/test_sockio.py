@@ -53,3 +53,15 @@ async def test_send_all_writes_everything_and_recv_sees_the_end() -> None:
             await sockio.send_all(a, payload)
             a.shutdown(socket.SHUT_WR)
     assert bytes(got) == payload
+
+
+async def test_a_forced_yield_after_a_read_never_loses_the_bytes_to_a_cancellation() -> None:
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    with a, b:
+        b.sendall(b"next request")
+        sockio._unyielded = sockio.FAIR_EVERY - 1  # this read ends with a forced yield
+        with trio.CancelScope() as scope:
+            scope.cancel()  # e.g. a disconnect watcher cancelled as its response ends
+            data = await sockio.recv(a, 64)
+        assert data == b"next request"

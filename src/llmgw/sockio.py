@@ -31,7 +31,9 @@ async def _fair() -> None:
     _unyielded += 1
     if _unyielded >= FAIR_EVERY:
         _unyielded = 0
-        await trio.lowlevel.checkpoint()
+        # Shielded: the call has already happened; a Cancelled raised here would lose
+        # the bytes just read (or report bytes just sent as unsent).
+        await trio.lowlevel.cancel_shielded_checkpoint()
 
 
 async def recv(sock: socket.socket, size: int) -> bytes:
