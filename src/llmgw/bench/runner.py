@@ -13,7 +13,6 @@ import contextlib
 import itertools
 import json
 import math
-import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
@@ -23,6 +22,7 @@ import trio
 
 from llmgw.bench.sse import SSEDecoder
 from llmgw.bench.stats import Sample, Summary, summarize
+from llmgw.bench.transport import FastTransport
 from llmgw.bench.workload import Prompt, Workload, WorkloadSpec
 
 Endpoint = Literal["chat", "completions"]
@@ -151,20 +151,16 @@ def request_headers(target: Target, config: LoadConfig, prompt: Prompt) -> dict[
 async def open_client(
     config: LoadConfig, transport: httpx.AsyncBaseTransport | None = None
 ) -> AsyncIterator[httpx.AsyncClient]:
-    """A pooled client sized for the run's concurrency.
+    """A pooled client for the run (:class:`~llmgw.bench.transport.FastTransport`
+    unless `transport` is given).
 
     TCP_NODELAY: without it small SSE writes can wait ~40 ms on delayed ACKs, which
     would show up as fake TTFT. The environment's proxy settings are ignored on
     purpose: a load generator measures the target, not a proxy in between.
     """
     if transport is None:
-        transport = httpx.AsyncHTTPTransport(
-            limits=httpx.Limits(
-                max_connections=config.concurrency,
-                max_keepalive_connections=config.concurrency,
-            ),
-            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
-            trust_env=False,
+        transport = FastTransport(
+            config.connect_timeout, max_idle_per_host=max(256, config.concurrency)
         )
     # Only connect has an httpx timeout; the whole request is bounded by a trio
     # cancel scope, which also covers a stream that trickles forever.
