@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -513,3 +514,41 @@ def test_gauge_parsing() -> None:
     assert gauge(page, ["vllm:num_requests_waiting"]) == 5.0
     assert gauge(page, ["nope", "sglang:num_queue_reqs"]) == 7.0
     assert gauge(page, ["nope"]) is None
+
+
+async def test_the_default_transport_over_real_sockets_labels_each_outcome() -> None:
+    """FastTransport (the default): a stream, an error status, a connection cut mid-body
+    and a refused connection, against a raw server on loopback."""
+    stream_ok = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        + b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in (_chunk("a"), _chunk("b")))
+        + b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+    )
+    refusal = b'{"error": {"message": "no such model"}}'
+    answers = [
+        stream_ok,
+        b"HTTP/1.1 404 Not Found\r\ncontent-length: %d\r\n\r\n%s" % (len(refusal), refusal),
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\ndata:",  # then closed
+    ]
+
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += await stream.receive_some(65536)
+            await stream.send_all(answers.pop(0))
+
+    async with trio.open_nursery() as nursery:
+        serve = functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1")
+        (listener,) = await nursery.start(serve)
+        port = listener.socket.getsockname()[1]
+        target = bench.Target(f"http://127.0.0.1:{port}", "m")
+        config = _config(requests=1, concurrency=1, request_timeout=5.0)
+        results = [await bench.run(target, config) for _ in range(3)]
+        nursery.cancel_scope.cancel()
+    refused = await bench.run(bench.Target(f"http://127.0.0.1:{port}", "m"), config)
+    assert results[0].summary.ok == 1 and results[0].samples[0].ttft is not None
+    assert results[1].samples[0].error == "404"
+    assert results[1].samples[0].message == "no such model"
+    assert results[2].samples[0].error == "connection_lost"
+    assert refused.samples[0].error == "connect_error"
