@@ -1,10 +1,10 @@
-"""llmgw-server's HTTP/1.1 server: serves an ASGI app on trio.
+"""llmgw's HTTP/1.1 server: serves an ASGI app on trio.
 
-Both listeners of `llmgw-server` run on it. It replaced hypercorn there because on the
-proxy's path hypercorn's layers (h11's state machine both ways, a task per request and
-an idle-timer task per connection, an event object per message) were about a third of
-the router's CPU per request, against a target of 0.5 ms (benchmarks/README.md). It
-does what those listeners need and nothing more:
+Both listeners of `llmgw-server`, and `llmgw-sim`, run on it. It replaced hypercorn
+because on the proxy's path hypercorn's layers (h11's state machine both ways, a task
+per request and an idle-timer task per connection, an event object per message) were
+about a third of the router's CPU per request, against a target of 0.5 ms
+(benchmarks/README.md). It does what those listeners need and nothing more:
 
 * HTTP/1.1 with keep-alive and pipelined requests (answered in order); HTTP/1.0 with
   one request per connection. Request bodies framed by Content-Length or chunked;
@@ -22,13 +22,16 @@ does what those listeners need and nothing more:
   returns when the client closes the connection, so a proxy can cancel its upstream.
 * Graceful shutdown: stop accepting, close idle connections, let requests in flight
   finish for up to `graceful_timeout`, then cancel them.
+* Closing: a connection that ends with client bytes possibly unread (a refusal, a
+  body the app did not read) is closed lingering (:func:`_linger`); an error on one
+  connection is logged and ends that connection only.
 
 Not here: TLS, HTTP/2, WebSocket, ASGI lifespan events (llmgw's apps hold no lifespan
 state). Parsing is strict where leniency lets a front proxy and this server disagree
 about where a request ends (request smuggling): bare CR or LF, NUL, whitespace before
 a header's colon, folded lines, Content-Length together with Transfer-Encoding,
 differing Content-Lengths, codings other than ``chunked``: all 400 (or 501), and the
-connection is closed.
+connection is closed. Refusals are OpenAI-shaped errors, like the apps' own.
 """
 
 from __future__ import annotations
