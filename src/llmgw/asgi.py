@@ -7,7 +7,7 @@ framework: on the request path every layer costs CPU per request.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 Scope = MutableMapping[str, Any]
@@ -46,8 +46,16 @@ async def send_json(
     await send({"type": "http.response.body", "body": body})
 
 
-async def lifespan(receive: Receive, send: Send) -> None:
-    """Acknowledge startup and shutdown; llmgw's apps own no lifespan state."""
+async def answer_non_http(
+    scope: Mapping[str, Any],
+    receive: Callable[[], Awaitable[Mapping[str, Any]]],
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+) -> None:
+    """What llmgw's apps do with a scope that is not an HTTP request: acknowledge the
+    lifespan events (they own no lifespan state) and ignore anything else. llmgw's own
+    server (llmgw.http1) sends neither; other ASGI servers may."""
+    if scope["type"] != "lifespan":
+        return
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":

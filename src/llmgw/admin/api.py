@@ -58,7 +58,7 @@ from llmgw.admin.views import (
     from_dict,
     unstructure,
 )
-from llmgw.asgi import Receive, Scope, Send, lifespan
+from llmgw.asgi import Receive, Scope, Send, answer_non_http
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig
 from llmgw.control import views
@@ -407,10 +407,8 @@ class AdminApp:
     # -- dispatch ---------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await lifespan(receive, send)
-            return
         if scope["type"] != "http":
+            await answer_non_http(scope, receive, send)
             return
         req = Request(scope, receive, max_body=self.max_body_bytes)
         reply = await self.handle(req)

@@ -28,7 +28,7 @@ import jinja2
 import trio
 
 from llmgw.admin.http import Request
-from llmgw.asgi import Receive, Scope, Send, lifespan
+from llmgw.asgi import Receive, Scope, Send, answer_non_http
 from llmgw.dashboard import charts, panels
 from llmgw.dashboard.traffic import TrafficRing
 from llmgw.dashboard.web import (
@@ -163,10 +163,8 @@ class DashboardApp:
     # -- ASGI ----------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await lifespan(receive, send)
-            return
         if scope["type"] != "http":
+            await answer_non_http(scope, receive, send)
             return
         page = await self.handle(Request(scope, receive, max_body=MAX_FORM_BYTES))
         headers = [

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from llmgw.asgi import Receive, Scope, Send, error_body, header, lifespan, send_json
+from llmgw.asgi import Receive, Scope, Send, answer_non_http, error_body, header, send_json
 from llmgw.router.admission import AdmissionRejected, UnknownBand
 from llmgw.router.auth import AuthError
 from llmgw.router.breaker import Outcome, Ticket, classify_status
@@ -78,10 +78,8 @@ class ClientApp:
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await lifespan(receive, send)
-            return
         if scope["type"] != "http":
+            await answer_non_http(scope, receive, send)
             return
         handler = self._routes.get((scope["method"], scope["path"].rstrip("/") or "/"))
         try:

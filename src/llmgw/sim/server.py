@@ -45,6 +45,7 @@ import attrs
 import trio
 
 from llmgw import __version__
+from llmgw.asgi import answer_non_http
 from llmgw.http1 import HttpServerConfig
 from llmgw.http1 import serve as http_serve
 from llmgw.sim import tokens
@@ -414,10 +415,8 @@ class SimApp:
         self._counted = (self._chat, self._completions, self._embeddings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-            return
         if scope["type"] != "http":
+            await answer_non_http(scope, receive, send)
             return
         route = self._routes.get((scope["method"], scope["path"]))
         try:
@@ -433,15 +432,6 @@ class SimApp:
         finally:
             if route in self._counted:
                 self._count_served()
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     def _next_id(self, prefix: str) -> str:
         self._ids += 1
