@@ -241,7 +241,7 @@ class RoundRobinTransport(httpx.AsyncBaseTransport):
 def pooled_transport(concurrency: int) -> httpx.AsyncBaseTransport:
     """The load generator's transport for `concurrency` workers: llmgw.bench's
     FastTransport (O(1) keep-alive pool, about half the CPU of httpx's own)."""
-    return FastTransport(max_idle_per_host=max(256, concurrency))
+    return FastTransport(concurrency=concurrency)
 
 
 # -- interleaved turns ------------------------------------------------------------------------

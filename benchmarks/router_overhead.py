@@ -51,19 +51,25 @@ MODEL = "bench-model"
 # cores, so the added TTFT there is mostly waiting for a core; at 10 ms steps the same
 # 32 streams leave cores idle and the difference is the router's own latency.
 PACED_MODEL = "bench-model-paced"
-SIM_ARGS = (
-    "--decode-step-ms", "1",
-    "--decode-ms-per-seq", "0.01",
-    "--prefill-us-per-token", "1",
-    "--max-num-seqs", "256",
-    "--no-prefix-caching",
-)  # fmt: skip
+
+
+def sim_args(step_ms: str) -> tuple[str, ...]:
+    return (
+        "--decode-step-ms", step_ms,
+        "--decode-ms-per-seq", "0.01",
+        "--prefill-us-per-token", "1",
+        "--max-num-seqs", "256",
+        "--no-prefix-caching",
+    )  # fmt: skip
+
+
+SIM_ARGS = sim_args("1")
 # The replicas take 256 sequences each: the router's scoring targets say so, so that
 # admission (which queues requests once a pool looks saturated, against these
 # targets) and scoring see them as far from full. With the defaults (8 in flight per
 # replica) admission would hold requests back at c=32 already, and this benchmark would
 # measure that policy instead of the proxy's cost. Admission still runs on every request.
-PACED_SIM_ARGS = tuple("10" if a == "1" and i == 1 else a for i, a in enumerate(SIM_ARGS))
+PACED_SIM_ARGS = sim_args("10")
 ROUTER_CONFIG = """\
 [router.scoring]
 target_inflight = 256

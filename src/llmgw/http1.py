@@ -91,7 +91,9 @@ class HttpServerConfig:
 
     #: Seconds for a request head to arrive completely; None: unbounded.
     header_timeout: float | None = 10.0
-    #: Seconds a kept-alive connection may wait for its next request.
+    #: Seconds a kept-alive connection may wait for its next request: longer than
+    #: clients' pool expiry (httpx: 5 s), so a client closes an idle connection first
+    #: instead of racing our close with its next request.
     keep_alive_timeout: float = 75.0
     #: Seconds requests in flight get to finish once shutdown begins.
     graceful_timeout: float = 30.0

@@ -169,7 +169,6 @@ async def _serve(
         # bounds each phase itself, the apps bound request bodies.
         return HttpServerConfig(
             header_timeout=config.router.timeouts.client_header,
-            keep_alive_timeout=75.0,
             graceful_timeout=drain,
             on_header_timeout=router.metrics.client_timeouts.labels(name, "header").inc,
         )

@@ -159,9 +159,7 @@ async def open_client(
     purpose: a load generator measures the target, not a proxy in between.
     """
     if transport is None:
-        transport = FastTransport(
-            config.connect_timeout, max_idle_per_host=max(256, config.concurrency)
-        )
+        transport = FastTransport(config.connect_timeout, config.concurrency)
     # Only connect has an httpx timeout; the whole request is bounded by a trio
     # cancel scope, which also covers a stream that trickles forever.
     timeout = httpx.Timeout(None, connect=config.connect_timeout)

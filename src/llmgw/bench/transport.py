@@ -54,8 +54,9 @@ class FastTransport(httpx.AsyncBaseTransport):
     """Plain-HTTP POSTs through :class:`~llmgw.router.upstream_http.Pool`; the rest
     through httpx's own transport."""
 
-    def __init__(self, connect_timeout: float = 10.0, max_idle_per_host: int = 1024) -> None:
-        self._pool = Pool(connect_timeout, max_idle_per_host=max_idle_per_host)
+    def __init__(self, connect_timeout: float = 10.0, concurrency: int = 256) -> None:
+        # Room to keep every worker's connection alive between its requests.
+        self._pool = Pool(connect_timeout, max_idle_per_host=max(256, concurrency))
         self._fallback = httpx.AsyncHTTPTransport(
             socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)], trust_env=False
         )

@@ -927,11 +927,7 @@ async def serve(
 ) -> None:
     """Serve until SIGINT or SIGTERM; `task_status` gets the bound URLs."""
     app = SimApp(config)
-    # Keep-alive longer than clients' pool expiry, so a client closes an idle
-    # connection first instead of racing our close with its next request.
-    http_config = HttpServerConfig(
-        header_timeout=None, keep_alive_timeout=75.0, graceful_timeout=2.0
-    )
+    http_config = HttpServerConfig(header_timeout=None, graceful_timeout=2.0)
     shutdown = trio.Event()
 
     async def watch_signals(task_status: trio.TaskStatus[None]) -> None:
