@@ -98,8 +98,8 @@ async def run_concurrency(
 
 
 def avg(turns: list[dict[str, float | None]], key: str) -> float | None:
-    values = [t[key] for t in turns if t[key] is not None]
-    return statistics.fmean(values) if values else None  # type: ignore[arg-type]
+    values = [v for t in turns if (v := t[key]) is not None]
+    return statistics.fmean(values) if values else None
 
 
 def report(results: dict[int, dict[str, Any]]) -> None:

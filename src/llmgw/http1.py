@@ -598,7 +598,6 @@ class _Connection:
                 self.closing = True
                 return _DISCONNECT
         await trio.sleep_forever()  # no room to watch for the end; wait to be cancelled
-        raise AssertionError("unreachable")
 
     # -- the response -----------------------------------------------------------
 
