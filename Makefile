@@ -25,6 +25,7 @@ demo: install
 	$(BIN)/llmgw-server --demo
 
 test: install
+	scripts/test_deps.sh
 	$(BIN)/pytest -q
 
 lint: install $(BUF)
