@@ -31,6 +31,7 @@ Nothing is asserted: the targets are printed beside the measurements.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -101,6 +102,10 @@ class Phase:
     # True: on the replicas with engine-speed steps (PACED_SIM_ARGS), which leave the
     # machine's cores partly idle at this concurrency.
     paced: bool = False
+    # True: llmgw's process gets the CPU before the simulators and the load generator
+    # (_common.cpu_first), as a gateway on cores of its own would; skipped when not
+    # permitted.
+    router_first: bool = False
 
 
 PHASES = (
@@ -112,6 +117,8 @@ PHASES = (
     Phase("stream c=128", True, 128),
     Phase(f"stream c=32, {LONG_TOKENS} tok", True, 32, LONG_TOKENS, direct=False),
     Phase("stream c=32, 10 ms steps", True, 32, paced=True),
+    Phase("stream c=32, llmgw's CPU first", True, 32, router_first=True),
+    Phase("stream c=32, 10 ms steps, llmgw's CPU first", True, 32, paced=True, router_first=True),
 )
 
 
@@ -224,6 +231,7 @@ def analyse(phase: Phase, out: dict[str, Any], events_per_stream: int) -> dict[s
         "concurrency": phase.concurrency,
         "output_tokens": phase.output_tokens,
         "paced": phase.paced,
+        "router_first": phase.router_first,
         "direct": ds,
         "router": rs,
         "throughput_ratio": rs.request_throughput / ds.request_throughput
@@ -263,7 +271,11 @@ def event_slope(rows: list[dict[str, Any]]) -> float | None:
     pair = [
         x
         for x in rows
-        if x["stream"] and x["concurrency"] == 32 and not x["paced"] and x["cpu_per_request"]
+        if x["stream"]
+        and x["concurrency"] == 32
+        and not x["paced"]
+        and not x["router_first"]
+        and x["cpu_per_request"]
     ]
     short = [x for x in pair if x["output_tokens"] == OUTPUT_TOKENS]
     long = [x for x in pair if x["output_tokens"] == LONG_TOKENS]
@@ -395,6 +407,8 @@ def report(result: dict[str, Any]) -> None:
     ]
     s32 = by.get("stream c=32", {})
     s32_paced = by.get("stream c=32, 10 ms steps", {})
+    s32_first = by.get("stream c=32, llmgw's CPU first", {})
+    s32_paced_first = by.get("stream c=32, 10 ms steps, llmgw's CPU first", {})
     s1 = by.get("stream c=1", {})
     events = [by.get(p, {}).get("cpu_per_event") for p in ("stream c=32", "stream c=128")]
     slope = result["event_slope"]
@@ -430,6 +444,16 @@ def report(result: dict[str, Any]) -> None:
             + f" ms  (cores busy {pct(s32_paced.get('machine_busy', {}).get('router'))})",
             f"<= {TARGET_ADDED_TTFT_P50 * 1e3:.0f} ms",
             verdict(s32_paced.get("ttft_p50_diff"), TARGET_ADDED_TTFT_P50),
+        ],
+        [
+            "  same, llmgw's CPU first: 1 / 10 ms steps",
+            " / ".join(c.ms(x.get("ttft_p50_diff"), 2) for x in (s32_first, s32_paced_first))
+            + " ms",
+            f"<= {TARGET_ADDED_TTFT_P50 * 1e3:.0f} ms",
+            verdict(
+                worst([s32_first.get("ttft_p50_diff"), s32_paced_first.get("ttft_p50_diff")]),
+                TARGET_ADDED_TTFT_P50,
+            ),
         ],
         [
             "  (context) added TTFT p50 at 1 stream",
@@ -504,11 +528,15 @@ async def main_async(
         if (phase.paced and not paced) or (only and phase.name not in only):
             continue
         who = "(direct, router)" if phase.direct else "router only"
-        c.log(f"phase {phase.name}: {settings.rounds} rounds x {who}")
-        if phase.paced:
-            out = await run_phase(phase, settings, paced, router, PACED_MODEL)
-        else:
-            out = await run_phase(phase, settings, sims, router)
+        with c.cpu_first(router.pid) if phase.router_first else contextlib.nullcontext("") as how:
+            if how is None:
+                c.log(f"phase {phase.name}: not permitted to raise llmgw's priority; skipped")
+                continue
+            c.log(f"phase {phase.name}: {settings.rounds} rounds x {who} {how}".rstrip())
+            if phase.paced:
+                out = await run_phase(phase, settings, paced, router, PACED_MODEL)
+            else:
+                out = await run_phase(phase, settings, sims, router)
         if phase.stream and phase.concurrency == 128:
             rss_after = c.rss_bytes(router.pid)
         rows.append(analyse(phase, out, events[phase.output_tokens]))
