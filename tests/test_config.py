@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
 import subprocess
 import tomllib
 from pathlib import Path
@@ -35,6 +37,7 @@ def test_defaults_match_the_design_table() -> None:
     assert r.max_body_bytes == 32 * 1024 * 1024
     t = r.timeouts
     assert (t.dial, t.response_header, t.first_token, t.idle, t.total) == (5, 60, 120, 60, 1800)
+    assert (t.client_header, t.client_body) == (10, 30)
     s = r.scoring
     assert (s.target_waiting, s.target_inflight, s.kv_ceiling, s.session_load_factor) == (
         4,
@@ -53,6 +56,7 @@ def test_defaults_match_the_design_table() -> None:
     ]
     assert set(r.profiles) == {"chat", "batch"}
     assert c.endpoints == () and c.models == () and c.store.url is None
+    assert c.auth.session_ttl == 8 * 3600
 
 
 @pytest.mark.parametrize(
@@ -103,245 +107,292 @@ def test_env_beats_file_and_overrides_beat_env(tmp_path: Path) -> None:
     assert (c.router.retries, c.router.cooldown, c.listen) == (4, 3, ":1")
 
 
-def test_env_value_of_wrong_type_names_the_variable() -> None:
-    assert problems_of({}, {"LLMGW_ROUTER__RETRIES": "many"}) == [
-        "LLMGW_ROUTER__RETRIES: expected an integer, got 'many'"
-    ]
-
-
 def test_routing_profiles_merge_with_the_builtins() -> None:
     c = cfg.load(data={"router": {"profiles": {"fast": {"queue": 2.0}, "chat": {"kv": 0.0}}}})
     assert set(c.router.profiles) == {"chat", "batch", "fast"}
     assert c.router.profiles["fast"].queue == 2.0
     assert c.router.profiles["chat"].kv == 0.0 and c.router.profiles["chat"].queue == 1.0
+    # A table set whole from the environment merges the same way.
+    c = cfg.load(environ={"LLMGW_ROUTER__PROFILES": "{ fast = { queue = 2.0 } }"})
+    assert set(c.router.profiles) == {"chat", "batch", "fast"}
+    assert cfg.load(environ={"LLMGW_ROUTER__PROFILES": "{}"}).router.profiles.keys() == {
+        "chat",
+        "batch",
+    }
 
 
-@pytest.mark.parametrize(
-    ("data", "message"),
-    [
-        (
-            {
-                "router": {
-                    "admission": {
-                        "bands": [
-                            {"name": "gold", "priority": 1, "saturation_ceiling": 0.5},
-                            {"name": "a", "priority": 2, "saturation_ceiling": 0.4},
-                            {"name": "b", "priority": 3, "saturation_ceiling": 1.5},
-                        ]
-                    }
-                }
-            },
-            "router.admission.bands[2].saturation_ceiling: must be in (0, 1], got 1.5",
-        ),
-        ({"router": {"retrys": 3}}, "router.retrys: unknown key (did you mean 'retries'?)"),
-        ({"routr": {}}, "routr: unknown key (did you mean 'router'?)"),
-        ({"router": {"retries": "3"}}, "router.retries: expected int, got '3'"),
-        ({"router": {"retries": -1}}, "router.retries: must be 0 or more, got -1"),
-        (
-            {"router": {"failure_threshold": 0}},
-            "router.failure_threshold: must be at least 1, got 0",
-        ),
-        (
-            {"router": {"timeouts": {"dial": "5 parsecs"}}},
-            "router.timeouts.dial: expected a duration such as '5s', '250ms', '10m' or '1h', "
-            "got '5 parsecs'",
-        ),
-        (
-            {"router": {"timeouts": {"idle": 0}}},
-            "router.timeouts.idle: must be greater than 0, got 0",
-        ),
-        (
-            {"router": {"scrape_timeout": "3s"}},
-            "router.scrape_timeout: must not exceed router.scrape_interval (2s), got 3s",
-        ),
-        (
-            {"router": {"scoring": {"kv_ceiling": 0}}},
-            "router.scoring.kv_ceiling: must be in (0, 1], got 0",
-        ),
-        (
-            {"router": {"scoring": {"session_load_factor": 0.5}}},
-            "router.scoring.session_load_factor: must be at least 1, got 0.5",
-        ),
-        (
-            {"router": {"default_profile": "fast"}},
-            "router.default_profile: no routing profile named 'fast' (have batch, chat)",
-        ),
-        (
-            {"router": {"profiles": {"chat": {"queue": -1}}}},
-            "router.profiles.chat.queue: weights must be 0 or more, got -1",
-        ),
-        (
-            {"router": {"admission": {"default_band": "iron"}}},
-            "router.admission.default_band: no band named 'iron' "
-            "(have platinum, gold, silver, bronze)",
-        ),
-        (
-            {
-                "router": {
-                    "admission": {
-                        "bands": [
-                            {"name": "gold", "priority": 1, "saturation_ceiling": 0.5},
-                            {"name": "gold", "priority": 2, "saturation_ceiling": 0.4},
-                        ]
-                    }
-                }
-            },
-            "router.admission.bands[1].name: band 'gold' is defined twice",
-        ),
-        (
-            {"router": {"admission": {"bands": [{"name": "gold", "priority": 1}]}}},
-            "router.admission.bands[0].saturation_ceiling: required key is missing",
-        ),
-        (
-            {"control": {"unreachable_after": "2m"}},
-            "control.unreachable_after: must be shorter than control.lost_after (1m), got 2m",
-        ),
-        (
-            {"control": {"base_backoff": "1h"}},
-            "control.base_backoff: must not exceed control.max_backoff (10m), got 1h",
-        ),
-        (
-            {"control": {"port_range": [2000, 1000]}},
-            "control.port_range: must be [low, high] within 1..65535, got [2000, 1000]",
-        ),
-        ({"listen": "localhost"}, "listen: expected HOST:PORT or :PORT, got 'localhost'"),
-        (
-            {"admin_listen": ":99999"},
-            "admin_listen: port must be a number in 0..65535, got '99999' in ':99999'",
-        ),
-        (
-            {"endpoints": [{"id": "a", "url": "127.0.0.1:1", "models": ["m"]}]},
-            "endpoints[0].url: must start with http:// or https://, got '127.0.0.1:1'",
-        ),
-        (
-            {
-                "endpoints": [
-                    {"id": "a", "url": "http://127.0.0.1:1", "models": ["m"]},
-                    {"id": "a", "url": "http://127.0.0.1:2", "models": ["m"]},
-                ]
-            },
-            "endpoints[1].id: endpoint id 'a' is used twice",
-        ),
-        (
-            {"endpoints": [{"id": "a", "url": "http://127.0.0.1:1", "models": []}]},
-            "endpoints[0].models: must name at least one model",
-        ),
-        (
-            {"endpoints": [{"id": "a", "url": "http://127.0.0.1:1", "models": ["m"], "weight": 0}]},
-            "endpoints[0].weight: must be greater than 0, got 0",
-        ),
-        (
-            {"store": {"url": "mysql://x"}},
-            "store.url: must start with sqlite:// or postgresql://, got 'mysql://x'",
-        ),
-        (
-            {"agent_tls": {"cert": "/nonexistent/c.pem", "key": "/nonexistent/k.pem"}},
-            "agent_tls.cert: no such file: /nonexistent/c.pem",
-        ),
-        (
-            {"agent_tls": {"cert": "/nonexistent/c.pem", "key": "/nonexistent/k.pem"}},
-            "agent_tls.client_ca: required: with TLS the agent port requires client "
-            "certificates; name the CA that signs the nodes' certificates",
-        ),
-    ],
-)
-def test_each_rule_names_its_key(data: dict[str, object], message: str) -> None:
-    assert message in problems_of(data)
+def deploy(*fields: str) -> str:
+    """Model `a` with one valid deployment profile, `fields` (``key = value``) replacing its own."""
+    profile = {"name": '"p"', "engine": '"vllm"', "weights": '"w"'}
+    for field in fields:
+        key, value = field.split(" = ", 1)
+        profile[key] = value
+    inner = ", ".join(f"{k} = {v}" for k, v in profile.items())
+    return f'models = [{{ name = "a", profiles = [{{ {inner} }}] }}]'
 
 
-@pytest.mark.parametrize(
-    ("models", "message"),
-    [
-        ([{"name": "a"}, {"name": "a"}], "models[1].name: model 'a' is defined twice"),
+EP = 'id = "a", url = "http://127.0.0.1:1", models = ["m"]'
+BAND = "priority = 1, saturation_ceiling = 0.5"
+
+# Every rule of config.check() and catalog.check_models(), in their order, then the
+# structuring and environment errors: a TOML snippet (or one `LLMGW_...=value`
+# variable) over the defaults, and the start of the problem it must produce.
+RULES: list[tuple[str, str]] = [
+    ('listen = "localhost"', "listen: expected HOST:PORT or :PORT, got 'localhost'"),
+    (
+        'admin_listen = ":99999"',
+        "admin_listen: port must be a number in 0..65535, got '99999' in ':99999'",
+    ),
+    ('agent_listen = "nowhere"', "agent_listen: expected HOST:PORT or :PORT, got 'nowhere'"),
+    *(
+        (f"router.{key} = 0", f"router.{key}: must be greater than 0, got 0")
+        for key in ("scrape_interval", "scrape_timeout", "stale_after", "cooldown", "drain_timeout")
+    ),
+    (
+        'router.scrape_timeout = "3s"',
+        "router.scrape_timeout: must not exceed router.scrape_interval (2s), got 3s",
+    ),
+    ("router.retries = -1", "router.retries: must be 0 or more, got -1"),
+    ("router.failure_threshold = 0", "router.failure_threshold: must be at least 1, got 0"),
+    ("router.max_body_bytes = 0", "router.max_body_bytes: must be greater than 0, got 0"),
+    *(
+        (f"router.timeouts.{key} = 0", f"router.timeouts.{key}: must be greater than 0, got 0")
+        for key in (
+            "dial",
+            "response_header",
+            "first_token",
+            "idle",
+            "total",
+            "client_header",
+            "client_body",
+        )
+    ),
+    *(
+        (f"router.scoring.{key} = 0", f"router.scoring.{key}: must be greater than 0, got 0")
+        for key in ("target_waiting", "target_inflight")
+    ),
+    ("router.scoring.kv_ceiling = 0", "router.scoring.kv_ceiling: must be in (0, 1], got 0"),
+    (
+        "router.scoring.session_load_factor = 0.5",
+        "router.scoring.session_load_factor: must be at least 1, got 0.5",
+    ),
+    *(
+        (f"router.affinity.{key} = 0", f"router.affinity.{key}: must be greater than 0, got 0")
+        for key in ("session_ttl", "prefix_ttl")
+    ),
+    *(
+        (f"router.affinity.{key} = 0", f"router.affinity.{key}: must be at least 1, got 0")
+        for key in ("session_table_size", "prefix_block_chars", "prefix_max_blocks")
+    ),
+    (
+        "router.affinity.prefix_table_size = -1",
+        "router.affinity.prefix_table_size: must be 0 or more (0 turns it off), got -1",
+    ),
+    (
+        "router.profiles.chat.queue = -1",
+        "router.profiles.chat.queue: weights must be 0 or more, got -1",
+    ),
+    (
+        'router.default_profile = "fast"',
+        "router.default_profile: no routing profile named 'fast' (have batch, chat)",
+    ),
+    *(
+        (f"router.admission.{key} = 0", f"router.admission.{key}: must be greater than 0, got 0")
+        for key in ("queue_ttl", "interval")
+    ),
+    (
+        "router.admission.queue_capacity_per_band = -1",
+        "router.admission.queue_capacity_per_band: must be 0 or more, got -1",
+    ),
+    ("router.admission.bands = []", "router.admission.bands: at least one band is needed"),
+    (
+        f'router.admission.bands = [{{ name = "", {BAND} }}]',
+        "router.admission.bands[0].name: must not be empty",
+    ),
+    (
+        f'router.admission.bands = [{{ name = "gold", {BAND} }}, {{ name = "gold", {BAND} }}]',
+        "router.admission.bands[1].name: band 'gold' is defined twice",
+    ),
+    (
+        "LLMGW_ROUTER__ADMISSION__BANDS__2__SATURATION_CEILING=1.5",
+        "router.admission.bands[2].saturation_ceiling: must be in (0, 1], got 1.5",
+    ),
+    (
+        'router.admission.default_band = "iron"',
+        "router.admission.default_band: no band named 'iron' (have platinum, gold, silver, bronze)",
+    ),
+    *(
+        (f"control.{key} = 0", f"control.{key}: must be greater than 0, got 0")
+        for key in (
+            "interval",
+            "base_backoff",
+            "max_backoff",
+            "unreachable_after",
+            "lost_after",
+            "start_timeout",
+        )
+    ),
+    (
+        'control.base_backoff = "1h"',
+        "control.base_backoff: must not exceed control.max_backoff (10m), got 1h",
+    ),
+    (
+        'control.unreachable_after = "2m"',
+        "control.unreachable_after: must be shorter than control.lost_after (1m), got 2m",
+    ),
+    (
+        "control.port_range = [2000, 1000]",
+        "control.port_range: must be [low, high] within 1..65535, got [2000, 1000]",
+    ),
+    (
+        'endpoints = [{ id = "", url = "http://127.0.0.1:1", models = ["m"] }]',
+        "endpoints[0].id: must not be empty",
+    ),
+    (f"endpoints = [{{ {EP} }}, {{ {EP} }}]", "endpoints[1].id: endpoint id 'a' is used twice"),
+    (
+        'endpoints = [{ id = "a", url = "127.0.0.1:1", models = ["m"] }]',
+        "endpoints[0].url: must start with http:// or https://, got '127.0.0.1:1'",
+    ),
+    (
+        'endpoints = [{ id = "a", url = "http://127.0.0.1:1", models = [] }]',
+        "endpoints[0].models: must name at least one model",
+    ),
+    (f"endpoints = [{{ {EP}, weight = 0 }}]", "endpoints[0].weight: must be greater than 0, got 0"),
+    (
+        f"endpoints = [{{ {EP}, priority = -1 }}]",
+        "endpoints[0].priority: must be 0 or more, got -1",
+    ),
+    (
+        'agent_tls = { cert = "/nonexistent/c.pem", key = "/nonexistent/k.pem" }',
+        "agent_tls.client_ca: required: with TLS the agent port requires client "
+        "certificates; name the CA that signs the nodes' certificates",
+    ),
+    *(
         (
-            [{"name": "a", "aliases": ["b"]}, {"name": "b"}],
-            "models[0].aliases[0]: 'b' is already a model name",
-        ),
-        (
-            [{"name": "a", "aliases": ["x"]}, {"name": "b", "aliases": ["x"]}],
-            "models[1].aliases[0]: 'x' is already an alias of 'a'",
-        ),
-        ([{"name": "a", "fallbacks": ["zz"]}], "models[0].fallbacks[0]: no model named 'zz'"),
-        (
-            [{"name": "a", "fallbacks": ["a"]}],
-            "models[0].fallbacks[0]: a model cannot fall back to itself",
-        ),
-        (
-            [
-                {"name": "a", "fallbacks": ["b"]},
-                {"name": "b", "fallbacks": ["c"]},
-                {"name": "c", "fallbacks": ["a"]},
-            ],
-            "models[0].fallbacks: fallbacks form a cycle: a -> b -> c -> a",
-        ),
-        ([{"name": "a", "replicas": -1}], "models[0].replicas: must be 0 or more, got -1"),
-        (
-            [{"name": "a", "routing_profile": "fast"}],
-            "models[0].routing_profile: no routing profile named 'fast' (have batch, chat)",
-        ),
-        (
-            [{"name": "a", "profiles": [{"name": "p", "engine": "tgi", "weights": "w"}]}],
-            "models[0].profiles[0].engine: unknown engine 'tgi' "
-            "(known: vllm, sglang, sim, llamacpp)",
-        ),
-        (
-            [
-                {
-                    "name": "a",
-                    "profiles": [
-                        {
-                            "name": "p",
-                            "engine": "vllm",
-                            "weights": "w",
-                            "tensor_parallel": 4,
-                            "gpus_per_node": 3,
-                        }
-                    ],
-                }
-            ],
-            "models[0].profiles[0].gpus_per_node: tensor_parallel x pipeline_parallel = 4 GPUs "
-            "must split into whole nodes of 3",
-        ),
-        (
-            [
-                {
-                    "name": "a",
-                    "profiles": [
-                        {"name": "p", "engine": "vllm", "weights": "w", "tensor_parallel": 0}
-                    ],
-                }
-            ],
-            "models[0].profiles[0].tensor_parallel: must be at least 1, got 0",
-        ),
-        (
-            [
-                {
-                    "name": "a",
-                    "profiles": [
-                        {"name": "p", "engine": "vllm", "weights": "w", "gpu_name": "H100("}
-                    ],
-                }
-            ],
-            "models[0].profiles[0].gpu_name: not a valid regular expression",
-        ),
-        (
-            [
-                {
-                    "name": "a",
-                    "profiles": [
-                        {"name": "p", "engine": "vllm", "weights": "w", "min_gpu_memory": "lots"}
-                    ],
-                }
-            ],
-            "models[0].profiles[0].min_gpu_memory: expected a size such as '40GB' or '32MiB', "
-            "got 'lots'",
-        ),
-    ],
-)
-def test_catalog_rules_name_their_key(models: list[object], message: str) -> None:
-    assert any(p.startswith(message) for p in problems_of({"models": models})), problems_of(
-        {"models": models}
-    )
+            'agent_tls = { cert = "/nonexistent/cert", key = "/nonexistent/key", '
+            'client_ca = "/nonexistent/client_ca" }',
+            f"agent_tls.{key}: no such file: /nonexistent/{key}",
+        )
+        for key in ("cert", "key", "client_ca")
+    ),
+    *(
+        (f"auth.{key} = 0", f"auth.{key}: must be greater than 0, got 0")
+        for key in ("cache_ttl", "session_ttl")
+    ),
+    ("auth.required = true", "auth.required: API keys live in the store; set store.url"),
+    (
+        'store.url = "mysql://x"',
+        "store.url: must start with sqlite:// or postgresql://, got 'mysql://x'",
+    ),
+    # catalog.check_models
+    ('models = [{ name = "" }]', "models[0].name: must not be empty"),
+    ('models = [{ name = "a" }, { name = "a" }]', "models[1].name: model 'a' is defined twice"),
+    (
+        'models = [{ name = "a", aliases = ["b"] }, { name = "b" }]',
+        "models[0].aliases[0]: 'b' is already a model name",
+    ),
+    (
+        'models = [{ name = "a", aliases = ["x"] }, { name = "b", aliases = ["x"] }]',
+        "models[1].aliases[0]: 'x' is already an alias of 'a'",
+    ),
+    ('models = [{ name = "a", replicas = -1 }]', "models[0].replicas: must be 0 or more, got -1"),
+    (
+        'models = [{ name = "a", routing_profile = "fast" }]',
+        "models[0].routing_profile: no routing profile named 'fast' (have batch, chat)",
+    ),
+    (
+        'models = [{ name = "a", profiles = [{ name = "p", engine = "vllm", weights = "w" }, '
+        '{ name = "p", engine = "vllm", weights = "w" }] }]',
+        "models[0].profiles[1].name: profile 'p' is defined twice",
+    ),
+    (deploy('name = ""'), "models[0].profiles[0].name: must not be empty"),
+    (
+        deploy('engine = "tgi"'),
+        "models[0].profiles[0].engine: unknown engine 'tgi' (known: vllm, sglang, sim, llamacpp)",
+    ),
+    (
+        deploy('weights = ""'),
+        "models[0].profiles[0].weights: must name the model weights (a path or hub id)",
+    ),
+    *(
+        (deploy(f"{key} = 0"), f"models[0].profiles[0].{key}: must be at least 1, got 0")
+        for key in ("tensor_parallel", "pipeline_parallel", "gpus_per_node")
+    ),
+    (
+        deploy("tensor_parallel = 4", "gpus_per_node = 3"),
+        "models[0].profiles[0].gpus_per_node: tensor_parallel x pipeline_parallel = 4 GPUs "
+        "must split into whole nodes of 3",
+    ),
+    (
+        deploy('gpu_name = "H100("'),
+        "models[0].profiles[0].gpu_name: not a valid regular expression",
+    ),
+    (
+        'models = [{ name = "a", fallbacks = ["zz"] }]',
+        "models[0].fallbacks[0]: no model named 'zz'",
+    ),
+    (
+        'models = [{ name = "a", fallbacks = ["a"] }]',
+        "models[0].fallbacks[0]: a model cannot fall back to itself",
+    ),
+    (
+        'models = [{ name = "a", fallbacks = ["b"] }, { name = "b", fallbacks = ["c"] }, '
+        '{ name = "c", fallbacks = ["a"] }]',
+        "models[0].fallbacks: fallbacks form a cycle: a -> b -> c -> a",
+    ),
+    # structuring: unknown keys, types, shapes, units
+    ("router.retrys = 3", "router.retrys: unknown key (did you mean 'retries'?)"),
+    ("routr = {}", "routr: unknown key (did you mean 'router'?)"),
+    ('router.retries = "3"', "router.retries: expected int, got '3'"),
+    ('router = "fast"', "router: must be a table, got a string"),
+    ("router.profiles.chat = 1", "router.profiles.chat: must be a table, got an integer"),
+    ('router.admission.bands = "gold"', "router.admission.bands: must be an array, got a string"),
+    ("control.port_range = [1]", "control.port_range: must be an array of 2 values, got 1"),
+    (
+        'endpoints = [{ id = "a", url = "http://127.0.0.1:1", models = "m" }]',
+        "endpoints[0].models: must be an array, got a string",
+    ),
+    (
+        'router.admission.bands = [{ name = "gold", priority = 1 }]',
+        "router.admission.bands[0].saturation_ceiling: required key is missing",
+    ),
+    (
+        'router.timeouts.dial = "5 parsecs"',
+        "router.timeouts.dial: expected a duration such as '5s', '250ms', '10m' or '1h', "
+        "got '5 parsecs'",
+    ),
+    (
+        deploy('min_gpu_memory = "lots"'),
+        "models[0].profiles[0].min_gpu_memory: expected a size such as '40GB' or '32MiB', "
+        "got 'lots'",
+    ),
+    # environment variables, named as the operator wrote them
+    ("LLMGW_ROUTER__RETRIES=many", "LLMGW_ROUTER__RETRIES: expected an integer, got 'many'"),
+    (
+        "LLMGW_ROUTER__INJECT_USAGE=maybe",
+        "LLMGW_ROUTER__INJECT_USAGE: expected true or false, got 'maybe'",
+    ),
+    (
+        "LLMGW_ROUTER__SCORING__KV_CEILING=high",
+        "LLMGW_ROUTER__SCORING__KV_CEILING: expected a number, got 'high'",
+    ),
+    (
+        "LLMGW_ROUTER__ADMISSION__BANDS__9__PRIORITY=1",
+        "LLMGW_ROUTER__ADMISSION__BANDS__9__PRIORITY: no array element '9' to set",
+    ),
+    ("LLMGW_ROUTER__PROFILES={", "LLMGW_ROUTER__PROFILES: cannot parse '{' as a TOML value"),
+    ("LLMGW_ROUTER=1", "router: must be a table, got an integer"),
+]
+
+
+@pytest.mark.parametrize(("case", "message"), RULES, ids=[m.split(":")[0] for _, m in RULES])
+def test_each_rule_names_its_key(case: str, message: str) -> None:
+    if case.startswith(cfg.ENV_PREFIX):
+        name, _, value = case.partition("=")
+        problems = problems_of({}, {name: value})
+    else:
+        problems = problems_of(tomllib.loads(case))
+    assert any(p.startswith(message) for p in problems), problems
 
 
 def test_a_deployable_model_turns_on_the_control_plane() -> None:
@@ -424,6 +475,33 @@ def test_missing_config_file_is_one_line_exit_2(tmp_path: Path) -> None:
         done.stderr.strip()
         == f"llmgw-server: error: config file {tmp_path / 'nope.toml'}: not found"
     )
+
+
+def _without_root_file_access() -> None:
+    """Drop the capabilities that let root read any file (runs in the child before exec),
+    so an unreadable file is unreadable here too; other users lack them anyway."""
+    if os.geteuid() != 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH: from the bounding set
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def test_unreadable_config_file_is_one_line_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "secret.toml"
+    path.write_text("[router]\nretries = 1\n")
+    path.chmod(0)
+    done = subprocess.run(
+        [str(BIN / "llmgw-server"), "--config", str(path)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=30,
+        preexec_fn=_without_root_file_access,
+    )
+    assert done.returncode == 2
+    assert done.stderr == f"llmgw-server: error: config file {path}: Permission denied\n"
 
 
 def test_invalid_toml_is_one_clear_error(tmp_path: Path) -> None:

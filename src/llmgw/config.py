@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import os
 import tomllib
+import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -348,7 +349,7 @@ def _field_type(cls: Any, key: str) -> Any:
 def _inner(tp: Any, key: str) -> Any:
     """The type found one step below `tp` at `key` (a field, dict value or array item)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         tp = next((a for a in args if a is not type(None)), tp)
         origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is dict:
@@ -361,7 +362,7 @@ def _inner(tp: Any, key: str) -> Any:
 def _parse_env_value(tp: Any, raw: str, key: str) -> Any:
     """Parse an environment string into what the field at `key` expects."""
     origin = typing.get_origin(tp)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         tp = next(a for a in typing.get_args(tp) if a is not type(None))
         origin = typing.get_origin(tp)
     if tp is bool:
@@ -414,7 +415,7 @@ def _set_path(node: Any, parts: list[str], raw: str, tp: Any, name: str) -> Any:
         copy[int(key)] = (
             _set_path(copy[int(key)], rest, raw, sub_tp, name)
             if rest
-            else _parse_env_value(sub_tp, raw, name)
+            else _merge(copy[int(key)], _parse_env_value(sub_tp, raw, name))
         )
         return copy
     node = dict(node) if isinstance(node, dict) else {}
@@ -426,7 +427,9 @@ def _set_path(node: Any, parts: list[str], raw: str, tp: Any, name: str) -> Any:
     if rest:
         node[key] = _set_path(node.get(key, {}), rest, raw, sub_tp, name)
     else:
-        node[key] = _parse_env_value(sub_tp, raw, name)
+        # A table given whole merges like one from the file: it cannot drop built-ins.
+        value = _parse_env_value(sub_tp, raw, name)
+        node[key] = _merge(node[key], value) if key in node else value
     return node
 
 
@@ -460,12 +463,69 @@ def _structure_problems(exc: BaseException, path: str) -> list[str]:
         return [f"{path}: required key is missing"]
     message = str(exc) or type(exc).__name__
     if isinstance(exc, TypeError | AttributeError):
+        # A value of another kind than the schema's (a string for a table): structure()
+        # names both kinds before cattrs runs; other callers of the converter get this.
         message = "has the wrong type"
     return [f"{path or '<root>'}: {message}"]
 
 
+def _kind(value: object) -> str:
+    """What a TOML reader would call `value`, with its article."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return f"a {type(value).__name__}"
+
+
+def _shape_problems(value: Any, tp: Any, path: str) -> list[str]:
+    """Tables and arrays where the schema has them, checked before cattrs: it would
+    iterate a string into an array of characters, or fail on one with a bare TypeError.
+    Scalars are left to the converter's strict hooks."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return []
+        tp = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+    where = path or "<root>"
+    if attrs.has(tp) or origin is dict:
+        if not isinstance(value, Mapping):
+            return [f"{where}: must be a table, got {_kind(value)}"]
+        problems: list[str] = []
+        for key, item in value.items():
+            sub_tp = args[1] if origin is dict else _field_type(tp, key)
+            if sub_tp is not None:  # unknown keys are the converter's to name
+                sub = f"{path}.{key}" if path else str(key)
+                problems.extend(_shape_problems(item, sub_tp, sub))
+        return problems
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            return [f"{where}: must be an array, got {_kind(value)}"]
+        fixed = not (len(args) == 2 and args[1] is Ellipsis)
+        if fixed and len(value) != len(args):
+            return [f"{where}: must be an array of {len(args)} values, got {len(value)}"]
+        return [
+            p
+            for i, item in enumerate(value)
+            for p in _shape_problems(item, args[i] if fixed else args[0], f"{path}[{i}]")
+        ]
+    return []
+
+
 def structure(data: Mapping[str, Any]) -> Config:
     """Build a Config from a merged dict; raises ConfigError naming every bad key."""
+    shape = _shape_problems(data, Config, "")
+    if shape:
+        raise ConfigError(shape)
     try:
         return converter.structure(data, Config)
     except Exception as exc:  # cattrs raises a tree of errors; flatten it into keys
@@ -531,9 +591,10 @@ def check(config: Config) -> list[str]:
         if getattr(a, key) < 1:
             problems.append(f"router.affinity.{key}: must be at least 1, got {getattr(a, key)}")
     if a.prefix_table_size < 0:
-        problems.append("router.affinity.prefix_table_size: must be 0 or more (0 turns it off)")
-    if not r.profiles:
-        problems.append("router.profiles: at least one routing profile is needed")
+        problems.append(
+            "router.affinity.prefix_table_size: must be 0 or more (0 turns it off), "
+            f"got {a.prefix_table_size}"
+        )
     for name, profile in r.profiles.items():
         for f in attrs.fields(RoutingProfile):
             if getattr(profile, f.name) < 0:
