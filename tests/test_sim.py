@@ -17,6 +17,7 @@ import openai
 import pytest
 import trio
 
+from llmgw_cli.sim import build_parser, config_from_args
 from tests.procs import BIN, sim
 
 # -- helpers ------------------------------------------------------------------------------
@@ -164,6 +165,30 @@ async def test_request_seed_makes_output_deterministic(base: str) -> None:
 
     assert await text(7) == await text(7)
     assert await text(7) != await text(8)
+
+
+async def test_seed_flag_makes_processes_repeat_each_other() -> None:
+    """Requests without their own seed draw one from the engine's seeded RNG, so the same
+    requests in the same order give the same text from any process with that --seed."""
+
+    async def texts(url: str) -> list[str]:
+        c = client(url)
+        out: list[str] = []
+        for _ in range(2):  # the same request twice: the second draws the next seed
+            comp = await c.completions.create(model="sim-model", prompt="Once", max_tokens=8)
+            out.append(comp.choices[0].text)
+            chat = await c.chat.completions.create(
+                model="sim-model", messages=user("hi"), max_tokens=8
+            )
+            out.append(chat.choices[0].message.content or "")
+        return out
+
+    with sim("--seed", "7") as (_, a), sim("--seed", "7") as (_, b), sim("--seed", "8") as (_, c):
+        first = await texts(a)
+        assert first[0] != first[2]  # not a function of the prompt alone
+        assert await texts(b) == first
+        other = await texts(c)
+        assert all(x != y for x, y in zip(other, first, strict=True)), (other, first)
 
 
 async def test_repeated_long_prompt_is_faster_and_reports_cached_tokens(base: str) -> None:
@@ -437,7 +462,7 @@ async def test_hang_rate_flag() -> None:
 
 
 async def test_first_token_delay_flag() -> None:
-    with sim("--fault-first-token-delay", "1.0") as (_, url):
+    with sim("--fault-first-token-delay", "1s") as (_, url):
         c = client(url)
         start = time.perf_counter()
         async with trio.open_nursery() as nursery:
@@ -453,6 +478,34 @@ async def test_first_token_delay_flag() -> None:
         start = time.perf_counter()
         await c.completions.create(model="sim-model", prompt="x", max_tokens=2)
         assert time.perf_counter() - start < 0.9
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("250ms", 0.25), ("2s", 2.0), ("1.5", 1.5)])
+def test_first_token_delay_takes_a_duration(text: str, seconds: float) -> None:
+    args = build_parser().parse_args(["--fault-first-token-delay", text])
+    assert config_from_args(args).faults.first_token_delay == seconds
+
+
+async def test_fractional_error_rate_fails_about_that_share() -> None:
+    """With a seed the coin flips repeat: two processes fail the same requests."""
+
+    async def outcomes(url: str) -> list[bool]:
+        c = client(url)
+        ok: list[bool] = []
+        for _ in range(60):
+            try:
+                await c.completions.create(model="sim-model", prompt="x", max_tokens=1)
+                ok.append(True)
+            except openai.InternalServerError as e:
+                assert e.status_code == 500
+                ok.append(False)
+        return ok
+
+    args = ("--seed", "1", "--fault-error-rate", "0.5")
+    with sim(*args) as (_, first), sim(*args) as (_, second):
+        pattern = await outcomes(first)
+        assert 15 <= pattern.count(False) <= 45, pattern
+        assert await outcomes(second) == pattern
 
 
 async def test_abort_after_chunks_flag() -> None:
@@ -489,7 +542,14 @@ def test_help_version_and_bad_flags() -> None:
     assert run_cli("--version").stdout.startswith("llmgw-sim ")
     helped = run_cli("--help")
     assert helped.returncode == 0 and "--fault-abort-after-chunks" in helped.stdout
-    for bad in (["--bogus"], ["--metrics-format", "xml"], ["--port", "70000"], ["--kv-blocks"]):
+    for bad in (
+        ["--bogus"],
+        ["--metrics-format", "xml"],
+        ["--port", "70000"],
+        ["--kv-blocks"],
+        ["--fault-first-token-delay", "soon"],
+        ["--fault-first-token-delay", "inf"],
+    ):
         r = run_cli(*bad)
         assert r.returncode == 2, bad
         lines = r.stderr.strip().splitlines()

@@ -16,6 +16,7 @@ from llmgw_cli._common import (
     EXIT_OK,
     EXIT_RUNTIME,
     EXIT_USAGE,
+    duration_at_least,
     fail,
     float_in,
     int_in,
@@ -133,10 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     f.add_argument(
         "--fault-first-token-delay",
-        type=float_in(0),
+        type=duration_at_least(0),
         default=0.0,
-        metavar="SECONDS",
-        help="hold every request this long before it may be scheduled",
+        metavar="DURATION",
+        help="hold every request this long before it may be scheduled (e.g. 250ms, 2s)",
     )
     f.add_argument(
         "--fault-abort-after-chunks",
