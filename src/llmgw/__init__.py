@@ -5,10 +5,17 @@ from importlib.metadata import PackageNotFoundError, version
 from llmgw.catalog import Catalog
 from llmgw.config import Config, ConfigError
 from llmgw.config import load as load_config
+from llmgw.control.controller import Controller
+from llmgw.control.inventory import Inventory
+from llmgw.control.reconciler import Reconciler
 from llmgw.router.core import Router
 from llmgw.router.endpoints import Endpoint, EndpointSink
 from llmgw.router.scoring import Candidate, Decision, Scorer
 from llmgw.router.usage import Usage, UsageRecord, UsageSink
+from llmgw.transport.base import AgentConnection, AgentConnector, AgentListener
+
+# The in-memory stub transport (llmgw.transport.stub.StubNetwork) and the gRPC one are
+# imported from their modules: both pull in protobuf, which `import llmgw` does not need.
 
 try:
     __version__ = version("llmgw")
@@ -16,13 +23,19 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "AgentConnection",
+    "AgentConnector",
+    "AgentListener",
     "Candidate",
     "Catalog",
     "Config",
     "ConfigError",
+    "Controller",
     "Decision",
     "Endpoint",
     "EndpointSink",
+    "Inventory",
+    "Reconciler",
     "Router",
     "Scorer",
     "Usage",
