@@ -2,11 +2,25 @@
 
 The router and the controller are the real ones; agents are :class:`FakeAgent`s on
 the in-memory stub transport, with pretended GPUs, whose shards are simulated
-engines (:mod:`llmgw.sim`) served in the same process on loopback::
+engines (:mod:`llmgw.sim`) served in the same process on loopback. The README's
+example (tests/test_readme_example.py runs it and checks it matches this one)::
 
-    async with llmgw.testing.fleet([{"name": "m", "replicas": 2, "profiles": [SIM]}]) as f:
-        await f.wait_ready("m", 2)
-        r = await f.client.post("/v1/completions", json={"model": "m", "prompt": "hi"})
+    import trio
+
+    import llmgw.testing
+
+
+    async def main() -> None:
+        models = [{"name": "m", "replicas": 2, "profiles": [llmgw.testing.SIM_PROFILE]}]
+        async with llmgw.testing.fleet(models) as f:
+            with trio.fail_after(30):
+                await f.wait_ready("m", 2)
+            r = await f.client.post("/v1/completions", json={"model": "m", "prompt": "hi"})
+            r.raise_for_status()
+            print(r.json()["choices"][0]["text"])
+
+
+    trio.run(main)
 
 Everything runs in the caller's trio run and is cancelled when the block ends.
 """
