@@ -1,13 +1,30 @@
 """The control plane end to end in one process: controller, router, fake agents on the
-stub transport, simulated engines on loopback."""
+stub transport, simulated engines on loopback. The last test runs the controller on
+virtual time, with scripted agents whose shards are records instead of engines."""
 
 from __future__ import annotations
 
 import attrs
+import pytest
 import trio
+import trio.testing
 
-from llmgw.control.fleet import NodeState, ReplicaState
+from llmgw.catalog import Catalog
+from llmgw.config import ControlConfig, DeploymentProfile, ModelConfig, Seconds
+from llmgw.control.controller import Controller
+from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo, NodeState, ReplicaState, ShardState
+from llmgw.router.endpoints import Endpoint
 from llmgw.testing import SIM_PROFILE, Fleet, fleet, until
+from llmgw.transport.base import ConnectFailed, ConnectionClosed, ServerConnection
+from llmgw.transport.messages import (
+    Heartbeat,
+    Register,
+    Registered,
+    ShardStatus,
+    StartShard,
+    StopShard,
+)
+from llmgw.transport.stub import StubNetwork
 
 
 def state_of(f: Fleet, node_id: str) -> NodeState:
@@ -159,3 +176,166 @@ async def test_the_admin_api_shows_the_fleet_and_drains_a_node() -> None:
 
         with trio.fail_after(20):
             await until(moved)
+
+
+# -- on virtual time -----------------------------------------------------------------
+
+
+class ScriptedAgent:
+    """An agent on the stub transport whose shards are records: a start is ready at
+    once, a stop of the same epoch ends it. Shards outlive connections, as a real
+    agent's engines do, and it re-registers with them after every reconnect."""
+
+    def __init__(self, network: StubNetwork, node_id: str) -> None:
+        self.network = network
+        self.node = NodeInfo(
+            node_id=node_id,
+            hostname=node_id,
+            address=f"10.0.0.{len(node_id)}",
+            gpus=(Gpu(0, f"GPU-{node_id}", "H100", 80 * 2**30),),
+            engines=(EngineInfo("sim"),),
+        )
+        self.shards: dict[tuple[str, int], ShardStatus] = {}
+        self.stops: list[StopShard] = []
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            try:
+                await self._session()
+            except* (ConnectionClosed, ConnectFailed):
+                pass
+            await trio.sleep(0.5)
+
+    async def _session(self) -> None:
+        async with self.network.connector(self.node.node_id).connect() as conn:
+            await conn.send(Register(self.node, tuple(self.shards.values())))
+            registered = await conn.receive()
+            assert isinstance(registered, Registered)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._heartbeats, conn, registered.heartbeat_interval)
+                while True:
+                    command = await conn.receive()
+                    if isinstance(command, StartShard):
+                        status = ShardStatus(
+                            command.replica_id,
+                            command.rank,
+                            command.epoch,
+                            ShardState.READY,
+                            model=command.model,
+                            endpoint_url=f"http://{self.node.address}:{command.port}",
+                            profile=command.profile.name,
+                            node_count=command.node_count,
+                            gpu_indices=command.gpu_indices,
+                            port=command.port,
+                        )
+                        self.shards[(command.replica_id, command.rank)] = status
+                        await conn.send(status)
+                    elif isinstance(command, StopShard):
+                        self.stops.append(command)
+                        key = (command.replica_id, command.rank)
+                        shard = self.shards.get(key)
+                        if shard is not None and shard.epoch == command.epoch:
+                            del self.shards[key]
+                            stopped = attrs.evolve(
+                                shard, state=ShardState.STOPPED, endpoint_url=None
+                            )
+                            await conn.send(stopped)
+
+    async def _heartbeats(self, conn: ServerConnection, interval: float) -> None:
+        seq = 0
+        while True:
+            await trio.sleep(interval)
+            seq += 1
+            await conn.send(Heartbeat(seq, self.node.gpus))
+
+
+@attrs.define
+class Routes:
+    """An endpoint sink that keeps what the controller tells the router."""
+
+    log: list[tuple[str, str]] = attrs.field(factory=list)  # (upsert|drain|remove, id)
+    live: dict[str, Endpoint] = attrs.field(factory=dict)
+
+    def upsert(self, endpoint: Endpoint) -> None:
+        self.log.append(("upsert", endpoint.id))
+        self.live[endpoint.id] = endpoint
+
+    def drain(self, endpoint_id: str) -> None:
+        self.log.append(("drain", endpoint_id))
+        self.live.pop(endpoint_id, None)
+
+    def remove(self, endpoint_id: str) -> None:
+        self.log.append(("remove", endpoint_id))
+        self.live.pop(endpoint_id, None)
+
+
+VIRTUAL_TIME = pytest.mark.parametrize(
+    "anyio_backend",
+    [pytest.param(("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)}), id="mock")],
+)
+
+
+@VIRTUAL_TIME
+async def test_a_lost_node_returning_with_a_superseded_shard_has_it_stopped_not_routed() -> None:
+    control = ControlConfig(
+        interval=Seconds(1.0),
+        unreachable_after=Seconds(3.0),
+        lost_after=Seconds(10.0),
+        port_range=(20000, 20099),
+    )
+    sim = DeploymentProfile(name="sim", engine="sim", weights="w")
+    catalog = Catalog((ModelConfig(name="m", replicas=1, profiles=(sim,)),))
+    routes = Routes()
+    controller = Controller(control, catalog, routes, heartbeat_interval=1.0, settle=1.0)
+    network = StubNetwork()
+    agents = {n: ScriptedAgent(network, n) for n in ("a", "b")}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(controller.run, network.listener())
+        for agent in agents.values():
+            await nursery.start(agent.run)
+        with trio.fail_after(30):
+            await until(lambda: len(routes.live) == 1)
+        (old,) = controller.reconciler.replicas.values()
+        (victim,) = old.placement.nodes
+        (survivor,) = set(agents) - {victim}
+
+        # The victim is cut off long enough to be lost: its replica is placed on the
+        # survivor under a new epoch. Its agent still runs the old shard meanwhile.
+        network.partition(victim)
+
+        def replaced() -> bool:
+            replicas = list(controller.reconciler.replicas.values())
+            return (
+                len(replicas) == 1
+                and replicas[0].placement.nodes == (survivor,)
+                and replicas[0].state is ReplicaState.READY
+            )
+
+        with trio.fail_after(60):
+            await until(replaced)
+        (new,) = controller.reconciler.replicas.values()
+        assert new.placement.epoch > old.placement.epoch
+        lost = controller.inventory.get(victim)
+        assert lost is not None and lost.state is NodeState.LOST
+        assert set(routes.live) == {new.replica_id}
+        assert ("remove", old.replica_id) in routes.log
+        assert (old.replica_id, 0) in agents[victim].shards
+        seen = len(routes.log)
+
+        # It comes back and re-registers with the superseded shard: stopped, at its epoch.
+        network.heal(victim)
+        with trio.fail_after(30):
+            await until(lambda: not agents[victim].shards)
+        assert [(s.replica_id, s.epoch) for s in agents[victim].stops] == [
+            (old.replica_id, old.placement.epoch)
+        ]
+        record = controller.inventory.get(victim)
+        assert record is not None and record.state is NodeState.READY
+        # Never routed to again; the replacement serves on, alone and undisturbed.
+        controller.reconcile()
+        assert routes.log[seen:] == []
+        assert set(routes.live) == {new.replica_id}
+        assert list(controller.reconciler.replicas) == [new.replica_id]
+        assert agents[survivor].stops == []
+        nursery.cancel_scope.cancel()

@@ -1,4 +1,5 @@
-"""Node inventory: states on fed time, reconnects, fencing, adoption, rebuilding."""
+"""Node inventory: states on fed time, reconnects, fencing, rebuilding placements from
+agents' reports (and adopting them in the reconciler the controller runs)."""
 
 from __future__ import annotations
 
@@ -36,9 +37,9 @@ from llmgw.control.inventory import (
     StaleConnection,
     UnknownNode,
     placement_from_reports,
-    reconcile_reported_shards,
 )
-from llmgw.transport.messages import Heartbeat, Register, ShardStatus
+from llmgw.control.reconciler import Publish, Reconciler
+from llmgw.transport.messages import Heartbeat, Register, ShardStatus, StopShard
 
 UA, LA = 15.0, 60.0
 READY, UNREACHABLE, LOST = NodeState.READY, NodeState.UNREACHABLE, NodeState.LOST
@@ -428,7 +429,9 @@ def test_nodes_are_sorted_by_id() -> None:
     assert [r.node_id for r in inv.nodes()] == ["a", "b", "c"]
 
 
-# -- adoption ----------------------------------------------------------------------------
+# -- rebuilding and adoption -----------------------------------------------------------
+# The fencing rule for single reports (same epoch kept, others stopped) is tested on
+# the reconciler in test_reconciler.py; here: rebuilding a restarted server's placements.
 
 
 def two_node(replica: str = "r1", epoch: int = 3) -> Placement:
@@ -444,45 +447,9 @@ def two_node(replica: str = "r1", epoch: int = 3) -> Placement:
     )
 
 
-def test_adoption_same_epoch_is_adopted_older_epoch_and_unknown_replica_stopped() -> None:
-    known = {"r1": two_node(epoch=3)}
-    same = shard("r1", 0, 3)
-    older = shard("r1", 0, 2)
-    unknown = shard("r9", 0, 1)
-    result = reconcile_reported_shards([same, older, unknown], known, "gpu-1")
-    assert result.adopt == (same,)
-    assert [(s.status, "superseded" in s.reason) for s in result.stop] == [
-        (older, True),
-        (unknown, False),
-    ]
-    assert "not wanted" in result.stop[1].reason
-
-
-def test_adoption_checks_the_node_rank_and_model_and_trusts_no_newer_epoch() -> None:
-    known = {"r1": two_node(epoch=3)}
-    wrong_node = shard("r1", 1, 3)  # rank 1 belongs on gpu-2
-    no_rank = shard("r1", 5, 3)
-    newer = shard("r1", 0, 4)
-    wrong_model = shard("r1", 0, 3, model="qwen")
-    result = reconcile_reported_shards([wrong_node, no_rank, newer, wrong_model], known, "gpu-1")
-    assert result.adopt == ()
-    assert [s.status for s in result.stop] == [wrong_node, no_rank, newer, wrong_model]
-    assert "'gpu-2'" in result.stop[0].reason and "newer" in result.stop[2].reason
-    # rank 1 on gpu-2 is fine
-    assert reconcile_reported_shards([wrong_node], known, "gpu-2").adopt == (wrong_node,)
-
-
-def test_adoption_leaves_exited_stale_shards_alone_and_adopts_a_failed_current_one() -> None:
-    known = {"r1": two_node(epoch=3)}
-    stale_failed = shard("r1", 0, 1, ShardState.FAILED)
-    stale_stopped = shard("r9", 0, 1, ShardState.STOPPED)
-    current_failed = shard("r1", 0, 3, ShardState.FAILED)
-    draining = shard("r8", 0, 1, ShardState.DRAINING)
-    result = reconcile_reported_shards(
-        [stale_failed, stale_stopped, current_failed, draining], known, "gpu-1"
-    )
-    assert result.adopt == (current_failed,)
-    assert [s.status for s in result.stop] == [draining]
+def restarted() -> Reconciler:
+    """A restarted server's reconciler: its own epochs start after the reported ones."""
+    return Reconciler(ControlConfig(), first_epoch=1000)
 
 
 def report(
@@ -504,11 +471,12 @@ def test_placement_from_reports_rebuilds_a_two_node_replica() -> None:
     rebuilt = placement_from_reports([report("gpu-2", 1), report("gpu-1", 0)])
     assert rebuilt.refused == ()
     assert rebuilt.placements == (two_node(epoch=3),)
-    # and the rebuilt placement adopts what both agents run
-    known = rebuilt.by_replica()
-    for node_id, rank in (("gpu-1", 0), ("gpu-2", 1)):
-        adoption = reconcile_reported_shards([shard("r1", rank, 3)], known, node_id)
-        assert adoption.adopt == (shard("r1", rank, 3),) and adoption.stop == ()
+    # and the reconciler adopts what both agents run: published, nothing stopped
+    (placement,) = rebuilt.placements
+    head = shard("r1", 0, 3, endpoint_url="http://gpu-1:20000")
+    actions = restarted().adopt(placement, [head, shard("r1", 1, 3)], 5.0)
+    assert actions.commands == ()
+    assert actions.router == (Publish("r1", "llama", "http://gpu-1:20000"),)
 
 
 def test_placement_from_reports_refuses_a_partial_replica() -> None:
@@ -517,9 +485,12 @@ def test_placement_from_reports_refuses_a_partial_replica() -> None:
     [refused] = rebuilt.refused
     assert (refused.replica_id, refused.epoch) == ("r1", 3)
     assert "rank 1 of 2 not reported" in refused.reason
-    # so nothing is known, and the running rank is stopped
-    adoption = reconcile_reported_shards([shard("r1", 0, 3)], rebuilt.by_replica(), "gpu-1")
-    assert adoption.adopt == () and len(adoption.stop) == 1
+    # so nothing is adopted, and the reconciler stops the running rank
+    actions = restarted().shard_reported("gpu-1", shard("r1", 0, 3), 5.0)
+    (stop,) = actions.commands
+    assert stop.node_id == "gpu-1" and isinstance(stop.message, StopShard)
+    assert (stop.message.replica_id, stop.message.rank, stop.message.epoch) == ("r1", 0, 3)
+    assert actions.router == ()
 
 
 @pytest.mark.parametrize(

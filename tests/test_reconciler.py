@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import attrs
+import pytest
 
 from llmgw.config import ControlConfig, DeploymentProfile, ModelConfig
-from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo, NodeState, ReplicaState, ShardState
+from llmgw.control.fleet import (
+    EngineInfo,
+    Gpu,
+    NodeInfo,
+    NodeState,
+    Placement,
+    ReplicaState,
+    ShardAssignment,
+    ShardState,
+)
 from llmgw.control.placement import NodeCapacity
 from llmgw.control.reconciler import (
     Actions,
@@ -43,6 +53,14 @@ def model(replicas: int = 1, profile: DeploymentProfile = SIM, name: str = "m") 
 
 def starts(actions: Actions) -> list[tuple[str, StartShard]]:
     return [(c.node_id, c.message) for c in actions.commands if isinstance(c.message, StartShard)]
+
+
+def stops(actions: Actions) -> list[tuple[str, str, int, int]]:
+    return [
+        (c.node_id, c.message.replica_id, c.message.rank, c.message.epoch)
+        for c in actions.commands
+        if isinstance(c.message, StopShard)
+    ]
 
 
 def ready(cmd: StartShard, *, url: str | None = "http://e") -> ShardStatus:
@@ -194,13 +212,96 @@ def test_adopted_replicas_are_kept_and_new_epochs_are_higher() -> None:
     ((n, cmd),) = starts(first.step(0.0, [model()], [node("a", 1), node("b", 1)]))
     first.shard_reported(n, ready(cmd), 1.0)
     placement = first.replicas[cmd.replica_id].placement
-    # A restarted server adopts what the agent still runs.
-    second = Reconciler(CONTROL)
+    # A restarted server (its epochs start later, as the controller's wall clock ones
+    # do) adopts what the agent still runs.
+    second = Reconciler(CONTROL, first_epoch=1000)
     out = second.adopt(placement, [ready(cmd)], 5.0)
     assert out.router == (Publish(cmd.replica_id, "m", "http://e"),)
     assert starts(second.step(6.0, [model()], [node("a", 1), node("b", 1)])) == []
     more = starts(second.step(7.0, [model(2)], [node("a", 1), node("b", 1)]))
     assert len(more) == 1 and more[0][1].epoch > placement.epoch
+    # The first server cannot take its own replica back: that epoch is its own.
+    with pytest.raises(ValueError, match="not from an earlier run"):
+        first.adopt(placement, [ready(cmd)], 5.0)
+
+
+def test_a_lost_nodes_replica_is_stopped_not_taken_back_when_the_node_returns() -> None:
+    r = Reconciler(CONTROL, first_epoch=100)
+    ((n, old),) = starts(r.step(0.0, [model()], [node("a", 1), node("b", 1)]))
+    r.shard_reported(n, ready(old), 1.0)
+    other = "b" if n == "a" else "a"
+    ((_, new),) = starts(r.step(70.0, [model()], [node(n, 1, NodeState.LOST), node(other, 1)]))
+    r.shard_reported(other, ready(new, url="http://new"), 71.0)
+    # The node registers again, still running the old epoch's shard: ours once, not now.
+    assert r.minted(old.epoch) and old.replica_id not in r.replicas
+    out = r.shard_reported(n, ready(old), 80.0)
+    assert stops(out) == [(n, old.replica_id, 0, old.epoch)]
+    assert out.router == ()
+    # The replacement serves on alone: no second replica, nothing drained.
+    assert r.step(81.0, [model()], [node(n, 1), node(other, 1)]) == Actions()
+    assert list(r.replicas) == [new.replica_id]
+
+
+# -- fencing: which reported shards are this reconciler's ------------------------------
+
+
+def two_node(epoch: int = 3) -> Reconciler:
+    """A reconciler holding replica r1 of llama at `epoch`: rank 0 on gpu-1, rank 1 on
+    gpu-2 (adopted, as after a restart)."""
+    r = Reconciler(CONTROL, first_epoch=100)
+    shards = (
+        ShardAssignment("gpu-1", 0, tuple(range(8)), 20000, 20001),
+        ShardAssignment("gpu-2", 1, tuple(range(8)), 20000),
+    )
+    r.adopt(Placement("r1", "llama", "tp8-pp2", epoch, shards), [], 0.0)
+    return r
+
+
+def status(
+    replica: str = "r1", rank: int = 0, epoch: int = 3, state: ShardState = ShardState.READY
+) -> ShardStatus:
+    return ShardStatus(replica, rank, epoch, state, model="llama")
+
+
+def test_fencing_keeps_the_exact_epoch_and_stops_an_older_one_and_an_unknown_replica() -> None:
+    r = two_node(epoch=3)
+    same = status("r1", 0, 3)
+    assert r.shard_reported("gpu-1", same, 1.0) == Actions()
+    assert r.replicas["r1"].shards == {0: same}
+    for stale in (status("r1", 0, 2), status("r9", 0, 1)):
+        out = r.shard_reported("gpu-1", stale, 1.0)
+        assert stops(out) == [("gpu-1", stale.replica_id, 0, stale.epoch)]
+        assert out.router == ()
+    assert r.replicas["r1"].shards == {0: same}
+
+
+def test_fencing_checks_the_node_rank_and_model_and_trusts_no_newer_epoch() -> None:
+    r = two_node(epoch=3)
+    wrong_node = status("r1", 1, 3)  # rank 1 belongs on gpu-2
+    no_rank = status("r1", 5, 3)
+    newer = status("r1", 0, 4)
+    wrong_model = attrs.evolve(status("r1", 0, 3), model="qwen")
+    for s in (wrong_node, no_rank, newer, wrong_model):
+        assert stops(r.shard_reported("gpu-1", s, 1.0)) == [("gpu-1", "r1", s.rank, s.epoch)]
+    assert r.replicas["r1"].shards == {}
+    # rank 1 on gpu-2 is fine
+    assert r.shard_reported("gpu-2", wrong_node, 1.0) == Actions()
+    assert r.replicas["r1"].shards == {1: wrong_node}
+
+
+def test_fencing_ignores_exited_stale_shards_and_takes_a_failed_current_one() -> None:
+    r = two_node(epoch=3)
+    for exited in (status("r1", 0, 1, ShardState.FAILED), status("r9", 0, 1, ShardState.STOPPED)):
+        assert r.shard_reported("gpu-1", exited, 1.0) == Actions()
+    draining = status("r8", 0, 1, ShardState.DRAINING)
+    assert stops(r.shard_reported("gpu-1", draining, 1.0)) == [("gpu-1", "r8", 0, 1)]
+    # The current epoch's failure is this replica's: it fails, and its rank that still
+    # runs is stopped (the failed one has nothing left to stop).
+    out = r.shard_reported("gpu-1", status("r1", 0, 3, ShardState.FAILED), 2.0)
+    assert "r1" not in r.replicas
+    assert out.router == (Unpublish("r1", drain=False),)
+    assert stops(out) == [("gpu-2", "r1", 1, 3)]
+    assert r.backoff_until("llama") is not None
 
 
 def cordoned(view: NodeView) -> NodeView:

@@ -183,7 +183,10 @@ class Controller:
 
     def _adopt_reported(self, *, quiet: bool = False) -> None:
         """Rebuild placements from the shards agents report and adopt the whole ones
-        the reconciler does not know (after a restart, or agents back late)."""
+        of an earlier server run that the reconciler does not know (after a restart, or
+        agents back late). Shards of this run's epochs that it no longer holds are
+        superseded (e.g. a lost node's, placed again meanwhile): never adopted, the
+        reconciler stops them."""
         known = self.reconciler.replicas
         reports = [
             ShardReport(
@@ -200,6 +203,7 @@ class Controller:
             for status in record.shards
             if status.state in (ShardState.STARTING, ShardState.READY)
             and status.replica_id not in known
+            and not self.reconciler.minted(status.epoch)
         ]
         if not reports:
             return
@@ -225,7 +229,11 @@ class Controller:
         if any(s.replica_id not in self.reconciler.replicas for s in statuses):
             self._adopt_reported(quiet=True)
         for status in statuses:
-            if status.replica_id not in self.reconciler.replicas and (status.node_count or 1) > 1:
+            if (
+                status.replica_id not in self.reconciler.replicas
+                and (status.node_count or 1) > 1
+                and not self.reconciler.minted(status.epoch)
+            ):
                 first = self._unknown_since.setdefault((status.replica_id, status.epoch), now)
                 if now - first < self.settle:
                     continue

@@ -34,7 +34,7 @@ Node states
   :class:`ReregisterRequired` (never silently resurrected); only a registration brings
   it back. Losing a node clears its shards (they are listed in :class:`NodeLost`): its
   replicas are placed elsewhere, and whatever it still runs when it returns is judged
-  by :func:`reconcile_reported_shards`.
+  by the reconciler's fencing (:meth:`~llmgw.control.reconciler.Reconciler.shard_reported`).
 * A registration refreshes everything the server knows of the node (inventory,
   fabrics, labels, GPUs, shards); the operator's cordon survives it.
 
@@ -58,23 +58,14 @@ so a summary does not erase the failure message or output tail of a status. A
 registration replaces the whole set. :class:`ShardChanged` is emitted whenever a
 recorded status changes.
 
-Adoption (after a reconnect or a server restart)
-------------------------------------------------
-:func:`reconcile_reported_shards` judges the shards a registering agent reports
-against the placements the controller wants, by exact fencing:
-
-* adopt: the controller has a placement with the same replica id and epoch that
-  assigns this node this rank (and the same model, when the status names one). It is
-  adopted in whatever state it is in; the reconciler interprets failed or stopped.
-* stop: a live shard (starting, ready, draining) of an unknown replica (never placed
-  by this server, or no longer wanted: the caller leaves it out of `known`), of an
-  older epoch, of a newer epoch than the controller's (its placement was lost: only
-  the exact epoch is trusted), or at a rank/node the placement does not assign.
-* neither: a stale shard that already failed or stopped has no process to stop.
-
-A restarted server has no placements, so by that rule it would stop every running
-replica. It must first rebuild them with :func:`placement_from_reports`, from the
-shards *all* agents report: a replica is rebuilt from its highest reported epoch when
+Adoption (after a server restart)
+---------------------------------
+Which reported shards to keep and which to stop is the reconciler's fencing rule
+(:meth:`~llmgw.control.reconciler.Reconciler.shard_reported`): it keeps only the
+shards of placements it holds, at their exact epoch, rank and node. A restarted
+server holds no placements, so by that rule it would stop every running replica. It
+first rebuilds them with :func:`placement_from_reports`, from the shards *all* agents
+report, and adopts them: a replica is rebuilt from its highest reported epoch when
 every rank 0..n-1 is reported exactly once, each on its own node, live, with the same
 model, profile and node count; otherwise it is refused with a reason (and its shards
 are then stopped by the rule above, and the replica placed again). Agents reconnect
@@ -82,7 +73,6 @@ with jittered backoff, so the caller must wait for them to settle (e.g. one
 `unreachable_after` after start) before rebuilding; a replica whose rank 1 has not
 re-registered yet is partial. Rebuilding needs what the agent was told when the shard
 started (profile, node count, GPU indices, ports), carried by :class:`ShardReport`.
-After adopting, new epochs must exceed every adopted one.
 """
 
 from __future__ import annotations
@@ -98,7 +88,6 @@ from llmgw.control.fleet import Gpu, NodeInfo, NodeState, Placement, ShardAssign
 from llmgw.transport.messages import Heartbeat, Register, ShardStatus
 
 __all__ = [
-    "Adoption",
     "Event",
     "IdentityMismatch",
     "InvalidRegistration",
@@ -118,10 +107,8 @@ __all__ = [
     "ShardChanged",
     "ShardReport",
     "StaleConnection",
-    "StaleShard",
     "UnknownNode",
     "placement_from_reports",
-    "reconcile_reported_shards",
 ]
 
 ShardKey = tuple[str, int]  # (replica_id, rank)
@@ -590,62 +577,7 @@ def _shard_diff(
     ]
 
 
-# -- adoption --------------------------------------------------------------------------
-
-
-@attrs.frozen
-class StaleShard:
-    """A shard an agent runs that the controller does not want: stop it."""
-
-    status: ShardStatus
-    reason: str
-
-
-@attrs.frozen
-class Adoption:
-    adopt: tuple[ShardStatus, ...] = ()
-    stop: tuple[StaleShard, ...] = ()
-
-
-def reconcile_reported_shards(
-    reported: Iterable[ShardStatus], known: Mapping[str, Placement], node_id: str
-) -> Adoption:
-    """Which of the shards `node_id` reports to adopt and which to stop, against the
-    placements the controller wants (`known`, by replica id). See the module docstring
-    for the rule; stale shards that already failed or stopped are in neither list."""
-    adopt: list[ShardStatus] = []
-    stop: list[StaleShard] = []
-    for status in reported:
-        reason = _stale_reason(status, known.get(status.replica_id), node_id)
-        if reason is None:
-            adopt.append(status)
-        elif status.state in LIVE_SHARD_STATES:
-            stop.append(StaleShard(status, reason))
-    return Adoption(tuple(adopt), tuple(stop))
-
-
-def _stale_reason(status: ShardStatus, placement: Placement | None, node_id: str) -> str | None:
-    name = f"replica {status.replica_id!r}"
-    if placement is None:
-        return f"{name} is not wanted by the controller (unknown, or removed)"
-    if status.epoch < placement.epoch:
-        return f"{name} epoch {status.epoch} was superseded by epoch {placement.epoch}"
-    if status.epoch > placement.epoch:
-        return (
-            f"{name} epoch {status.epoch} is newer than the controller's placement "
-            f"(epoch {placement.epoch})"
-        )
-    assigned = next((s for s in placement.shards if s.rank == status.rank), None)
-    if assigned is None:
-        return f"{name} epoch {status.epoch} has no rank {status.rank}"
-    if assigned.node_id != node_id:
-        return (
-            f"{name} epoch {status.epoch} places rank {status.rank} on "
-            f"{assigned.node_id!r}, not {node_id!r}"
-        )
-    if status.model and status.model != placement.model:
-        return f"{name} serves {placement.model!r}, the shard runs {status.model!r}"
-    return None
+# -- rebuilding placements to adopt ----------------------------------------------------
 
 
 @attrs.frozen
@@ -684,7 +616,7 @@ class Rebuilt:
 def placement_from_reports(reports: Iterable[ShardReport]) -> Rebuilt:
     """Rebuild the Placements of the replicas agents report running, from the reports
     of all nodes (the rule is in the module docstring). Reports of an older epoch than
-    a replica's highest are left out: :func:`reconcile_reported_shards` stops them."""
+    a replica's highest are left out: the reconciler stops them."""
     by_replica: dict[str, list[ShardReport]] = {}
     for r in reports:
         by_replica.setdefault(r.status.replica_id, []).append(r)

@@ -14,6 +14,22 @@ A failed start backs the model off, doubling from `control.base_backoff` to
 `control.max_backoff`; a replica reaching ready resets it. Surplus replicas are
 drained (no new requests, in-flight ones finish) before they stop. Replicas on an
 unreachable node keep serving; on a lost node they are dropped and placed again.
+
+Fencing
+-------
+Every placement gets a new epoch (replica ids are ``{model}-r{epoch}``), counted up
+from `first_epoch`. :meth:`Reconciler.shard_reported` accepts a shard only when the
+reconciler holds its replica with the same epoch, has that rank on the reporting
+node, and (when the status names one) serves the same model. Any other shard that
+still runs (starting, ready, draining) is stopped: an unknown or removed replica, an
+older or newer epoch, a rank placed elsewhere or not at all. One that already failed
+or stopped has nothing to stop and is ignored.
+
+So a node that comes back after being lost, still running a replica that was placed
+again elsewhere meanwhile, has that shard stopped: the reconciler dropped the replica
+and never takes back an epoch it gave out (:meth:`Reconciler.minted`). It adopts only
+replicas of an earlier server run (:meth:`Reconciler.adopt`), whose epochs are below
+`first_epoch` (the controller starts epochs from the wall clock in milliseconds).
 """
 
 from __future__ import annotations
@@ -117,6 +133,7 @@ class Reconciler:
         self.replicas: dict[str, Replica] = {}
         self.unplaced: dict[str, tuple[Unplaceable, ...]] = {}
         self._backoff: dict[str, _Backoff] = {}
+        self.first_epoch = first_epoch
         self._epochs = itertools.count(first_epoch)
         self._commands = itertools.count(1)
 
@@ -129,6 +146,12 @@ class Reconciler:
             for r in self.replicas.values()
             if r.model == model and r.state in (ReplicaState.STARTING, ReplicaState.READY)
         ]
+
+    def minted(self, epoch: int) -> bool:
+        """Whether `epoch` is this reconciler's to give out. A replica of such an epoch
+        that it no longer holds was dropped (its node lost, it failed or it stopped) and
+        is never adopted back: its shards are stale."""
+        return epoch >= self.first_epoch
 
     def backoff_until(self, model: str) -> float | None:
         b = self._backoff.get(model)
@@ -304,6 +327,8 @@ class Reconciler:
     # -- events ------------------------------------------------------------------------
 
     def shard_reported(self, node_id: str, status: ShardStatus, now: float) -> Actions:
+        """A shard's status from `node_id`: recorded if it is fenced in (see the module
+        docstring), else stopped when it still runs."""
         replica = self.replicas.get(status.replica_id)
         if replica is not None and not any(
             s.rank == status.rank and s.node_id == node_id for s in replica.placement.shards
@@ -313,6 +338,8 @@ class Reconciler:
             # that came back late. Not ours: taking its reports would publish the wrong
             # engine, or drop our healthy replica when that one fails.
             replica = None
+        if replica is not None and status.model and status.model != replica.model:
+            replica = None  # the same id serving another model is not this replica
         if replica is None or status.epoch != replica.placement.epoch:
             # Not ours (anymore): a superseded placement or a replica we dropped.
             if status.state in (ShardState.STARTING, ShardState.READY, ShardState.DRAINING):
@@ -354,11 +381,18 @@ class Reconciler:
         return Actions()
 
     def adopt(self, placement: Placement, shards: Iterable[ShardStatus], now: float) -> Actions:
-        """Take over a replica that agents report running (e.g. after a server restart)."""
+        """Take over a replica of an earlier server run that agents report running.
+
+        Raises ValueError for an epoch this reconciler gives out (:meth:`minted`): such
+        a replica, when it does not hold it, was superseded. Adopted epochs are thus
+        below every epoch it places, so new placements fence them out."""
+        if self.minted(placement.epoch):
+            raise ValueError(
+                f"replica {placement.replica_id!r} epoch {placement.epoch} is not from an "
+                f"earlier run (epochs from {self.first_epoch} are this reconciler's)"
+            )
         replica = Replica(placement, ReplicaState.STARTING, now)
         self.replicas[placement.replica_id] = replica
-        # Later ids and epochs must not collide with adopted ones.
-        self._epochs = itertools.count(max(placement.epoch + 1, next(self._epochs)))
         nodes = {s.rank: s.node_id for s in placement.shards}
         actions = Actions()
         for status in shards:
