@@ -33,8 +33,19 @@ lint: install $(BUF)
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 	$(BUF) lint proto
-	# No breaking change since the protocol first landed: field numbers are never reused.
-	$(BUF) breaking proto --against ".git#ref=$$(git log --diff-filter=A --format=%H -- proto/llmgw/agent/v1/agent.proto | tail -1),subdir=proto"
+	# No breaking change since the protocol first landed (field numbers are never reused),
+	# nor since the commit before the last change to proto/ (removing what came later).
+	# Both need the history: a shallow clone (CI's default checkout) is deepened first.
+	@if [ "$$(git rev-parse --is-shallow-repository)" = true ]; then \
+	  echo "buf breaking: shallow clone; fetching the full history to compare proto/"; \
+	  git fetch --quiet --unshallow && [ "$$(git rev-parse --is-shallow-repository)" = false ] || \
+	    { echo "buf breaking: cannot fetch the history of this shallow clone (no remote?); clone with full history (actions/checkout: fetch-depth: 0)" >&2; exit 1; }; \
+	fi; \
+	for ref in $$( { git log --diff-filter=A --format=%H -- proto/llmgw/agent/v1/agent.proto | tail -1; \
+	               git log -2 --format=%H -- proto/ | sed -n 2p; } | sort -u); do \
+	  echo "buf breaking proto against $$ref"; \
+	  $(BUF) breaking proto --against ".git#ref=$$ref,subdir=proto" || exit 1; \
+	done
 	$(BIN)/python scripts/gen_proto.py --check
 
 clean:
