@@ -1,12 +1,13 @@
 """The store, the same tests on both backends: SQLite (a file) and PostgreSQL (a real
-throwaway cluster from tests/pg_cluster.py; missing PostgreSQL fails these tests)."""
+throwaway cluster from tests/pg_cluster.py, one per session: conftest.pg_cluster;
+missing PostgreSQL fails these tests)."""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -34,7 +35,7 @@ from llmgw.store.migrations.postgres import MIGRATIONS as PG_MIGRATIONS
 from llmgw.store.migrations.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from llmgw.store.postgres import PostgresStore
 from llmgw.store.sqlite import SQLiteStore, sqlite_path
-from tests.pg_cluster import PostgresNotAvailable, TempCluster, _free_port
+from tests.pg_cluster import TempCluster, _free_port
 
 T0 = 1_700_000_040.0  # a multiple of 60 s
 
@@ -47,18 +48,6 @@ class WallClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(scope="session")
-def pg_cluster() -> Iterator[TempCluster]:
-    try:
-        cluster = TempCluster().start()
-    except PostgresNotAvailable as exc:
-        pytest.fail(f"PostgreSQL is required for the store tests: {exc}", pytrace=False)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

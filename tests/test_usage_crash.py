@@ -1,8 +1,9 @@
-"""A kill -9 under load loses at most one flush interval of usage records (SQLite).
+"""A kill -9 under load loses at most one flush interval of usage records, on both
+store backends (SQLite, and PostgreSQL in the session's cluster: tests/conftest.py).
 
 `llmgw.store.usage` promises that a crash loses only what is still buffered: at most
 one flush interval of records while the store keeps up. Here a real llmgw-server with
-a SQLite store and an API key is driven by a steady, paced load from a few threads,
+a store and an API key is driven by a steady, paced load from a few threads,
 SIGKILLed in the middle of it, and the store is read back and counted against the
 responses the clients received.
 
@@ -17,7 +18,6 @@ import inspect
 import signal
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import trio
@@ -41,7 +41,7 @@ KILL_AFTER = 4.5  # s into the load
 
 CONFIG = """
 [store]
-url = "sqlite:///{path}"
+url = "{url}"
 [router]
 scrape_interval = "200ms"
 scrape_timeout = "150ms"
@@ -53,9 +53,9 @@ FAST_SIM = (
 )  # fmt: skip
 
 
-def make_key(path: Path) -> str:
+def make_key(url: str) -> str:
     async def create() -> str:
-        store = await open_store(f"sqlite:///{path}")
+        store = await open_store(url)
         try:
             _, secret = await store.create_key("load")
             return secret
@@ -65,9 +65,9 @@ def make_key(path: Path) -> str:
     return trio.run(create)
 
 
-def stored_requests(path: Path) -> int:
+def stored_requests(url: str) -> int:
     async def read() -> int:
-        store = await open_store(f"sqlite:///{path}")
+        store = await open_store(url)
         try:
             return sum(r.requests for r in await store.usage_summary("model"))
         finally:
@@ -125,13 +125,12 @@ class Load:
             assert not t.is_alive(), "a load thread hung"
 
 
-def test_kill_9_loses_at_most_one_flush_interval_of_usage(tmp_path: Path) -> None:
+def test_kill_9_loses_at_most_one_flush_interval_of_usage(store_url: str) -> None:
     assert FLUSH_INTERVAL == 1.0  # the default this test was written against
-    db = tmp_path / "usage.db"
-    key = make_key(db)
+    key = make_key(store_url)
     with (
         sim(*FAST_SIM, model="m") as (_, engine),
-        server("--endpoint", f"s0={engine}=m", config=CONFIG.format(path=db)) as srv,
+        server("--endpoint", f"s0={engine}=m", config=CONFIG.format(url=store_url)) as srv,
     ):
         srv.wait_scraped()
         load = Load(srv.base, key)
@@ -144,7 +143,7 @@ def test_kill_9_loses_at_most_one_flush_interval_of_usage(tmp_path: Path) -> Non
         load.join()
         assert not load.errors, load.errors[:5]
         answered = sorted(load.answered)
-    stored = stored_requests(db)
+    stored = stored_requests(store_url)
 
     cutoff = killed_at - WINDOW
     before_cutoff = sum(1 for t in answered if t <= cutoff)

@@ -15,7 +15,7 @@ from typing import Any
 import cattrs
 
 from llmgw import catalog as cat
-from llmgw.config import ConfigError, ModelConfig, converter
+from llmgw.config import ConfigError, ModelConfig, _structure_problems, converter
 from llmgw.store.base import Store, model_from_dict, model_to_dict
 
 log = logging.getLogger("llmgw.models")
@@ -35,8 +35,6 @@ def parse_model(data: Mapping[str, Any]) -> ModelConfig:
     try:
         return converter.structure(dict(data), ModelConfig)
     except Exception as exc:  # cattrs' error tree, flattened by the config module
-        from llmgw.config import _structure_problems
-
         raise ConfigError(_structure_problems(exc, "")) from None
 
 
@@ -55,6 +53,8 @@ class ModelRegistry:
         self.routing_profiles = set(routing_profiles)
         self.store = store
         self.runtime: dict[str, ModelConfig] = {}
+        # Stored models that did not validate at load: name -> why (still in the store).
+        self.skipped: dict[str, str] = {}
         # Models only endpoints name (router-only mode): served, not editable.
         self.extra = tuple(extra)
         self.listeners: list[Callable[[cat.Catalog], None]] = []
@@ -79,30 +79,43 @@ class ModelRegistry:
 
     async def load(self) -> list[str]:
         """Merge the stored runtime models; returns a warning per one that was skipped
-        (no longer valid, or shadowed by the configuration), never fails."""
+        (no longer valid, or shadowed by the configuration), never fails.
+
+        A skipped model stays in the store (it may be fixed by adding it again, or
+        removed: :meth:`delete` accepts it) and is reported at every start until then.
+        """
         if self.store is None:
             return []
         warnings: list[str] = []
         runtime: dict[str, ModelConfig] = {}
+        skipped: dict[str, str] = {}
         for stored in await self.store.list_models():
-            name = stored.config.get("name", "?")
+            name = str(stored.config.get("name", "?"))
             try:
                 model = model_from_dict(stored.config)
             except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
-                warnings.append(f"stored model {name!r} skipped: cannot be read: {exc}")
+                skipped[name] = f"cannot be read: {'; '.join(_structure_problems(exc, ''))}"
+                warnings.append(_skipped(name, skipped[name]))
                 continue
             if model.name in self.configured:
                 warnings.append(
                     f"stored model {name!r} skipped: the configuration defines it (it wins)"
                 )
                 continue
-            problems = self._check({**runtime, model.name: model})
+            candidate = {**runtime, model.name: model}
+            problems = self._check(candidate)
             if problems:
-                warnings.append(f"stored model {name!r} skipped: {'; '.join(problems)}")
+                # The catalog's keys index the merged list; for the operator, the
+                # stored model's own keys say more (`fallbacks[0]: ...`).
+                index = [m.name for m in self._models(candidate)].index(model.name)
+                own = f"models[{index}]."
+                skipped[name] = "; ".join(p.removeprefix(own) for p in problems)
+                warnings.append(_skipped(name, skipped[name]))
                 continue
             runtime[model.name] = model
         for warning in warnings:
             log.warning("%s", warning)
+        self.skipped = skipped
         self._publish(runtime)
         return warnings
 
@@ -130,7 +143,8 @@ class ModelRegistry:
         problems = self._check(runtime)
         if problems:
             raise ModelChangeError(400, problems[0], problems)
-        await store.put_model(model)
+        await store.put_model(model)  # replaces a skipped one of that name
+        self.skipped.pop(model.name, None)
         self._publish(runtime)
         return model
 
@@ -140,6 +154,12 @@ class ModelRegistry:
             if name in self.configured:
                 raise ModelChangeError(
                     409, f"model {name!r} is defined in the configuration file; edit it there"
+                )
+            if name in self.skipped:
+                raise ModelChangeError(
+                    409,
+                    f"stored model {name!r} was skipped at start ({self.skipped[name]}); "
+                    "add it again fixed, or remove it",
                 )
             raise ModelChangeError(404, f"no runtime model {name!r}")
         if "name" in changes and changes["name"] != name:
@@ -157,6 +177,10 @@ class ModelRegistry:
             raise ModelChangeError(
                 409, f"model {name!r} is defined in the configuration file; remove it there"
             )
+        if name in self.skipped:  # never served: removing it changes no catalog
+            await store.delete_model(name)
+            del self.skipped[name]
+            return
         if name not in self.runtime:
             raise ModelChangeError(404, f"no runtime model {name!r}")
         runtime = {k: v for k, v in self.runtime.items() if k != name}
@@ -170,3 +194,10 @@ class ModelRegistry:
         data = model_to_dict(model)
         data["source"] = "runtime" if model.name in self.runtime else "config"
         return data
+
+
+def _skipped(name: str, reason: str) -> str:
+    return (
+        f"stored model {name!r} skipped, no longer valid: {reason} "
+        f"(add it again fixed, or remove it: llmgw-ctl models remove {name})"
+    )
