@@ -28,7 +28,7 @@ from llmgw.router.app import ClientApp
 from llmgw.router.auth import Authenticator
 from llmgw.router.breaker import Outcome, Ticket
 from llmgw.router.endpoints import Endpoint, EndpointRegistry, EndpointState
-from llmgw.router.metrics import RouterMetrics
+from llmgw.router.metrics import KeyMetrics, RouterMetrics
 from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
 from llmgw.router.scoring import Candidate, Decision, Scorer
 from llmgw.router.scraper import Scraper
@@ -116,6 +116,8 @@ class Router:
         self.band_header = r.admission.band_header.lower().encode()
         self.tenant_header = r.admission.tenant_header.lower().encode()
         self.usage_sinks = list(usage_sinks)
+        if config.auth.key_metrics:  # opt-in: series per key (cardinality)
+            self.usage_sinks.append(KeyMetrics(self.metrics.registry))
         self.rng = rng or random.Random()
         # Keys come from the store, when there is one (see server.serve).
         self.auth = Authenticator(

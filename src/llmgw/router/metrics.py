@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 from llmgw.router.admission import AdmissionStats
 from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoints import EndpointRegistry
+from llmgw.router.usage import UsageRecord
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -189,6 +190,44 @@ class RouterMetrics:
         scrape (the controller's last reading can be arbitrarily old on a quiet model).
         """
         self.registry.register(_AdmissionCollector(stats, saturation))
+
+
+class KeyMetrics:
+    """Per-key usage counters, a :class:`~llmgw.router.usage.UsageSink` (opt-in:
+    ``auth.key_metrics``). Every key adds series to each model it uses, so an operator
+    with many keys keeps them off and reads usage from the store instead.
+
+    Labelled by the key's id (``key_...``, shown by ``llmgw-ctl keys``), never its
+    secret; names are not unique and may repeat. Counted like the store's usage
+    records: requests that reached an engine. Requests refused before that (401, 403,
+    429) are in ``llmgw_rejected_requests_total``; requests without a key are not here.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "llmgw_key_requests_total",
+            "Client requests that reached an engine, by API key id, served model and "
+            "HTTP status (auth.key_metrics).",
+            ["key", "model", "status"],
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "llmgw_key_tokens_total",
+            "Tokens used, by API key id, served model and kind (prompt, completion) "
+            "(auth.key_metrics).",
+            ["key", "model", "kind"],
+            registry=registry,
+        )
+
+    def record(self, record: UsageRecord) -> None:
+        key = record.key_id
+        if key is None:
+            return
+        self.requests.labels(key, record.model, str(record.status)).inc()
+        usage = record.usage
+        # Both kinds always, zeros too, so a key's series appear with its first request.
+        self.tokens.labels(key, record.model, "prompt").inc(usage.prompt_tokens)
+        self.tokens.labels(key, record.model, "completion").inc(usage.completion_tokens)
 
 
 _BREAKER_STATES = tuple(BreakerState)

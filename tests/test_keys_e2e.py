@@ -1,0 +1,398 @@
+"""What an API key decides, seen from outside a real llmgw-server (SQLite store): the
+admission band and tenant of its requests, the opt-in per-key Prometheus counters, and
+that its secret never reaches the server's logs, even at debug level.
+
+Both store backends run the key, usage and runtime-model tests in test_auth_e2e.py;
+these depend on the router, not on where keys are kept.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import trio
+
+from llmgw.config import AuthConfig, Config, EndpointConfig
+from llmgw.router.core import Router
+from llmgw.router.metrics import KeyMetrics
+from llmgw.router.usage import Usage, UsageRecord
+from llmgw.store import open_store
+from llmgw.store.base import KeyRecord
+from llmgw.store.keys import display_prefix
+from llmgw.testing_procs import Proc, free_port
+
+from .procs import Server, server, sim, wait_for
+
+CONFIG = """
+[store]
+url = "sqlite:///{path}"
+[router]
+scrape_interval = "100ms"
+scrape_timeout = "80ms"
+"""
+DEADLINE = 30.0  # seconds per test body: a hang fails instead of blocking CI
+
+
+def create_keys(path: Path, **specs: dict[str, Any]) -> dict[str, tuple[KeyRecord, str]]:
+    """Keys created in the store before the server starts: name -> (record, secret)."""
+
+    async def create() -> dict[str, tuple[KeyRecord, str]]:
+        store = await open_store(f"sqlite:///{path}")
+        try:
+            return {name: await store.create_key(name, **kw) for name, kw in specs.items()}
+        finally:
+            await store.aclose()
+
+    return trio.run(create)
+
+
+def client(base: str, secret: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=secret, max_retries=0, timeout=30)
+
+
+# -- per-key counters ---------------------------------------------------------------------
+
+
+def test_per_key_counters_count_each_keys_requests_and_tokens(tmp_path: Path) -> None:
+    """With `auth.key_metrics = true`, llmgw_key_requests_total and llmgw_key_tokens_total
+    match what two keys' clients were answered (the default, off, is in test_auth_e2e)."""
+    db = tmp_path / "llmgw.db"
+    keys = create_keys(db, alice={}, bob={})
+    alice, bob = keys["alice"][0].id, keys["bob"][0].id
+    sent: dict[str, dict[str, int]] = {
+        k: {"requests": 0, "prompt": 0, "completion": 0} for k in (alice, bob)
+    }
+
+    def count(key: str, usage: Any) -> None:
+        sent[key]["requests"] += 1
+        sent[key]["prompt"] += usage.prompt_tokens
+        sent[key]["completion"] += usage.completion_tokens
+
+    config = CONFIG.format(path=db) + "[auth]\nkey_metrics = true\n"
+    with (
+        sim(model="m") as (_, engine),
+        server("--endpoint", f"s0={engine}=m", config=config) as srv,
+    ):
+        srv.wait_scraped()
+        messages: Any = [{"role": "user", "content": "tell me something"}]
+        for key, secret, n in ((alice, keys["alice"][1], 3), (bob, keys["bob"][1], 1)):
+            for i in range(n):
+                reply = client(srv.base, secret).chat.completions.create(
+                    model="m", messages=messages, max_tokens=3 + i
+                )
+                count(key, reply.usage)
+        # A stream counts too, with the usage the engine reported at its end.
+        stream = client(srv.base, keys["bob"][1]).chat.completions.create(
+            model="m",
+            messages=messages,
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        (usage,) = [chunk.usage for chunk in stream if chunk.usage is not None]
+        count(bob, usage)
+        # Refused before any engine (unknown key): not a key's request.
+        with pytest.raises(openai.AuthenticationError):
+            client(srv.base, "llmgw-unknown").models.list()
+
+        def exported() -> dict[str, dict[str, float]]:
+            return {
+                key: {
+                    "requests": srv.metric("llmgw_key_requests_total", key=key),
+                    "ok": srv.metric("llmgw_key_requests_total", key=key, model="m", status="200"),
+                    "prompt": srv.metric("llmgw_key_tokens_total", key=key, kind="prompt"),
+                    "completion": srv.metric(
+                        "llmgw_key_tokens_total", key=key, model="m", kind="completion"
+                    ),
+                }
+                for key in (alice, bob)
+            }
+
+        # The counters move after the response is out: poll until every request is in.
+        wait_for(
+            lambda: all(exported()[k]["requests"] == sent[k]["requests"] for k in sent),
+            "every request in llmgw_key_requests_total",
+            timeout=10,
+        )
+        got = exported()
+        text = httpx.get(f"{srv.admin}/metrics", timeout=5).text
+    assert sent[alice]["requests"] == 3 and sent[bob]["requests"] == 2
+    assert all(sent[k]["prompt"] > 0 and sent[k]["completion"] > 0 for k in sent), sent
+    for key in (alice, bob):
+        assert got[key] == {**sent[key], "ok": sent[key]["requests"]}, (key, got, sent)
+    # Labelled by the key's id; its secret is nowhere in the exposition.
+    for _, secret in keys.values():
+        assert display_prefix(secret) not in text
+
+
+async def test_per_key_counters_are_registered_only_when_enabled() -> None:
+    """The switch decides whether the Router registers the families; requests without a
+    key (keys not in use yet) add no series."""
+    endpoints = (EndpointConfig(id="e1", url="http://127.0.0.1:9", models=("m",)),)
+    off = Router(Config(endpoints=endpoints))
+    on = Router(Config(endpoints=endpoints, auth=AuthConfig(key_metrics=True)))
+    names = {m.name for m in off.metrics.registry.collect()}
+    assert "llmgw_requests" in names and "llmgw_key_requests" not in names
+    (sink,) = [s for s in on.usage_sinks if isinstance(s, KeyMetrics)]
+    sink.record(UsageRecord("m", "e1", 200, Usage(7, 3), 0.1))
+    sink.record(UsageRecord("m", "e1", 200, Usage(7, 3), 0.1, key_id="key_1"))
+    sink.record(UsageRecord("m", "e1", 500, Usage(), 0.1, key_id="key_1"))
+    registry = on.metrics.registry
+    assert (
+        registry.get_sample_value(
+            "llmgw_key_requests_total", {"key": "key_1", "model": "m", "status": "200"}
+        )
+        == 1
+    )
+    assert (
+        registry.get_sample_value(
+            "llmgw_key_requests_total", {"key": "key_1", "model": "m", "status": "500"}
+        )
+        == 1
+    )
+    assert (
+        registry.get_sample_value(
+            "llmgw_key_tokens_total", {"key": "key_1", "model": "m", "kind": "prompt"}
+        )
+        == 7
+    )
+    samples = [s for m in registry.collect() for s in m.samples if s.name.startswith("llmgw_key_")]
+    assert {s.labels["key"] for s in samples} == {"key_1"}
+
+
+# -- the key decides the band and is the tenant ------------------------------------------
+
+ADMISSION_SIM = ("--max-num-seqs", "4")
+# Saturation is about "requests in flight / 4": four long streams fill the pool (as in
+# test_admission_e2e.py).
+ADMISSION_CONFIG = """
+[router.scoring]
+target_inflight = 4.0
+"""
+LONG = 3000  # tokens: far longer than the test; the streams are cut when it ends
+
+
+async def stream(
+    http: httpx.AsyncClient,
+    secret: str,
+    band_header: str,
+    tenant_header: str,
+    started: trio.Event | None = None,
+) -> None:
+    """One long streamed completion; `started` is set at its first content event."""
+    headers = {
+        "authorization": f"Bearer {secret}",
+        "x-llmgw-band": band_header,
+        "x-llmgw-tenant": tenant_header,
+    }
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": LONG,
+        "stream": True,
+    }
+    async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if started is not None and line.startswith("data: {") and '"content"' in line:
+                started.set()
+                started = None
+
+
+async def until(srv: Server, name: str, check: Callable[[float], bool], **labels: str) -> float:
+    """Poll a metric (absent counts as 0) until `check(value)` holds."""
+    value = 0.0
+    with trio.move_on_after(10):
+        while True:
+            value = await trio.to_thread.run_sync(lambda: srv.metric(name, **labels))
+            if check(value):
+                return value
+            await trio.sleep(0.05)
+    raise AssertionError(f"{name}{labels} = {value} did not reach the expected value")
+
+
+@pytest.fixture
+def admission_fleet(tmp_path: Path) -> Iterator[tuple[Server, dict[str, tuple[KeyRecord, str]]]]:
+    db = tmp_path / "llmgw.db"
+    keys = create_keys(db, holder={}, one={"band": "bronze"}, two={"band": "bronze"})
+    with (
+        sim(*ADMISSION_SIM, model="m") as (_, engine),
+        server(
+            "--endpoint", f"s0={engine}=m", config=CONFIG.format(path=db) + ADMISSION_CONFIG
+        ) as srv,
+    ):
+        srv.wait_scraped()
+        yield srv, keys
+
+
+def test_the_key_decides_the_band_and_is_the_tenant(
+    admission_fleet: tuple[Server, dict[str, tuple[KeyRecord, str]]],
+) -> None:
+    """Band and tenant headers are ignored once keys are in use: a key without a band
+    gets the default band (gold), a bronze key queues in bronze even when it asks for
+    platinum, and each key is one tenant however many tenant headers it sends."""
+    srv, keys = admission_fleet
+    secret = {name: s for name, (_, s) in keys.items()}
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=50, max_keepalive_connections=50)
+        with trio.fail_after(DEADLINE):
+            await scenario(limits)
+
+    async def scenario(limits: httpx.Limits) -> None:
+        async with (
+            httpx.AsyncClient(base_url=srv.base, timeout=30, limits=limits) as http,
+            trio.open_nursery() as nursery,
+        ):
+            # Four streams of the band-less key saying "bronze" fill the pool. As
+            # bronze (ceiling 0.30) the third would wait; as gold (0.85) all get in.
+            for i in range(4):
+                started = trio.Event()
+                nursery.start_soon(stream, http, secret["holder"], "bronze", f"h{i}", started)
+                await started.wait()
+            await until(srv, "llmgw_admission_pool_saturation_ratio", lambda v: v == 1.0)
+            # Two bronze keys ask for platinum, each request as a tenant of its own.
+            for i in range(6):
+                name = ("one", "two")[i % 2]
+                nursery.start_soon(stream, http, secret[name], "platinum", f"t{i}")
+            await until(srv, "llmgw_admission_queue_depth", lambda v: v == 6, band="bronze")
+            assert srv.metric("llmgw_admission_queue_depth", band="platinum") == 0
+            # Six tenant headers, two keys: two tenants.
+            assert srv.metric("llmgw_admission_queue_tenants", band="bronze") == 2
+            admission = (await http.get(srv.admin + "/api/v1/admission")).json()
+            (pool,) = admission["pools"]
+            queued = {b["band"]: b for b in pool["bands"]}
+            assert queued["bronze"]["depth"] == 6 and queued["bronze"]["tenants"] == 2
+            assert queued["platinum"]["depth"] == 0
+            nursery.cancel_scope.cancel()  # cuts the streams and the queued requests
+
+    trio.run(main)
+    admitted = srv.metric
+    assert admitted("llmgw_admission_admitted_total", band="gold", queued="false") == 4
+    assert admitted("llmgw_admission_admitted_total", band="bronze") == 0
+    assert admitted("llmgw_admission_admitted_total", band="platinum") == 0
+    wait_for(
+        lambda: srv.metric("llmgw_admission_abandoned_total", band="bronze") == 6,
+        "the six queued bronze requests counted as abandoned",
+        timeout=10,
+    )
+
+
+# -- secrets never in the logs ------------------------------------------------------------
+
+# llmgw-server with every logger at DEBUG: there is no log-level option, so the root
+# logger is configured before the CLI's basicConfig (which then changes nothing), and
+# the levels the modules set at import (httpx: WARNING) are reset to inherit DEBUG.
+DEBUG_SERVER = """
+import logging, sys
+logging.basicConfig(
+    level=logging.DEBUG, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+)
+from llmgw_cli.server import main
+for name in list(logging.root.manager.loggerDict):
+    logging.getLogger(name).setLevel(logging.NOTSET)
+logging.getLogger("llmgw").debug("debug logging on")
+main(sys.argv[1:])
+"""
+
+
+def leaked(secret: str, text: str, window: int = 12) -> list[str]:
+    """Pieces of the secret's hidden part (after the prefix listings show) found in
+    `text`: any `window` characters of it (72 random bits) count, so a truncated or
+    partly masked secret is caught too."""
+    hidden = secret[len(display_prefix(secret)) :]
+    assert len(hidden) >= window
+    pieces = [hidden[i : i + window] for i in range(len(hidden) - window + 1)]
+    return [piece for piece in pieces if piece in text]
+
+
+def test_secrets_never_reach_the_logs_even_at_debug(tmp_path: Path) -> None:
+    port, admin_port = free_port(), free_port()
+    base, admin = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
+    config = Path(tempfile.mkdtemp(prefix="llmgw-config-")) / "llmgw.toml"
+    config.write_text(CONFIG.format(path=tmp_path / "llmgw.db"))
+    with sim(model="m") as (_, engine):
+        proc = Proc(
+            [
+                sys.executable, "-c", DEBUG_SERVER,
+                "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
+                "--config", str(config), "--endpoint", f"s0={engine}=m,other",
+            ],
+            tmp_path / "server.log",
+        )  # fmt: skip
+        try:
+            proc.wait_http(f"{admin}/healthz")
+            secrets, ids = exercise_keys(base, admin)
+            assert proc.stop() == 0
+        finally:
+            proc.stop()
+    log = proc.log.read_text(errors="replace")
+    assert "DEBUG llmgw: debug logging on" in log
+    # The log does speak of the keys, by id.
+    assert f"dashboard login with key {ids['ops']} (ops)" in log
+    for name, secret in secrets.items():
+        assert not leaked(secret, log), (name, leaked(secret, log))
+
+
+def exercise_keys(base: str, admin: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Create keys through the admin API and use them every way that succeeds or fails."""
+    created = {}
+    for body in (
+        {"name": "app", "band": "silver", "models": ["m"], "rpm": 3},
+        {"name": "ops", "admin": True},
+    ):
+        r = httpx.post(f"{admin}/api/v1/keys", json=body, timeout=5)
+        assert r.status_code == 201, r.text
+        created[str(body["name"])] = r.json()
+    secret = created["app"]["secret"]
+    messages: Any = [{"role": "user", "content": "x"}]
+    app = client(base, secret)
+    # Success: a request, a stream, the model list.
+    app.chat.completions.create(model="m", messages=messages, max_tokens=2)
+    chunks = app.chat.completions.create(model="m", messages=messages, max_tokens=2, stream=True)
+    assert any(c.choices and c.choices[0].delta.content for c in chunks)
+    assert [m.id for m in app.models.list()] == ["m"]
+    # Failures: a model the key may not use, the rate limit, mangled secrets.
+    with pytest.raises(openai.PermissionDeniedError):
+        app.chat.completions.create(model="other", messages=messages, max_tokens=2)
+    app.chat.completions.create(model="m", messages=messages, max_tokens=2)
+    with pytest.raises(openai.RateLimitError):
+        app.chat.completions.create(model="m", messages=messages, max_tokens=2)
+    for wrong in (secret + "x", secret[:-1], secret.upper()):
+        with pytest.raises(openai.AuthenticationError):
+            client(base, wrong).models.list()
+    for header in (f"Basic {secret}", secret, f"Bearer {secret} {secret}"):
+        r = httpx.get(f"{base}/v1/models", headers={"authorization": header}, timeout=5)
+        assert r.status_code == 401, (header[:5], r.status_code)
+    # The dashboard login on the client port: refused for a non-admin key, then taken.
+    with httpx.Client(base_url=base, timeout=5) as browser:
+        browser.get("/admin/login")
+        csrf = browser.cookies["llmgw_csrf"]
+        r = browser.post("/admin/login", data={"csrf": csrf, "key": secret})
+        assert r.status_code == 403
+        r = browser.post("/admin/login", data={"csrf": csrf, "key": created["ops"]["secret"]})
+        assert r.status_code == 303
+    # Revoked: refused within the key cache's second.
+    assert httpx.delete(f"{admin}/api/v1/keys/{created['app']['id']}", timeout=5).is_success
+
+    def refused() -> bool:
+        try:
+            app.models.list()
+        except openai.AuthenticationError:
+            return True
+        time.sleep(0.1)
+        return False
+
+    wait_for(refused, "the revoked key refused", timeout=5)
+    return (
+        {name: key["secret"] for name, key in created.items()},
+        {name: key["id"] for name, key in created.items()},
+    )
