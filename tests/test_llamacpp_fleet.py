@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.agent.adapters.llamacpp import BUILD_HINT, LLAMA_CPP_BUILD, find_llama_server
 from llmgw.testing_gguf import write_tiny_gguf
@@ -55,9 +56,10 @@ def require_llama_server() -> str:
     return found
 
 
-def config(name: str, weights: Path, replicas: int) -> str:
+def config(*models: tuple[str, Path, int]) -> str:
+    """A control-plane config serving each (name, weights, replicas) on llama.cpp."""
     low, high = engine_port_range()
-    return f"""
+    head = f"""
 [router]
 scrape_interval = "300ms"
 scrape_timeout = "300ms"
@@ -69,7 +71,9 @@ max_backoff = "4s"
 unreachable_after = "3s"
 lost_after = "8s"
 port_range = [{low}, {high}]
-
+"""
+    return head + "".join(
+        f"""
 [[models]]
 name = "{name}"
 replicas = {replicas}
@@ -80,6 +84,8 @@ engine = "llamacpp"
 weights = {json.dumps(str(weights))}
 args = ["-np", "2", "-c", "2048", "-t", "1"]
 """
+        for name, weights, replicas in models
+    )
 
 
 def client(srv: FleetServer) -> openai.OpenAI:
@@ -97,7 +103,7 @@ def fleet(
     require_llama_server()
     weights = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
     with ExitStack() as stack:
-        srv = stack.enter_context(fleet_server(config("tiny", weights, replicas=2)))
+        srv = stack.enter_context(fleet_server(config(("tiny", weights, 2))))
         gpu = stack.enter_context(agent(srv.agent_address, "g1", address="127.0.0.81"))
         cpu = stack.enter_context(agent(srv.agent_address, "c1", address="127.0.0.82", gpus=None))
         srv.wait(
@@ -131,6 +137,28 @@ def test_two_replicas_are_placed_one_per_node_and_scraped_as_llamacpp(
     endpoints = srv.endpoints()
     assert ids <= set(endpoints)
     assert {endpoints[i]["engine"] for i in ids} == {"llamacpp"}, endpoints
+    # llama.cpp exports no KV-cache gauge, so KV usage is unknown: null in the admin
+    # view and no gauge sample, never a 0 that would read as an empty cache.
+    gauges = endpoint_gauges(srv)
+    for i in ids:
+        page = httpx.get(f"{endpoints[i]['url']}/metrics", timeout=5).text
+        assert "llamacpp:requests_deferred" in page and "kv_cache" not in page, page
+        assert endpoints[i]["kv_usage"] is None, endpoints[i]
+        assert endpoints[i]["waiting"] is not None and endpoints[i]["running"] is not None
+        assert i in gauges["llmgw_endpoint_waiting_requests"], gauges
+        assert i not in gauges.get("llmgw_endpoint_kv_cache_usage_ratio", {}), gauges
+
+
+def endpoint_gauges(srv: FleetServer) -> dict[str, dict[str, float]]:
+    """The router's per-endpoint gauges: name -> {endpoint: value}, only samples present
+    (srv.metric would sum an absent one to 0)."""
+    text = httpx.get(f"{srv.admin}/metrics", timeout=5).text
+    gauges: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("llmgw_endpoint_"):
+                gauges.setdefault(sample.name, {})[sample.labels["endpoint"]] = sample.value
+    return gauges
 
 
 def test_chat_and_completions_through_the_openai_client(
@@ -198,28 +226,52 @@ def test_usage_is_injected_counted_and_stripped_against_the_real_engine(
     assert srv.metric("llmgw_estimated_usage_requests_total") == 0
 
 
-def test_a_corrupt_gguf_fails_at_start_with_the_engines_own_error(tmp_path: Path) -> None:
+def test_a_corrupt_gguf_fails_at_start_and_a_missing_one_without_launching(
+    tmp_path: Path,
+) -> None:
+    """One agent, two broken models: a corrupt GGUF reaches llama-server, which fails
+    with its own error; a missing one is refused by the agent before any launch."""
     require_llama_server()
     broken = tmp_path / "broken.gguf"
     good = write_tiny_gguf(tmp_path / "good.gguf").read_bytes()
     broken.write_bytes(good[:4096])  # a valid header, then the file ends mid-metadata
+    missing = tmp_path / "missing.gguf"
     with (
-        fleet_server(config("broken", broken, replicas=1)) as srv,
+        fleet_server(config(("broken", broken, 1), ("missing", missing, 1))) as srv,
         agent(srv.agent_address, "c9", address="127.0.0.89", gpus=None) as a,
     ):
 
-        def failed() -> list[dict[str, Any]]:
+        def failed(model: str) -> list[dict[str, Any]]:
             return [
-                s for s in srv.nodes().get("c9", {}).get("shards", []) if s["state"] == "failed"
+                s
+                for s in srv.nodes().get("c9", {}).get("shards", [])
+                if s["state"] == "failed" and s["model"] == model
             ]
 
-        (crash, *_) = srv.wait(failed, "a failed llama.cpp shard", timeout=30, logs=[a.proc])
+        (crash, *_) = srv.wait(
+            lambda: failed("broken"), "a failed llama.cpp shard", timeout=30, logs=[a.proc]
+        )
         assert crash["exit_code"] not in (None, 0), crash
         assert "before it was ready" in crash["message"], crash
         tail = "\n".join(crash["output_tail"])
         assert "error loading model" in tail and "failed to load model" in tail, tail
         assert "gguf" in tail.lower(), tail
         assert srv.ready_replicas("broken") == []
+
+        (refused, *_) = srv.wait(
+            lambda: failed("missing"), "a refused llama.cpp shard", timeout=30, logs=[a.proc]
+        )
+        assert refused["message"] == (
+            f"not started: weights {str(missing)!r}: no such file on this node"
+        ), refused
+        assert refused["exit_code"] is None and refused["output_tail"] == [], refused
+        assert srv.ready_replicas("missing") == []
+        # Never launched, in any attempt: no engine log or pid record for it (the
+        # corrupt model's launches left theirs, so a launch would show).
+        logs = [p.stem for p in a.engine_logs()]
+        assert any(name.startswith("broken-r") for name in logs), logs
+        for name in logs + list(a.engines()):
+            assert not name.startswith("missing-r"), name
 
 
 def chat_body(content: str, max_tokens: int, *, stream: bool = False) -> dict[str, Any]:
@@ -232,12 +284,12 @@ def chat_body(content: str, max_tokens: int, *, stream: bool = False) -> dict[st
     }
 
 
-def engine_pid(agents: tuple[AgentProc, ...], replica: str) -> int:
-    """The pid of the llama-server an agent runs for `replica` (from its pid records)."""
+def engine_of(agents: tuple[AgentProc, ...], replica: str) -> tuple[AgentProc, int]:
+    """The agent running `replica` and its llama-server's pid (from its pid records)."""
     for a in agents:
         for name, pid in a.engines().items():
             if name.startswith(f"{replica}-r"):
-                return pid
+                return a, pid
     raise AssertionError(f"no engine recorded for {replica}: {[a.engines() for a in agents]}")
 
 
@@ -245,33 +297,57 @@ def test_killing_the_engine_mid_stream_sends_an_error_event_and_the_next_request
     fleet: tuple[FleetServer, AgentProc, AgentProc],
 ) -> None:
     srv, gpu, cpu = fleet
-    srv.wait(lambda: srv.ready_replicas("tiny", 2), "two ready replicas", timeout=60)
+    ids = {
+        r["id"]
+        for r in srv.wait(lambda: srv.ready_replicas("tiny", 2), "two ready replicas", timeout=60)
+    }
     srv.wait_scraped(timeout=10)
     url = f"{srv.base}/v1/chat/completions"
+    # One session for both requests: the second one's first choice is then the replica
+    # the first was on, the one killed, so its retry is not left to chance.
+    session = {"x-session-id": "killed-mid-stream"}
     body = chat_body("a long answer please", 1000, stream=True)
-    with httpx.stream("POST", url, json=body, timeout=30) as r:
-        assert r.status_code == 200
-        killed = r.headers["x-llmgw-endpoint"]
-        pid = engine_pid((gpu, cpu), killed)
-        errors_before = srv.metric("llmgw_upstream_errors_total", endpoint=killed)
-        retries_before = srv.metric("llmgw_retries_total", model="tiny")
-        lines = r.iter_lines()
-        first = next(line for line in lines if line.startswith("data: "))
-        assert "error" not in json.loads(first[6:]), first
-        os.kill(pid, signal.SIGKILL)
-        rest = [line for line in lines if line.startswith("data: ")]
-    errors = [json.loads(e[6:]) for e in rest if e != "data: [DONE]" and '"error"' in e]
-    assert errors and errors[-1]["error"]["message"], rest[-3:]
-    # ...and it did not pretend to finish.
-    assert '"finish_reason":"length"' not in "".join(rest).replace(" ", ""), rest[-3:]
+    paused: int | None = None
+    try:
+        with httpx.stream("POST", url, json=body, headers=session, timeout=30) as r:
+            assert r.status_code == 200
+            killed = r.headers["x-llmgw-endpoint"]
+            owner, pid = engine_of((gpu, cpu), killed)
+            errors_before = srv.metric("llmgw_upstream_errors_total", endpoint=killed)
+            retries_before = srv.metric("llmgw_retries_total", model="tiny")
+            lines = r.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert "error" not in json.loads(first[6:]), first
+            # Its agent is paused first: it would report the death at once, and the
+            # control plane would withdraw the replica before the next request came.
+            paused = owner.proc.pid
+            os.kill(paused, signal.SIGSTOP)
+            os.kill(pid, signal.SIGKILL)
+            rest = [line for line in lines if line.startswith("data: ")]
+        errors = [json.loads(e[6:]) for e in rest if e != "data: [DONE]" and '"error"' in e]
+        assert errors and errors[-1]["error"]["message"], rest[-3:]
+        # ...and it did not pretend to finish.
+        assert '"finish_reason":"length"' not in "".join(rest).replace(" ", ""), rest[-3:]
 
-    # The next requests succeed: the router moves them off the dead engine.
-    for i in range(4):
-        ok = httpx.post(url, json=chat_body(f"after the crash {i}", 3), timeout=30)
+        # Still published: the next request tries the dead replica, fails to connect,
+        # and is served by the other one.
+        after = httpx.post(url, json=chat_body("after the crash", 3), headers=session, timeout=30)
+    finally:
+        if paused is not None:
+            os.kill(paused, signal.SIGCONT)
+    assert after.status_code == 200, after.text
+    assert after.headers["x-llmgw-endpoint"] == (ids - {killed}).pop(), (killed, ids)
+    assert srv.metric("llmgw_retries_total", model="tiny") - retries_before == 1
+    # Two failures on the killed replica: the broken stream, then the refused attempt.
+    assert srv.metric("llmgw_upstream_errors_total", endpoint=killed) - errors_before == 2
+
+    # Once the agent reports the death, requests go to the live replica without a retry.
+    srv.wait(lambda: killed not in srv.endpoints(), "the dead replica withdrawn", timeout=10)
+    retries_before = srv.metric("llmgw_retries_total", model="tiny")
+    for i in range(3):
+        ok = httpx.post(url, json=chat_body(f"later {i}", 3), headers=session, timeout=30)
         assert ok.status_code == 200, ok.text
-    failed = srv.metric("llmgw_upstream_errors_total", endpoint=killed) - errors_before
-    retried = srv.metric("llmgw_retries_total", model="tiny") - retries_before
-    assert failed + retried >= 1, (failed, retried)
+    assert srv.metric("llmgw_retries_total", model="tiny") == retries_before
 
     # The control plane restarts it (later tests in this module want both replicas).
     srv.wait(
