@@ -11,12 +11,14 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import attrs
 import trio
 
 from llmgw import units
-from llmgw.agent.discovery import fake_gpus
-from llmgw.config import TlsConfig
+from llmgw.agent.config import FLAGS, LOG_LEVELS, AgentConfig, check, load_file, overlay
+from llmgw.config import ConfigError, TlsConfig
 from llmgw.errors import first_line
 from llmgw_cli._common import (
     EXIT_OK,
@@ -32,9 +34,19 @@ PROG = "llmgw-agent"
 
 def build_parser() -> argparse.ArgumentParser:
     p = parser(PROG, "Node agent: registers this machine's GPUs and runs engine replicas.")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML file with any of the settings below (server, node_id, labels, fabrics, "
+        "fake_gpus, [tls], ...); flags override it, --label flags merge into its labels",
+    )
     # Checked in main, not by argparse: its "required" error ignores exit_on_error and
     # prints the whole usage instead of one line.
-    p.add_argument("--server", metavar="HOST:PORT", help="control plane address (required)")
+    p.add_argument(
+        "--server",
+        metavar="HOST:PORT",
+        help="control plane address (required, here or in --config)",
+    )
     p.add_argument("--node-id", metavar="ID", help="node identity (default: hostname)")
     p.add_argument("--label", action="append", default=[], metavar="K=V", help="node label")
     p.add_argument("--fabric", action="append", default=[], metavar="NAME", help="fabric name")
@@ -57,29 +69,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--heartbeat",
         type=duration_at_least(0.05),
-        default=5.0,
         metavar="DURATION",
         help="heartbeat interval until the server sets one at registration (default 5s)",
     )
     p.add_argument(
         "--max-backoff",
         type=duration_at_least(0.1),
-        default=30.0,
         metavar="DURATION",
         help="longest wait between reconnect attempts (default 30s)",
     )
     p.add_argument(
         "--shutdown-grace",
         type=duration_at_least(0),
-        default=15.0,
         metavar="DURATION",
         help="on exit, how long engines get after SIGTERM before SIGKILL (default 15s)",
     )
     p.add_argument(
         "--log-level",
-        choices=("debug", "info", "warning", "error"),
-        default="info",
-        help="(default %(default)s)",
+        choices=LOG_LEVELS,
+        help="(default info)",
     )
     return p
 
@@ -122,6 +130,50 @@ def management_address(server_host: str, server_port: int) -> str:
         return str(s.getsockname()[0])
 
 
+#: Flags whose value, when given, replaces the file's (the rest are handled by hand).
+_PLAIN = (
+    "server",
+    "node_id",
+    "address",
+    "fake_gpus",
+    "state_dir",
+    "heartbeat",
+    "max_backoff",
+    "shutdown_grace",
+    "log_level",
+)
+
+
+def resolve(args: argparse.Namespace) -> AgentConfig:
+    """The agent's settings: the --config file (if any) with the flags given over it.
+
+    Raises ConfigError: the file's problems name its keys, the flags' name the flags.
+    A --label flag that is not KEY=VALUE raises ValueError."""
+    base = load_file(args.config) if args.config else AgentConfig()
+    flags: dict[str, Any] = {key: getattr(args, key) for key in _PLAIN}
+    flags = {key: value for key, value in flags.items() if value is not None}
+    if args.label:
+        flags["labels"] = _labels(args.label)
+    if args.fabric:
+        flags["fabrics"] = tuple(f.strip() for f in args.fabric if f.strip())
+    for key in ("cert", "key", "ca"):
+        if getattr(args, f"tls_{key}") is not None:
+            flags[f"tls.{key}"] = getattr(args, f"tls_{key}")
+    config = overlay(base, flags)
+    problems = check(config, flags, name=FLAGS.__getitem__)
+    if config.server is None:
+        problems.insert(
+            0, "the following arguments are required: --server (or server in the --config file)"
+        )
+    if (config.tls.cert is None) != (config.tls.key is None):
+        problems.append(
+            "--tls-cert and --tls-key go together (tls.cert and tls.key in the --config file)"
+        )
+    if problems:
+        raise ConfigError(problems)
+    return attrs.evolve(config, fabrics=tuple(dict.fromkeys(f.strip() for f in config.fabrics)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = build_parser()
     p.exit_on_error = False
@@ -132,38 +184,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         fail(PROG, f"unrecognized arguments: {' '.join(extra)}", EXIT_USAGE)
 
-    # -- usage and configuration: exit 2 ------------------------------------------------
-    if args.server is None:
-        fail(PROG, "the following arguments are required: --server", EXIT_USAGE)
+    # -- usage and configuration: exit 2, one line --------------------------------------
     try:
-        server = units.parse_address(args.server)
-        if not server.port:
-            raise ValueError(f"--server: a port is needed, got {args.server!r}")
-        if not server.host:
-            raise ValueError(
-                f"--server: a host is needed (e.g. 127.0.0.1:7443), got {args.server!r}"
-            )
-        node_id = args.node_id or socket.gethostname()
-        if not node_id.strip():
-            raise ValueError("--node-id must not be empty")
-        labels = _labels(args.label)
-        fabrics = tuple(dict.fromkeys(f.strip() for f in args.fabric if f.strip()))
-        if args.fake_gpus is not None:
-            fake_gpus(args.fake_gpus, node_id=node_id)  # check the spec now
-        tls = _tls(args.tls_cert, args.tls_key, args.tls_ca)
-        if args.address is not None:
-            ipaddress.ip_address(args.address.strip("[]"))
+        config = resolve(args)
+    except ConfigError as e:
+        fail(PROG, "; ".join(e.problems), EXIT_USAGE)
     except ValueError as e:
         fail(PROG, str(e), EXIT_USAGE)
+    assert config.server is not None  # resolve requires it
+    server = units.parse_address(config.server)
+    node_id = config.node_id or socket.gethostname()
+    tls = (
+        TlsConfig(cert=config.tls.cert, key=config.tls.key, client_ca=config.tls.ca)
+        if config.tls.cert is not None and config.tls.key is not None
+        else None
+    )
 
     logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
+        level=getattr(logging, config.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        address = args.address.strip("[]") if args.address else None
+        address = config.address.strip("[]") if config.address else None
         address = address or management_address(server.host, server.port)
-        state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+        state_dir = Path(config.state_dir) if config.state_dir else default_state_dir()
         state_dir.mkdir(parents=True, exist_ok=True)
     except (RuntimeError, OSError) as e:
         fail(PROG, str(e) if isinstance(e, RuntimeError) else f"state dir: {e}", EXIT_RUNTIME)
@@ -179,23 +223,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(PROG).warning(
             "no TLS: the connection to %s is plaintext and unauthenticated; "
             "use --tls-cert/--tls-key/--tls-ca outside a trusted network",
-            args.server,
+            config.server,
         )
     settings = NodeSettings(
         node_id=node_id,
         address=address,
-        labels=labels,
-        fabrics=fabrics,
-        fake_gpus=args.fake_gpus,
+        labels=dict(config.labels),
+        fabrics=config.fabrics,
+        fake_gpus=config.fake_gpus,
     )
     connector = GrpcConnector(str(server), tls=tls, node_id=node_id)
     agent = Agent(
         connector,
         settings,
         state_dir=state_dir,
-        heartbeat_interval=args.heartbeat,
-        max_backoff=args.max_backoff,
-        shutdown_grace=args.shutdown_grace,
+        heartbeat_interval=config.heartbeat,
+        max_backoff=config.max_backoff,
+        shutdown_grace=config.shutdown_grace,
     )
 
     async def run() -> None:
@@ -221,17 +265,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         fail(PROG, first_line(e), EXIT_RUNTIME)
     return EXIT_OK
-
-
-def _tls(cert: str | None, key: str | None, ca: str | None) -> TlsConfig | None:
-    if cert is None and key is None and ca is None:
-        return None
-    if cert is None or key is None:
-        raise ValueError("--tls-cert and --tls-key go together")
-    for flag, path in (("--tls-cert", cert), ("--tls-key", key), ("--tls-ca", ca)):
-        if path is not None and not Path(path).is_file():
-            raise ValueError(f"{flag}: no such file: {path}")
-    return TlsConfig(cert=cert, key=key, client_ca=ca)
 
 
 if __name__ == "__main__":
