@@ -4,6 +4,7 @@ launching, reconnects with backoff that keep engines running, and shutdown."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
@@ -18,8 +19,9 @@ import trio
 
 from llmgw.agent.adapters import SimAdapter, VllmAdapter
 from llmgw.agent.agent import Agent, NodeSettings, _interface_problem, backoff_delay
+from llmgw.agent.discovery import DiscoveryError
 from llmgw.config import DeploymentProfile
-from llmgw.control.fleet import ShardState
+from llmgw.control.fleet import Gpu, ShardState
 from llmgw.testing import free_port
 from llmgw.transport.base import AgentConnection
 from llmgw.transport.messages import (
@@ -37,6 +39,7 @@ from llmgw.transport.stub import StubNetwork
 
 M = TypeVar("M")
 NODE = "n1"
+GIB = 2**30
 
 
 class ScriptedServer:
@@ -177,6 +180,64 @@ async def test_registers_the_whole_inventory_and_heartbeats(tmp_path: Path) -> N
     assert register.shards == ()
     assert beats[0].gpus == node.gpus
     assert agent.heartbeat_interval == 0.1  # from Registered
+
+
+def _gpu(n: int) -> Gpu:
+    """The one GPU as the n-th discovery sees it: every reading different."""
+    return Gpu(
+        index=0,
+        uuid="GPU-0",
+        name="H100",
+        memory_total=80 * GIB,
+        memory_used=n * GIB,
+        utilization=n / 10,
+        ecc_errors=n,
+    )
+
+
+async def test_gpus_are_discovered_again_for_every_heartbeat(tmp_path: Path) -> None:
+    calls = 0
+
+    async def discover_gpus() -> tuple[Gpu, ...]:
+        nonlocal calls
+        calls += 1
+        return (_gpu(calls),)
+
+    with trio.fail_after(20):
+        async with running_agent(tmp_path, discover_gpus=discover_gpus) as (_n, server, _a):
+            register = await server.wait_for(Register)
+            beats = [await server.wait_for(Heartbeat, lambda h, n=n: h.seq == n) for n in (1, 2, 3)]
+    # Once at start (what registration carries), then once before each heartbeat.
+    assert register.node.gpus == (_gpu(1),)
+    assert [b.gpus for b in beats] == [(_gpu(2),), (_gpu(3),), (_gpu(4),)]
+
+
+async def test_a_failed_or_hung_discovery_keeps_the_last_gpus_and_the_heartbeats(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="llmgw.agent.agent")
+    calls = 0
+
+    async def discover_gpus() -> tuple[Gpu, ...]:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise DiscoveryError("nvidia-smi exited with code 9: driver gone")
+        if calls == 3:
+            await trio.sleep_forever()  # a GPU off the bus: bounded by half a heartbeat
+        return (_gpu(calls),)
+
+    with trio.fail_after(20):
+        async with running_agent(tmp_path, discover_gpus=discover_gpus) as (_n, server, _a):
+            beats = [await server.wait_for(Heartbeat, lambda h, n=n: h.seq == n) for n in (1, 2, 3)]
+    assert [b.gpus for b in beats] == [(_gpu(1),), (_gpu(1),), (_gpu(4),)]
+    said = [r.getMessage() for r in caplog.records if "GPU discovery" in r.getMessage()]
+    assert said == [
+        "GPU discovery failed (keeping the last known GPUs): "
+        "nvidia-smi exited with code 9: driver gone",
+        "GPU discovery failed (keeping the last known GPUs): GPU discovery took longer than 0.2s",
+        "GPU discovery works again",
+    ]
 
 
 async def test_start_ready_serve_stop(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from llmgw.agent.discovery import (
     QUERY_FIELDS,
     DiscoveryError,
     discover,
+    fake_gpus,
     nvidia_smi_argv,
     parse_nvidia_smi,
 )
@@ -137,3 +138,41 @@ async def test_fake_gpus_and_cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     monkeypatch.setenv("PATH", "/nonexistent")
     assert await discover(None) == ()
+
+
+def test_fake_gpus_in_several_named_groups() -> None:
+    gpus = fake_gpus("4x80GB:H100,2x24GB:L4", node_id="n7")
+    # One run of indices across the groups, in the order written.
+    assert [(g.index, g.name, g.memory_total) for g in gpus] == [
+        *((i, "H100", 80 * 10**9) for i in range(4)),
+        (4, "L4", 24 * 10**9),
+        (5, "L4", 24 * 10**9),
+    ]
+    assert [g.uuid for g in gpus] == [f"GPU-fake-n7-{i}" for i in range(6)]
+    assert all(g.memory_used == 0 for g in gpus)
+    # Not reported by anything: absent, not zero.
+    assert all(g.utilization is None and g.ecc_errors is None for g in gpus)
+
+
+def test_fake_gpu_groups_count_memory_and_name_are_each_optional() -> None:
+    gpus = fake_gpus(" 80GB , 2 x 40GiB:A100-40GB ,1x24GB")
+    assert [(g.index, g.name, g.memory_total) for g in gpus] == [
+        (0, "Fake-80GB", 80 * 10**9),
+        (1, "A100-40GB", 40 * 2**30),
+        (2, "A100-40GB", 40 * 2**30),
+        (3, "Fake-24GB", 24 * 10**9),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ("4x80GB:H100,lots", "'lots': expected COUNTxMEMORY[:NAME]"),
+        ("4x80GB,,2x24GB", "'': expected COUNTxMEMORY[:NAME]"),
+        ("4x80GB,2xGB:L4", "'2xGB:L4': unknown size unit 'xgb'"),
+    ],
+)
+def test_a_bad_fake_gpu_group_is_named(spec: str, problem: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        fake_gpus(spec)
+    assert str(caught.value).startswith(f"fake GPU spec {problem}")

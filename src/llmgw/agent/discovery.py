@@ -33,7 +33,10 @@ def fake_gpus(spec: str, *, node_id: str = "node") -> tuple[Gpu, ...]:
                 f"fake GPU spec {group!r}: expected COUNTxMEMORY[:NAME], e.g. 4x80GB or 2x40GB:A100"
             )
         count = int(match.group(1) or 1)
-        memory = units.parse_size(match.group(2).replace(" ", ""))
+        try:
+            memory = units.parse_size(match.group(2).replace(" ", ""))
+        except ValueError as exc:  # say which group of a long spec it is
+            raise ValueError(f"fake GPU spec {group!r}: {exc}") from None
         name = match.group(3) or f"Fake-{units.format_size(memory)}"
         for _ in range(count):
             index = len(gpus)
