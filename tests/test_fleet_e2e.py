@@ -464,6 +464,52 @@ def test_a_node_back_after_the_settle_window_does_not_pass_for_a_new_replica() -
         complete(srv2)
 
 
+def test_a_node_back_after_the_settle_window_with_no_replacement_has_its_replica_adopted() -> None:
+    """The server restarts while the only node's agent is away (frozen); the new server's
+    settle window passes without it, and with no other node nothing replaces its
+    replica. When the agent comes back, that replica is adopted as it runs: the same
+    id, epoch, URL and engine process (not stopped as a stranger, not restarted), and
+    the server routes to it again."""
+    config = control_config([model("m")], unreachable="2s", lost="5s")
+    with ExitStack() as stack:
+        srv = stack.enter_context(fleet_server(config))
+        a = stack.enter_context(
+            agent(srv.agent_address, "n1", address="127.0.0.47", max_backoff="500ms")
+        )
+        (old,) = srv.wait(lambda: srv.ready_replicas("m", 1), "m ready", logs=[a.proc])
+        engines = a.engines()
+        (engine_pid,) = engines.values()
+
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        stack.callback(os.kill, a.proc.pid, signal.SIGCONT)  # never leave it stopped
+        srv.proc.kill(signal.SIGKILL)
+        srv.proc.popen.wait(10)
+        srv2 = stack.enter_context(fleet_server(config, ports=srv.ports))
+        # The controller places nothing before its settle window ends; a model it could
+        # not place means the window is over, with the node still away.
+        srv2.wait(
+            lambda: (srv2.model_counts("m") or {}).get("unplaced") == 1,
+            "m unplaceable after the settle window",
+            timeout=15,
+        )
+        assert srv2.nodes() == {} and srv2.replicas("m") == []
+        assert alive(engine_pid)
+
+        os.kill(a.proc.pid, signal.SIGCONT)
+        (back,) = srv2.wait(lambda: srv2.ready_replicas("m", 1), "m adopted", logs=[a.proc])
+        assert (back["id"], back["epoch"], back["url"]) == (old["id"], old["epoch"], old["url"])
+        assert f"adopting replica {old['id']}" in srv2.proc.output()
+        assert "the server restarted" in a.proc.output()
+        complete(srv2)
+        # Adopted for good: no stop came after, and it was never launched again.
+        time.sleep(1.0)
+        assert a.engines() == engines and alive(engine_pid)
+        assert len(a.engine_logs()) == 1
+        assert [r["id"] for r in srv2.ready_replicas("m", 1)] == [old["id"]]
+        assert srv2.endpoints()[old["id"]]["url"] == old["url"]
+        complete(srv2)
+
+
 # -- 5. an engine that crashes at start ----------------------------------------------------
 
 
