@@ -291,9 +291,8 @@ class PlainServicer:
 @asynccontextmanager
 async def plain_server(servicer: PlainServicer) -> AsyncIterator[int]:
     server = grpc.server(ThreadPoolExecutor(max_workers=4))
-    # The generic handler under the proto's service name: agent_pb2_grpc's
-    # add_AgentServiceServicer_to_server registers "llmgw.transport.pb.AgentService"
-    # (its name was rewritten with the module paths), which stock clients never call.
+    # A stock grpcio server as any other project would write it: a generic handler
+    # under the proto's service name, nothing of llmgw's.
     server.add_generic_rpc_handlers(
         (
             grpc.method_handlers_generic_handler(
