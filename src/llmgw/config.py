@@ -24,7 +24,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import cattrs
@@ -270,6 +270,9 @@ class Config:
     def control_plane(self) -> bool:
         """Whether any model asks to be deployed (DESIGN §1: that turns the control plane on)."""
         return any(m.profiles for m in self.models)
+
+
+_T = TypeVar("_T")
 
 
 class ConfigError(Exception):
@@ -526,11 +529,17 @@ def _shape_problems(value: Any, tp: Any, path: str) -> list[str]:
 
 def structure(data: Mapping[str, Any]) -> Config:
     """Build a Config from a merged dict; raises ConfigError naming every bad key."""
-    shape = _shape_problems(data, Config, "")
+    return structure_as(data, Config)
+
+
+def structure_as(data: Mapping[str, Any], tp: type[_T]) -> _T:
+    """An attrs instance of `tp` from parsed TOML by this module's rules (strict types,
+    durations and sizes, unknown keys refused); raises ConfigError naming every bad key."""
+    shape = _shape_problems(data, tp, "")
     if shape:
         raise ConfigError(shape)
     try:
-        return converter.structure(data, Config)
+        return converter.structure(data, tp)
     except Exception as exc:  # cattrs raises a tree of errors; flatten it into keys
         raise ConfigError(_structure_problems(exc, "")) from None
 

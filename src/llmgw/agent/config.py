@@ -40,10 +40,8 @@ from llmgw.agent.discovery import fake_gpus
 from llmgw.config import (
     ConfigError,
     Seconds,
-    _shape_problems,
-    _structure_problems,
-    converter,
     read_toml,
+    structure_as,
 )
 
 __all__ = [
@@ -226,13 +224,7 @@ def check(
 def structure(data: Mapping[str, Any]) -> AgentConfig:
     """An AgentConfig from a parsed file; raises ConfigError naming every bad key, with
     a "did you mean" for an unknown one."""
-    shape = _shape_problems(data, AgentConfig, "")  # a string where an array goes, ...
-    if shape:
-        raise ConfigError(shape)
-    try:
-        return converter.structure(data, AgentConfig)
-    except Exception as exc:  # cattrs raises a tree of errors; flatten it into keys
-        raise ConfigError(_structure_problems(exc, "")) from None
+    return structure_as(data, AgentConfig)
 
 
 def load_file(path: str | os.PathLike[str]) -> AgentConfig:
