@@ -78,7 +78,12 @@ class Fleet:
         for ident, url, model in endpoints:
             argv += ["--endpoint", f"{ident}={url}={model}"]
         admin = f"http://{LOOPBACK}:{admin_port}"
-        proc = self.start("llmgw-server", *argv, name="llmgw-server", health=f"{admin}/healthz")
+        # The router alone, unless `config` names a store: without this it would open the
+        # default one (SQLite in the working directory) and record usage.
+        env = None if config is not None and "[store]" in config else {"LLMGW_STORE__URL": ""}
+        proc = self.start(
+            "llmgw-server", *argv, name="llmgw-server", health=f"{admin}/healthz", env=env
+        )
         return RouterProc(proc, f"http://{LOOPBACK}:{port}", admin)
 
     def close(self) -> None:

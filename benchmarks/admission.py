@@ -314,6 +314,9 @@ target_inflight = 4.0
 
 [router.admission]
 queue_ttl = "{ttl:g}s"
+
+[store]
+url = ""
 """
 
 

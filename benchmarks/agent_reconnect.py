@@ -69,6 +69,9 @@ listen = "127.0.0.1:{listen}"
 admin_listen = "127.0.0.1:{admin}"
 agent_listen = "127.0.0.1:{agent}"
 
+[store]
+url = ""
+
 [[models]]
 name = "idle"
 replicas = 0

@@ -121,9 +121,8 @@ async def stored_requests(url: str) -> int:
 def start_server(fleet: c.Fleet, name: str, sims: list[str], store_url: str | None) -> c.RouterProc:
     """An llmgw-server with its own config file (Fleet.router shares one path)."""
     port, admin_port = c.free_port(), c.free_port()
-    config = SCORING
-    if store_url is not None:
-        config += f'[store]\nurl = "{store_url}"\n'
+    # Plain: no store at all (the default would be SQLite in the working directory).
+    config = SCORING + f'[store]\nurl = "{store_url or ""}"\n'
     path = fleet.logdir / f"{name}.toml"
     path.write_text(config)
     argv = [

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -12,6 +13,20 @@ from tests.pg_cluster import PostgresNotAvailable, TempCluster
 @pytest.fixture
 def anyio_backend() -> str:
     return "trio"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _scratch_working_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Run the session in a scratch directory: a server started without a [store] table
+    opens the default store, sqlite://llmgw.db, in its working directory, which must
+    not be the checkout."""
+    previous = Path.cwd()
+    scratch = tmp_path_factory.mktemp("cwd")
+    os.chdir(scratch)
+    try:
+        yield scratch
+    finally:
+        os.chdir(previous)
 
 
 @pytest.fixture(scope="session")

@@ -55,7 +55,8 @@ def test_defaults_match_the_design_table() -> None:
         ("bronze", 100, 0.3),
     ]
     assert set(r.profiles) == {"chat", "batch"}
-    assert c.endpoints == () and c.models == () and c.store.url is None
+    assert c.endpoints == () and c.models == ()
+    assert c.store.url == "sqlite://llmgw.db"  # the embedded default (DESIGN §8), in the cwd
     assert c.auth.session_ttl == 8 * 3600
 
 
@@ -279,10 +280,14 @@ RULES: list[tuple[str, str]] = [
         (f"auth.{key} = 0", f"auth.{key}: must be greater than 0, got 0")
         for key in ("cache_ttl", "session_ttl")
     ),
-    ("auth.required = true", "auth.required: API keys live in the store; set store.url"),
+    (
+        'auth.required = true\nstore.url = ""',
+        "auth.required: API keys live in the store; set store.url",
+    ),
     (
         'store.url = "mysql://x"',
-        "store.url: must start with sqlite:// or postgresql://, got 'mysql://x'",
+        "store.url: must start with sqlite:// or postgresql:// (or be empty for no store), "
+        "got 'mysql://x'",
     ),
     # catalog.check_models
     ('models = [{ name = "" }]', "models[0].name: must not be empty"),

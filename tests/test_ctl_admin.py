@@ -240,3 +240,32 @@ def test_admin_key_off_loopback(tmp_path: Path) -> None:
         assert [k["name"] for k in listed["keys"]] == ["ops"]
         # the flag after the subcommand too
         assert "ops" in ok(admin, "keys", "--admin-key", created["secret"])
+
+
+def test_the_default_store_is_sqlite_in_the_working_directory_and_empty_url_means_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a [store] table the server keeps keys in ./llmgw.db (DESIGN §8: SQLite is
+    the embedded default), so they survive a restart; `store.url = ""` turns the store
+    off, and what would need one is refused with the key to set."""
+    monkeypatch.chdir(tmp_path)
+    with sim() as (_, engine):
+        endpoint = f"e1={engine}=sim-model"
+        with server("--endpoint", endpoint) as srv:
+            out = ok(srv.admin, "keys", "create", "--name", "first")
+            secret = SECRET.search(out)
+            assert secret is not None, out
+        assert (tmp_path / "llmgw.db").is_file()
+        with server("--endpoint", endpoint) as srv:
+            assert "first" in ok(srv.admin, "keys")
+            # The key from the first run now guards the client port.
+            assert httpx.get(f"{srv.base}/v1/models", timeout=5).status_code == 401
+            answer = client(srv.base, secret.group(1)).chat.completions.create(
+                model="sim-model", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+            assert answer.choices[0].message.content
+        with server("--endpoint", endpoint, config='[store]\nurl = ""\n') as srv:
+            err = failed(srv.admin, "keys", "create", "--name", "second")
+            assert "no store is configured" in err and "store.url" in err, err
+            # No store, no keys: the client port is open again.
+            assert httpx.get(f"{srv.base}/v1/models", timeout=5).status_code == 200

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
 from .procs import free_port, running
 
 
-def test_demo_serves_a_fleet_and_stops_its_engines() -> None:
+def test_demo_serves_a_fleet_and_stops_its_engines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
     port, admin, agents = free_port(), free_port(), free_port()
     base = free_port()
     with running(
@@ -45,7 +50,12 @@ def test_demo_serves_a_fleet_and_stops_its_engines() -> None:
         assert f"dashboard: http://127.0.0.1:{admin}/" in proc.output()
         fleet = httpx.get(f"http://127.0.0.1:{admin}/fleet")
         assert fleet.status_code == 200 and 'data-node="demo-node"' in fleet.text
+        # A store of its own, gone with it: keys work, and the working directory (the
+        # default store's place) stays clean.
+        key = httpx.post(f"http://127.0.0.1:{admin}/api/v1/keys", json={"name": "demo"})
+        assert key.status_code == 201, key.text
         assert proc.stop() == 0
+    assert list(tmp_path.iterdir()) == []
     # The demo's engines went with it.
     sims = subprocess.run(["pgrep", "-af", "llmgw_cli.sim"], capture_output=True, text=True)
     ours = [

@@ -247,10 +247,14 @@ class AuthConfig:
     key_metrics: bool = False
 
 
+DEFAULT_STORE_URL = "sqlite://llmgw.db"  # relative: the working directory (store/sqlite.py)
+
+
 @attrs.frozen
 class StoreConfig:
-    # None: no store; endpoints that would persist something refuse instead.
-    url: str | None = None
+    # The embedded default: SQLite in the working directory. "" for no store: the
+    # endpoints that would persist something (keys, runtime models) then refuse.
+    url: str = DEFAULT_STORE_URL
 
 
 @attrs.frozen
@@ -701,16 +705,17 @@ def check(config: Config) -> list[str]:
                 problems.append(f"agent_tls.{key}: no such file: {path}")
     _positive(problems, "auth.cache_ttl", config.auth.cache_ttl)
     _positive(problems, "auth.session_ttl", config.auth.session_ttl)
-    if config.auth.required and config.store.url is None:
+    if config.auth.required and not config.store.url:
         problems.append(
             "auth.required: API keys live in the store; set store.url (e.g. "
             "sqlite:///var/lib/llmgw/llmgw.db) or turn auth.required off"
         )
-    if config.store.url is not None and not config.store.url.startswith(
+    if config.store.url and not config.store.url.startswith(
         ("sqlite://", "postgresql://", "postgres://")
     ):
         problems.append(
-            f"store.url: must start with sqlite:// or postgresql://, got {config.store.url!r}"
+            "store.url: must start with sqlite:// or postgresql:// (or be empty for no "
+            f"store), got {config.store.url!r}"
         )
     return problems
 

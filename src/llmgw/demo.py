@@ -18,11 +18,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 from llmgw import server
 from llmgw.agent.agent import Agent, NodeSettings
-from llmgw.config import Config
+from llmgw.config import DEFAULT_STORE_URL, Config, StoreConfig
 from llmgw.control.controller import Controller
 from llmgw.router.core import Router
 from llmgw.transport.grpc import GrpcConnector, GrpcListener
@@ -67,7 +68,16 @@ async def run_demo(
     config: Config, *, announce: Any = print, fake_gpus: str | None = DEMO_GPUS
 ) -> None:
     """Serve `config` (which includes a demo overlay) with one in-process demo agent
-    (`fake_gpus` None: a CPU node)."""
+    (`fake_gpus` None: a CPU node). Unless the configuration names a store, the demo
+    has a fresh one of its own (keys and usage work), gone when it stops: keys made in
+    one demo run do not lock the README's requests out of the next."""
+    with tempfile.TemporaryDirectory(prefix="llmgw-demo-") as state:
+        if config.store.url == DEFAULT_STORE_URL:
+            config = attrs.evolve(config, store=StoreConfig(url=f"sqlite:///{state}/llmgw.db"))
+        await _run(config, announce, fake_gpus, Path(state))
+
+
+async def _run(config: Config, announce: Any, fake_gpus: str | None, state: Path) -> None:
     router = Router(config)
     # Nothing survives from a previous run to adopt: place at once.
     controller = Controller(config.control, router.catalog, router, settle=0.2)
@@ -82,23 +92,22 @@ async def run_demo(
         )
         agent_scope.cancel()
 
-    with tempfile.TemporaryDirectory(prefix="llmgw-demo-") as state:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(serve_then_stop_agent)
-            agent = Agent(
-                GrpcConnector(f"127.0.0.1:{listener.port}"),
-                NodeSettings(node_id="demo-node", address="127.0.0.1", fake_gpus=fake_gpus),
-                state_dir=Path(state),
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_then_stop_agent)
+        agent = Agent(
+            GrpcConnector(f"127.0.0.1:{listener.port}"),
+            NodeSettings(node_id="demo-node", address="127.0.0.1", fake_gpus=fake_gpus),
+            state_dir=state,
+        )
+        if fake_gpus is None:
+            announce(
+                "llmgw demo: a CPU node; models demo-chat and demo-small (llama.cpp, a "
+                "tiny generated model: its output is random) start in a few seconds"
             )
-            if fake_gpus is None:
-                announce(
-                    "llmgw demo: a CPU node; models demo-chat and demo-small (llama.cpp, a "
-                    "tiny generated model: its output is random) start in a few seconds"
-                )
-            else:
-                announce(
-                    "llmgw demo: a node with 4 pretended GPUs; models demo-chat (2 replicas) "
-                    "and demo-small start in a few seconds"
-                )
-            with agent_scope:
-                await agent.run()
+        else:
+            announce(
+                "llmgw demo: a node with 4 pretended GPUs; models demo-chat (2 replicas) "
+                "and demo-small start in a few seconds"
+            )
+        with agent_scope:
+            await agent.run()

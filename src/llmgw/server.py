@@ -69,9 +69,8 @@ async def serve(
     accepting agents on `listener` (default: gRPC on `agent_listen`). With
     `store.url` (or a `store` given) API keys, usage records and runtime models
     persist there."""
-    owned = store is None and config.store.url is not None
+    owned = store is None and bool(config.store.url)
     if owned:
-        assert config.store.url is not None
         store = await open_store(config.store.url)
     try:
         await _serve(

@@ -280,7 +280,8 @@ async def fleet(
     """Router, controller and `nodes` fake agents with `gpus` each, serving `models`.
 
     Timings default to fractions of a second so tests run quickly; `config` overlays
-    any key (a nested dict in the configuration's shape).
+    any key (a nested dict in the configuration's shape). There is no store unless
+    `config` names one (``{"store": {"url": ...}}``): a harness leaves no files behind.
     """
     base = free_port()
     data: dict[str, Any] = {
@@ -288,6 +289,7 @@ async def fleet(
         "admin_listen": f"127.0.0.1:{free_port()}",
         "models": [dict(m) for m in models],
         "router": {"scrape_interval": "100ms", "scrape_timeout": "100ms"},
+        "store": {"url": ""},
         "control": {
             "interval": "200ms",
             "base_backoff": "500ms",
