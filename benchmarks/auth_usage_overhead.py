@@ -5,7 +5,8 @@
 Setup (all on 127.0.0.1, started and stopped by this script): two fast `llmgw-sim`
 replicas (the flags of router_overhead.py) and, in front of the same two replicas,
 
-* plain: an `llmgw-server` without a store (no keys, no usage records);
+* plain: an `llmgw-server` without a store (``store.url = ""``: no keys, no usage
+  records);
 * auth + usage (SQLite): an `llmgw-server` with ``[store] url`` set to a SQLite file
   holding one API key; every request carries it (``Authorization: Bearer``), the
   router checks it (a lookup per key, cached for `auth.cache_ttl`, 1 s) and records
@@ -440,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "each llmgw-server: default configuration except "
         + ", ".join(line for line in SCORING.splitlines() if "=" in line)
-        + " under [router.scoring]; auth+usage ones: [store] url, one API key sent with "
+        + ' under [router.scoring]; plain: store.url = ""; auth+usage ones: [store] url, '
+        "one API key sent with "
         "every request" + ("" if pg_url else f"; no PostgreSQL row ({pg_missing})")
     )
     report(result)

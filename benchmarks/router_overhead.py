@@ -620,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "llmgw-server: default configuration except "
             + ", ".join(line for line in ROUTER_CONFIG.splitlines() if "=" in line)
-            + " under [router.scoring]"
+            + ' under [router.scoring], and no store (store.url = "")'
         )
         if result["router_child_processes"]:
             print(f"note: llmgw-server has child processes {result['router_child_processes']}")
