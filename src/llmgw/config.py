@@ -22,7 +22,7 @@ import os
 import tomllib
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -473,8 +473,8 @@ def _structure_problems(exc: BaseException, path: str) -> list[str]:
         return [f"{path}: required key is missing"]
     message = str(exc) or type(exc).__name__
     if isinstance(exc, TypeError | AttributeError):
-        # A value of another kind than the schema's (a string for a table): structure()
-        # names both kinds before cattrs runs; other callers of the converter get this.
+        # A value of another kind than the schema's (a string for a table):
+        # structure_as() names both kinds before cattrs runs; other callers get this.
         message = "has the wrong type"
     return [f"{path or '<root>'}: {message}"]
 
@@ -496,37 +496,57 @@ def _kind(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
-def _shape_problems(value: Any, tp: Any, path: str) -> list[str]:
-    """Tables and arrays where the schema has them, checked before cattrs: it would
+@attrs.frozen
+class Wording:
+    """How a shape problem is put: a configuration file speaks TOML ("must be a
+    table"), the admin API's bodies JSON ("expected an object")."""
+
+    kind: Callable[[Any], str]  # what a value is, with its article
+    table: str = "a table"
+    wants: str = "must be"
+
+
+TOML_WORDING = Wording(_kind)
+_ARRAYS = (tuple, list, frozenset, set, Sequence)
+_TABLES = (dict, Mapping)
+
+
+def shape_problems(
+    value: Any, tp: Any, path: str = "", wording: Wording = TOML_WORDING
+) -> list[str]:
+    """Tables and arrays where the schema `tp` has them, checked before cattrs: it would
     iterate a string into an array of characters, or fail on one with a bare TypeError.
     Scalars are left to the converter's strict hooks."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        if value is None:
+        candidates = [a for a in args if a is not type(None)]
+        if value is None or len(candidates) != 1:
             return []
-        tp = next(a for a in args if a is not type(None))
+        tp = candidates[0]
         origin, args = typing.get_origin(tp), typing.get_args(tp)
-    where = path or "<root>"
-    if attrs.has(tp) or origin is dict:
+    where, wants = path or "<root>", wording.wants
+    if attrs.has(tp) or origin in _TABLES or tp in _TABLES:
         if not isinstance(value, Mapping):
-            return [f"{where}: must be a table, got {_kind(value)}"]
+            return [f"{where}: {wants} {wording.table}, got {wording.kind(value)}"]
         problems: list[str] = []
         for key, item in value.items():
-            sub_tp = args[1] if origin is dict else _field_type(tp, key)
+            sub_tp = _field_type(tp, key) if attrs.has(tp) else (args[1] if args else None)
             if sub_tp is not None:  # unknown keys are the converter's to name
                 sub = f"{path}.{key}" if path else str(key)
-                problems.extend(_shape_problems(item, sub_tp, sub))
+                problems.extend(shape_problems(item, sub_tp, sub, wording))
         return problems
-    if origin is tuple:
+    if origin in _ARRAYS or tp in _ARRAYS:
         if not isinstance(value, list | tuple):
-            return [f"{where}: must be an array, got {_kind(value)}"]
-        fixed = not (len(args) == 2 and args[1] is Ellipsis)
+            return [f"{where}: {wants} an array, got {wording.kind(value)}"]
+        if not args:
+            return []
+        fixed = origin is tuple and not (len(args) == 2 and args[1] is Ellipsis)
         if fixed and len(value) != len(args):
-            return [f"{where}: must be an array of {len(args)} values, got {len(value)}"]
+            return [f"{where}: {wants} an array of {len(args)} values, got {len(value)}"]
         return [
             p
             for i, item in enumerate(value)
-            for p in _shape_problems(item, args[i] if fixed else args[0], f"{path}[{i}]")
+            for p in shape_problems(item, args[i] if fixed else args[0], f"{path}[{i}]", wording)
         ]
     return []
 
@@ -536,14 +556,15 @@ def structure(data: Mapping[str, Any]) -> Config:
     return structure_as(data, Config)
 
 
-def structure_as(data: Mapping[str, Any], tp: type[_T]) -> _T:
-    """An attrs instance of `tp` from parsed TOML by this module's rules (strict types,
-    durations and sizes, unknown keys refused); raises ConfigError naming every bad key."""
-    shape = _shape_problems(data, tp, "")
+def structure_as(data: Mapping[str, Any], tp: type[_T], wording: Wording = TOML_WORDING) -> _T:
+    """An attrs instance of `tp` from parsed TOML (or JSON) by this module's rules
+    (strict types, durations and sizes, unknown keys refused); raises ConfigError
+    naming every bad key."""
+    shape = shape_problems(data, tp, "", wording)
     if shape:
         raise ConfigError(shape)
     try:
-        return converter.structure(data, tp)
+        return converter.structure(dict(data), tp)
     except Exception as exc:  # cattrs raises a tree of errors; flatten it into keys
         raise ConfigError(_structure_problems(exc, "")) from None
 

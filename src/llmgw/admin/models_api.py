@@ -22,9 +22,9 @@ import attrs
 import trio
 
 from llmgw.admin.http import ApiError, Reply, Request, json_reply
-from llmgw.admin.schema import array_problems
+from llmgw.admin.schema import JSON_WORDING
 from llmgw.admin.views import unstructure
-from llmgw.config import ConfigError, ModelConfig
+from llmgw.config import ConfigError, ModelConfig, shape_problems
 from llmgw.control import views
 from llmgw.models import ModelChangeError, parse_model
 from llmgw.store.base import model_to_dict
@@ -140,7 +140,7 @@ def _check_replicas(body: dict[str, Any]) -> None:
 
 
 def _parse(body: dict[str, Any]) -> ModelConfig:
-    problems = array_problems(body, ModelConfig)
+    problems = shape_problems(body, ModelConfig, wording=JSON_WORDING)
     if problems:
         raise _invalid(problems)
     _check_replicas(body)
@@ -184,7 +184,7 @@ async def patch_model(app: AdminApp, req: Request) -> Reply:
     registry = _registry(app)
     name = req.path_params["name"]
     changes = await req.json_object()
-    problems = array_problems(changes, ModelConfig)
+    problems = shape_problems(changes, ModelConfig, wording=JSON_WORDING)
     if problems:
         raise _invalid(problems)
     _check_replicas(changes)

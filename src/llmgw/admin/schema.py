@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import attrs
 
-from llmgw.config import Bytes, ConfigError, Seconds, _structure_problems, converter
+from llmgw.config import Bytes, Seconds, Wording, converter, structure_as
 
 __all__ = ["SchemaBuilder", "structure_strict"]
 
@@ -265,45 +265,6 @@ def _union(parts: list[dict[str, Any]]) -> dict[str, Any]:
 # -- strict request bodies ----------------------------------------------------------
 
 
-def array_problems(data: Any, tp: Any, path: str = "") -> list[str]:
-    """Where `data` has a string or an object in place of an array that `tp` asks for.
-
-    cattrs turns any iterable into a tuple (``"abc"`` into ``("a", "b", "c")``); a JSON
-    request must say an array to mean one. Only arrays are checked here: the
-    converter checks everything else.
-    """
-    if (args := _union_args(tp)) is not None:
-        if data is None:
-            return []
-        candidates = [a for a in args if a is not type(None)]
-        return array_problems(data, candidates[0], path) if len(candidates) == 1 else []
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    key = path or "<root>"
-    if origin in _ARRAYS or tp in _ARRAYS:
-        if not isinstance(data, list):
-            return [f"{key}: expected an array, got {_json_kind(data)}"]
-        if args and (args[-1] is Ellipsis or origin is not tuple):
-            return [
-                p for i, v in enumerate(data) for p in array_problems(v, args[0], f"{path}[{i}]")
-            ]
-        return []
-    if origin in _MAPPINGS and args and isinstance(data, dict):
-        return [
-            p
-            for k, v in data.items()
-            for p in array_problems(v, args[1], f"{path}.{k}" if path else str(k))
-        ]
-    if isinstance(tp, type) and attrs.has(tp) and isinstance(data, dict):
-        hints = typing.get_type_hints(tp)
-        problems = []
-        for field in attrs.fields(tp):
-            if field.name in data:
-                sub = f"{path}.{field.name}" if path else field.name
-                problems.extend(array_problems(data[field.name], hints[field.name], sub))
-        return problems
-    return []
-
-
 def _json_kind(value: Any) -> str:
     if isinstance(value, str):
         return "a string"
@@ -318,16 +279,15 @@ def _json_kind(value: Any) -> str:
     return type(value).__name__
 
 
+#: Shape problems of a JSON request body, in JSON's words ("expected an array").
+JSON_WORDING = Wording(_json_kind, table="an object", wants="expected")
+
+
 T = typing.TypeVar("T")
 
 
 def structure_strict(data: Mapping[str, Any], cls: type[T]) -> T:
     """`data` as a `cls`, by the configuration's strict converter (no coercion, no
-    unknown keys); raises :class:`ConfigError` naming every key at fault."""
-    problems = array_problems(data, cls)
-    if problems:
-        raise ConfigError(problems)
-    try:
-        return converter.structure(dict(data), cls)
-    except Exception as exc:  # cattrs' error tree, flattened into keys
-        raise ConfigError(_structure_problems(exc, "")) from None
+    unknown keys, an array where one is meant: cattrs would take ``"abc"`` for
+    ``("a", "b", "c")``); raises :class:`ConfigError` naming every key at fault."""
+    return structure_as(data, cls, JSON_WORDING)
