@@ -41,6 +41,8 @@ def run_agent(*args: str) -> subprocess.CompletedProcess[str]:
             "--tls-cert: no such file",
         ),
         (("--server", "h:1", "--heartbeat", "soon"), "argument --heartbeat: expected a duration"),
+        (("--server", "h:1", "--heartbeat", "10ms"), "--heartbeat: must be at least 0.05s"),
+        (("--server", "h:1", "--max-backoff", "1ms"), "--max-backoff: must be at least 0.1s"),
         (("--server", "h:1", "--address", "not-an-ip"), "does not appear to be an IPv4 or IPv6"),
         (("--server", "h:1", "--bogus"), "unrecognized arguments: --bogus"),
     ],

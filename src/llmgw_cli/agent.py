@@ -30,6 +30,9 @@ from llmgw_cli._common import (
 )
 
 PROG = "llmgw-agent"
+# Flags parse as durations here; their bounds are the config file's rules
+# (llmgw.agent.config), checked once both are merged, and named by flag.
+DURATION = duration_at_least(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,19 +71,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--heartbeat",
-        type=duration_at_least(0.05),
+        type=DURATION,
         metavar="DURATION",
         help="heartbeat interval until the server sets one at registration (default 5s)",
     )
     p.add_argument(
         "--max-backoff",
-        type=duration_at_least(0.1),
+        type=DURATION,
         metavar="DURATION",
         help="longest wait between reconnect attempts (default 30s)",
     )
     p.add_argument(
         "--shutdown-grace",
-        type=duration_at_least(0),
+        type=DURATION,
         metavar="DURATION",
         help="on exit, how long engines get after SIGTERM before SIGKILL (default 15s)",
     )
