@@ -18,6 +18,7 @@ that has it. Anything that would fail confusingly at request time fails here.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import tomllib
 import types
@@ -349,11 +350,17 @@ def _merge(base: Any, over: Any) -> Any:
 
 
 def _field_type(cls: Any, key: str) -> Any:
-    if attrs.has(cls):
-        for field in attrs.fields(cls):
-            if field.name == key:
-                return typing.get_type_hints(cls)[field.name]
+    """The type of attrs class `cls`'s field `key`; None for no such field."""
+    if attrs.has(cls) and key in attrs.fields_dict(cls):
+        return _type_hints(cls)[key]
     return None
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    # Resolving string annotations costs; the shape check asks once per key of a
+    # table, and the admin API on every request body.
+    return typing.get_type_hints(cls)
 
 
 def _inner(tp: Any, key: str) -> Any:
