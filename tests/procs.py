@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import httpx
 
 from llmgw.testing_procs import Proc, free_port
+from tests.waiting import wait_for
 
 BIN = Path(sys.executable).parent
 T = TypeVar("T")
@@ -148,32 +149,6 @@ def engine_port_range(size: int = 60) -> tuple[int, int]:
 
     low = random.randrange(21000, 32000 - size)
     return low, low + size - 1
-
-
-def wait_for(
-    check: Callable[[], T | None],
-    what: str,
-    timeout: float = 20.0,
-    *,
-    interval: float = 0.1,
-    context: Callable[[], str] | None = None,
-) -> T:
-    """Poll `check()` until it returns something truthy and return that; on timeout fail
-    with `what`, the last value seen, and `context()` (e.g. a process's output)."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            last = check()
-        except (httpx.HTTPError, OSError, ValueError) as exc:  # a server (re)starting
-            last = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() >= deadline:
-            extra = f"\n{context()}" if context is not None else ""
-            raise TimeoutError(f"{what}: not within {timeout:g}s; last: {last!r}{extra}")
-        time.sleep(interval)
 
 
 @dataclasses.dataclass(frozen=True)
