@@ -349,6 +349,30 @@ def test_backoff_only_for_models_backing_off() -> None:
     assert "llmgw_fleet_model_backoff_seconds" not in scrape(fleet_registry(s))
 
 
+def test_decisions_are_counted_passes_and_commands_by_kind() -> None:
+    s = scenario(models=(LLAMA,))
+    registry = fleet_registry(s)
+
+    def decisions() -> tuple[float, dict[str, float]]:
+        m = scrape(registry)
+        commands = {
+            dict(labels)["command"]: v for labels, v in m["llmgw_fleet_commands_total"].items()
+        }
+        return one(m, "llmgw_fleet_reconcile_passes_total"), commands
+
+    assert decisions() == (0, {"start": 0, "drain": 0, "stop": 0})  # every kind, from 0
+    s.controller.reconcile()
+    assert decisions() == (1, {"start": 2, "drain": 0, "stop": 0})
+    ready, _starting = sorted(s.controller.reconciler.replicas)
+    report(s, ready, ShardState.READY, endpoint_url="http://10.0.0.1:8000")
+    s.controller.reconcile()  # nothing to do: the pass counts, no command does
+    assert decisions() == (2, {"start": 2, "drain": 0, "stop": 0})
+    # The model leaves the catalog: the ready replica drains, the starting one stops.
+    s.controller.catalog = Catalog(())
+    s.controller.reconcile()
+    assert decisions() == (3, {"start": 2, "drain": 1, "stop": 1})
+
+
 def test_registers_on_the_routers_registry_beside_its_families() -> None:
     s = scenario()
     metrics = RouterMetrics()
@@ -367,8 +391,10 @@ def test_metric_names_follow_prometheus_conventions() -> None:
     registry = fleet_registry(s)
     families = list(text_string_to_metric_families(generate_latest(registry).decode()))
     assert families
+    counters = {"llmgw_fleet_reconcile_passes", "llmgw_fleet_commands"}
+    assert counters <= {family.name for family in families}
     for family in families:
         assert family.name.startswith("llmgw_fleet_")
-        assert family.type == "gauge"
-        assert not family.name.endswith("_total")  # gauges only
+        assert family.type == ("counter" if family.name in counters else "gauge"), family.name
+        assert not family.name.endswith("_total")  # only counters have it (parsed off here)
         assert family.documentation

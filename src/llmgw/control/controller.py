@@ -39,12 +39,15 @@ from llmgw.router.endpoints import Endpoint, EndpointSink
 from llmgw.transport.base import AgentConnection, AgentListener, ConnectionClosed
 from llmgw.transport.messages import (
     CommandResult,
+    DrainShard,
     Heartbeat,
     Refused,
     Register,
     Registered,
     ServerMessage,
     ShardStatus,
+    StartShard,
+    StopShard,
 )
 
 log = logging.getLogger("llmgw.control")
@@ -54,6 +57,10 @@ OUTBOX_SIZE = 1024
 # previous pass's duration (so passes use at most ~1/(1+PASS_SPACING) of the loop).
 MIN_PASS_GAP = 0.02
 PASS_SPACING = 4.0
+
+#: The kinds of command the controller sends agents, as `Controller.commands` counts them.
+COMMAND_KINDS = ("start", "drain", "stop")
+_COMMAND_KIND: dict[type, str] = {StartShard: "start", DrainShard: "drain", StopShard: "stop"}
 
 
 async def _send_all(
@@ -97,6 +104,11 @@ class Controller:
         self._wake = trio.Event()
         self._settled = False
         self.started_at: float | None = None
+        # What it decided, as counts an operator can watch (the fleet metrics): passes
+        # run, and commands issued by kind (counted whether or not they could be sent).
+        # Counts that stay put over passes and heartbeats say it chose to do nothing.
+        self.passes = 0
+        self.commands: dict[str, int] = dict.fromkeys(COMMAND_KINDS, 0)
 
     # -- the catalog ---------------------------------------------------------------
 
@@ -171,6 +183,7 @@ class Controller:
         now = self.clock()
         views = [self._view(record) for record in self.inventory.nodes()]
         self._apply(self.reconciler.step(now, self.deployable(), views))
+        self.passes += 1
 
     def _view(self, record: NodeRecord) -> NodeView:
         capacity = NodeCapacity.from_info(
@@ -317,6 +330,7 @@ class Controller:
                 else:
                     self.sink.remove(change.replica_id)
         for command in actions.commands:
+            self.commands[_COMMAND_KIND[type(command.message)]] += 1
             outbox = self._outboxes.get(command.node_id)
             try:
                 if outbox is None:

@@ -9,7 +9,7 @@ no gauge anyone must remember to update. Register it on the router's registry::
 and render with ``generate_latest()`` inside the admin route, on the trio thread, so
 it reads trio-owned state without locks (DESIGN §11).
 
-Families (all gauges; base units; ``_ratio`` is 0..1):
+Families (gauges, but for the two ``_total`` counters; base units; ``_ratio`` is 0..1):
 
 * ``llmgw_fleet_nodes{state}``: nodes by state (ready, unreachable, lost; every
   state always present); ``llmgw_fleet_nodes_connected`` (agent stream open) and
@@ -34,6 +34,11 @@ Families (all gauges; base units; ``_ratio`` is 0..1):
   next start attempt, only for models backing off after failed starts.
 * ``llmgw_fleet_fabric_nodes_ready{fabric}``: ready, uncordoned nodes of the
   fabric; ``llmgw_fleet_fabric_gpus_free{fabric}``: free GPUs on them.
+* Counters of the controller's decisions since it started:
+  ``llmgw_fleet_reconcile_passes_total`` (reconcile passes run) and
+  ``llmgw_fleet_commands_total{command}`` (start, drain, stop: commands issued to
+  agents, every kind always present). A steady fleet's passes climb while its
+  commands stay put; commands that keep climbing mean replicas flapping.
 
 Definitions:
 
@@ -63,7 +68,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from llmgw.control.fleet import NodeState, ReplicaState
@@ -89,13 +94,32 @@ class FleetCollector(Collector):
         self._controller = controller
         self._clock = clock
 
-    def describe(self) -> list[GaugeMetricFamily]:
+    def describe(self) -> list[Metric]:
         return []  # computed at collection; nothing to pre-declare
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         now = self._clock()
         yield from self._fleet(now)
         yield from self._models(now)
+        yield from self._decisions()
+
+    def _decisions(self) -> tuple[CounterMetricFamily, ...]:
+        """What the controller decided: passes run, commands issued by kind."""
+        controller = self._controller
+        passes = CounterMetricFamily(
+            "llmgw_fleet_reconcile_passes",
+            "Reconcile passes the controller ran (each compares the catalog with the "
+            "fleet and decides what to start, drain or stop).",
+        )
+        passes.add_metric([], controller.passes)
+        commands = CounterMetricFamily(
+            "llmgw_fleet_commands",
+            "Commands the controller issued to agents, by kind.",
+            labels=["command"],
+        )
+        for kind, count in controller.commands.items():
+            commands.add_metric([kind], count)
+        return (passes, commands)
 
     def _fleet(self, now: float) -> tuple[GaugeMetricFamily, ...]:
         """Nodes, GPUs and fabrics."""
