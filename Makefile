@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 BUF_VERSION ?= 1.75.0
 BUF := $(VENV)/buf/node_modules/.bin/buf
 
-.PHONY: demo test lint install buf clean
+.PHONY: demo test fuzz lint install buf clean
 
 $(BIN)/llmgw-server: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ demo: install
 test: install
 	scripts/test_deps.sh
 	$(BIN)/pytest -q
+
+# The property tests only, with random draws and 20x their example budgets
+# (tests/properties.py); `make test` runs them derandomized.
+fuzz: install
+	$(BIN)/pytest -q --hypothesis-profile=fuzz $$(grep -l '^from hypothesis\|^import hypothesis' tests/test_*.py)
 
 lint: install $(BUF)
 	$(BIN)/ruff check src tests benchmarks

@@ -7,6 +7,7 @@ from typing import cast
 
 import pytest
 
+import tests.properties  # noqa: F401  (registers and loads the hypothesis profiles)
 from tests.pg_cluster import PostgresNotAvailable, TempCluster
 
 

@@ -12,7 +12,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.config import AdmissionConfig, Band, Seconds
@@ -25,6 +25,7 @@ from llmgw.router.admission import (
     _Pool,
     _Waiter,
 )
+from tests.properties import examples
 
 PLATINUM, GOLD, SILVER, BRONZE = AdmissionConfig().bands
 
@@ -375,7 +376,7 @@ def naive_drr(queue: _BandQueue, items: list[tuple[str, float]]) -> list[int]:
     return out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150))
 @given(
     st.lists(
         st.tuples(
@@ -651,7 +652,7 @@ def simulate(
     return c, outcomes, violations, lambda: sim.inflight
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120))
 @given(
     capacity=st.integers(1, 4),
     ttl=st.sampled_from([1.0, 3.0]),

@@ -9,6 +9,7 @@ from llmgw.router.affinity import (
     prefix_hashes,
     prompt_text_for_affinity,
 )
+from tests.properties import examples
 
 # -- sessions -----------------------------------------------------------------
 
@@ -63,7 +64,7 @@ def test_session_forget_and_discard() -> None:
     assert len(t) == 0
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100))
 @given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 3)), max_size=200))
 def test_session_table_never_exceeds_its_size(ops: list[tuple[int, int]]) -> None:
     t = SessionTable(size=5, ttl=1e9)
@@ -95,7 +96,7 @@ def test_prefix_hashes_chain() -> None:
     assert prefix_hashes("AAAA", 4, 10, seed="m1") != prefix_hashes("AAAA", 4, 10, seed="m2")
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100))
 @given(st.text(max_size=40), st.text(max_size=40), st.text(max_size=40))
 def test_shared_prefix_shares_leading_hashes(common: str, x: str, y: str) -> None:
     a = prefix_hashes(common + x, 4, 100)
@@ -162,7 +163,7 @@ def test_prefix_table_size_zero_is_off() -> None:
     assert t.match(h, 0.0) == {}
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100))
 @given(
     st.lists(
         st.tuples(st.integers(0, 5), st.integers(1, 6), st.sampled_from(["p", "q", "r"])),

@@ -15,6 +15,7 @@ from llmgw.router.breaker import (
     counts_as_failure,
     verdict,
 )
+from tests.properties import examples
 
 CLOSED, OPEN, HALF = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 
@@ -294,5 +295,5 @@ class BreakerMachine(RuleBasedStateMachine):
             assert self.b.allows(self.now), "half-open stuck with no live probe"
 
 
-BreakerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+BreakerMachine.TestCase.settings = settings(max_examples=examples(150), stateful_step_count=40)
 TestBreakerMachine = BreakerMachine.TestCase

@@ -14,12 +14,14 @@ import json
 from typing import Any
 
 import trio
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from tests.properties import examples
 
 from .test_http1 import WAIT, connect, running
 
-SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(120))
 
 TOKEN = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 RESERVED = {"content-length", "transfer-encoding", "host", "connection", "expect"}

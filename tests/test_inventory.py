@@ -40,6 +40,7 @@ from llmgw.control.inventory import (
 )
 from llmgw.control.reconciler import Publish, Reconciler
 from llmgw.transport.messages import Heartbeat, Register, ShardStatus, StopShard
+from tests.properties import examples
 
 UA, LA = 15.0, 60.0
 READY, UNREACHABLE, LOST = NodeState.READY, NodeState.UNREACHABLE, NodeState.LOST
@@ -661,7 +662,5 @@ class InventoryMachine(RuleBasedStateMachine):
         assert deadline is None or deadline > self.expired_at
 
 
-InventoryMachine.TestCase.settings = settings(
-    max_examples=200, stateful_step_count=40, deadline=None
-)
+InventoryMachine.TestCase.settings = settings(max_examples=examples(200), stateful_step_count=40)
 test_inventory_state_machine = InventoryMachine.TestCase

@@ -31,6 +31,7 @@ from llmgw.control.placement import (
     cpu_capable,
     plan,
 )
+from tests.properties import examples
 
 GB = 10**9
 PORTS = (20000, 20999)
@@ -813,7 +814,7 @@ def check_explanation(nodes, r: PlaceRequest, u) -> None:
             assert n.message.startswith(f"{n.node_id}: ")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300))
 @given(fleets(), request_lists("a"), request_lists("b"), st.randoms(use_true_random=False))
 def test_plans_follow_the_rules(nodes, first, second, rnd):
     r1 = plan(nodes, first, (), H_PORTS, NOW)
@@ -832,7 +833,7 @@ def test_plans_follow_the_rules(nodes, first, second, rnd):
     assert plan(r1.nodes, second, r1.placed, H_PORTS, NOW) == r2
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200))
 @given(fabric_fleets(), multi_request_lists("a"), multi_request_lists("b"))
 def test_multi_node_plans_follow_the_rules(nodes, first, second):
     r1 = plan(nodes, first, (), H_PORTS, NOW)
@@ -842,7 +843,7 @@ def test_multi_node_plans_follow_the_rules(nodes, first, second):
     assert plan(list(reversed(r1.nodes)), second, r1.placed[::-1], H_PORTS, NOW) == r2
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50))
 @given(fleets(), request_lists("a"))
 def test_plans_serialise(nodes, requests):
     result = plan(nodes, requests, (), H_PORTS, NOW)

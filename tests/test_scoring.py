@@ -4,7 +4,7 @@ import random
 from collections import Counter
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from llmgw.config import RoutingProfile, ScoringConfig
@@ -14,6 +14,7 @@ from llmgw.router.scoring import (
     Candidate,
     Scorer,
 )
+from tests.properties import examples
 
 SCORING = ScoringConfig(target_waiting=4.0, target_inflight=8.0, kv_ceiling=0.9)
 PROFILE = RoutingProfile(queue=1.0, inflight=1.0, kv=0.5, prefix=0.5, staleness=1.0)
@@ -383,7 +384,7 @@ def routing(cands: list[Candidate]) -> st.SearchStrategy[tuple[str | None, dict[
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150))
 @given(st.data())
 def test_choice_is_a_candidate_and_ranked_is_a_permutation(data: st.DataObject) -> None:
     cands = data.draw(candidates())
@@ -405,27 +406,51 @@ def test_choice_is_a_candidate_and_ranked_is_a_permutation(data: st.DataObject) 
         assert prefix.get(d.endpoint_id, 0.0) > 0
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.data())
-def test_never_saturated_when_unsaturated_in_better_or_equal_tier(data: st.DataObject) -> None:
-    cands = data.draw(candidates(fresh_only=True))
-    session, prefix = data.draw(routing(cands))
+@st.composite
+def scenarios(
+    draw: st.DrawFn, fresh_only: bool = False
+) -> tuple[list[Candidate], str | None, dict[str, float]]:
+    cands = draw(candidates(fresh_only=fresh_only))
+    session, prefix = draw(routing(cands))
+    return cands, session, prefix
+
+
+def blind(ep: str, inflight: int, weight: float = 1.0) -> Candidate:
+    """Fresh, but reporting none of waiting, running or KV usage."""
+    return cand(ep, waiting=None, running=None, kv=None, inflight=inflight, age=0.0, weight=weight)
+
+
+@settings(max_examples=examples(150))
+@given(scenarios(fresh_only=True))
+# Found by hypothesis (issue #14): the prefix tier chose e1, full by request count only
+# (4 in flight at weight 0.5), over two idle peers. The module docstring allows that.
+@example(([blind("e0", 0), blind("e1", 4, weight=0.5), blind("e2", 0)], None, {"e1": 1.0}))
+def test_saturated_choice_only_by_prefix_and_only_by_count(
+    scenario: tuple[list[Candidate], str | None, dict[str, float]],
+) -> None:
+    """A saturated replica is chosen over one with room in a better or equal tier only
+    by the prefix tier, only when it is full by request count alone (not by KV or a
+    429), and only within the best tier that has room: queueing behind a cached prefix
+    beats a cold prefill, a full KV cache or a throttling engine does not."""
+    cands, session, prefix = scenario
     d = SCORER.pick(cands, session_endpoint=session, prefix_matches=prefix, rng=random.Random(0))
     assert d is not None
     prior = SCORER.prior(cands)
     chosen = next(c for c in cands if c.endpoint_id == d.endpoint_id)
+    room = [c for c in cands if not SCORER.saturated(c, prior)]
+    if not room:
+        return
+    best_tier = min(c.priority for c in room)
+    assert chosen.priority == best_tier, (chosen, room)
     if SCORER.saturated(chosen, prior):
-        for c in cands:
-            if c.priority <= chosen.priority:
-                assert SCORER.saturated(c, prior), (c, chosen)
-    else:
-        # An unsaturated choice comes from the best tier that has room.
-        for c in cands:
-            if not SCORER.saturated(c, prior):
-                assert chosen.priority <= c.priority
+        assert d.tier == "prefix", (chosen, room)
+        kv = SCORER.estimate(chosen, prior).kv_usage
+        assert not chosen.throttled
+        assert kv is None or kv < SCORING.kv_ceiling, (chosen, kv)
+        assert prefix.get(chosen.endpoint_id, 0.0) > 0
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150))
 @given(st.data())
 def test_stale_only_when_all_stale(data: st.DataObject) -> None:
     cands = data.draw(candidates())
@@ -437,7 +462,7 @@ def test_stale_only_when_all_stale(data: st.DataObject) -> None:
         assert all(SCORER.is_stale(c) for c in cands)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150))
 @given(
     waiting=st.floats(min_value=0, max_value=20),
     running=st.floats(min_value=0, max_value=20),
@@ -473,7 +498,7 @@ def test_absent_metrics_never_look_emptier(
     assert (d.endpoint_id, d.tier, d.ranked) == ("reporting", "score", ("reporting", "blind"))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100))
 @given(st.data())
 def test_blind_load_at_least_mean_of_reporters_and_own_inflight(data: st.DataObject) -> None:
     cands = data.draw(candidates(fresh_only=True))
@@ -488,7 +513,7 @@ def test_blind_load_at_least_mean_of_reporters_and_own_inflight(data: st.DataObj
     assert load >= prior.running + prior.waiting - 1e-9
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100))
 @given(st.data())
 def test_pool_saturation_in_unit_interval(data: st.DataObject) -> None:
     cands = data.draw(candidates())

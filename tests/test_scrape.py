@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.router.scrape import EngineSample, parse_metrics, windowed_hit_rate
+from tests.properties import examples
 
 # A current vLLM (V1) page: data-parallel ranks in the `engine` label, counters with
 # OpenMetrics-style _created siblings, histograms, process metrics around it.
@@ -282,14 +283,14 @@ def test_mixed_engines_first_wins() -> None:
     assert (s.engine, s.running) == ("sglang", 4.0)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300))
 @given(st.text(alphabet=st.sampled_from(list('vlm:_{}="\\ ,#\n0123.eNaIf-+sgrunq')), max_size=300))
 def test_never_raises_on_noise(page: str) -> None:
     s = parse_metrics(page)
     assert isinstance(s, EngineSample)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100))
 @given(st.binary(max_size=200))
 def test_never_raises_on_bytes(page: bytes) -> None:
     assert isinstance(parse_metrics(page), EngineSample)

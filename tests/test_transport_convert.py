@@ -26,6 +26,7 @@ from llmgw.transport.messages import (
     StopShard,
 )
 from llmgw.transport.pb import agent_pb2 as pb
+from tests.properties import examples
 
 # -- strategies: each field over the whole domain its proto type carries ----------------
 
@@ -133,14 +134,14 @@ server_messages: st.SearchStrategy[ServerMessage] = st.one_of(
 # -- round trips ---------------------------------------------------------------------------
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(agent_messages)
 def test_agent_messages_round_trip_through_bytes(message: AgentMessage) -> None:
     wire = convert.agent_message_to_proto(message).SerializeToString()
     assert convert.agent_message_from_proto(pb.ConnectRequest.FromString(wire)) == message
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(server_messages)
 def test_server_messages_round_trip_through_bytes(message: ServerMessage) -> None:
     wire = convert.server_message_to_proto(message).SerializeToString()
