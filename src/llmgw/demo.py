@@ -15,6 +15,7 @@ pretended GPUs.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,19 +66,30 @@ def llamacpp_overlay(weights: Path) -> dict[str, Any]:
 
 
 async def run_demo(
-    config: Config, *, announce: Any = print, fake_gpus: str | None = DEMO_GPUS
+    config: Config,
+    *,
+    announce: Any = print,
+    fake_gpus: str | None = DEMO_GPUS,
+    on_listening: Callable[[server.Listening], None] | None = None,
 ) -> None:
     """Serve `config` (which includes a demo overlay) with one in-process demo agent
-    (`fake_gpus` None: a CPU node). Unless the configuration names a store, the demo
+    (`fake_gpus` None: a CPU node); `on_listening` as for :func:`llmgw.server.serve`,
+    called before the first `announce`. Unless the configuration names a store, the demo
     has a fresh one of its own (keys and usage work), gone when it stops: keys made in
     one demo run do not lock the README's requests out of the next."""
     with tempfile.TemporaryDirectory(prefix="llmgw-demo-") as state:
         if config.store.url == DEFAULT_STORE_URL:
             config = attrs.evolve(config, store=StoreConfig(url=f"sqlite:///{state}/llmgw.db"))
-        await _run(config, announce, fake_gpus, Path(state))
+        await _run(config, announce, fake_gpus, Path(state), on_listening)
 
 
-async def _run(config: Config, announce: Any, fake_gpus: str | None, state: Path) -> None:
+async def _run(
+    config: Config,
+    announce: Any,
+    fake_gpus: str | None,
+    state: Path,
+    on_listening: Callable[[server.Listening], None] | None,
+) -> None:
     router = Router(config)
     # Nothing survives from a previous run to adopt: place at once.
     controller = Controller(config.control, router.catalog, router, settle=0.2)
@@ -88,7 +100,12 @@ async def _run(config: Config, announce: Any, fake_gpus: str | None, state: Path
         # serve() returns on SIGINT/SIGTERM once streams have drained; then the agent
         # stops, and with it its engines.
         await server.serve(
-            config, router=router, controller=controller, listener=listener, task_status=task_status
+            config,
+            router=router,
+            controller=controller,
+            listener=listener,
+            on_listening=on_listening,
+            task_status=task_status,
         )
         agent_scope.cancel()
 

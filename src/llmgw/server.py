@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
-from typing import Any
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import trio
 
@@ -15,8 +17,7 @@ from llmgw.config import Config, ControlConfig
 from llmgw.control.controller import Controller
 from llmgw.control.fleet_metrics import register_fleet_metrics
 from llmgw.dashboard import DashboardApp, TrafficRing
-from llmgw.http1 import HttpServerConfig
-from llmgw.http1 import serve as http_serve
+from llmgw.http1 import HttpServerConfig, serve_listeners
 from llmgw.models import ModelRegistry
 from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router
@@ -46,9 +47,11 @@ def control_timings(control: ControlConfig) -> tuple[float, float]:
     return heartbeat, min(2 * HEARTBEAT_INTERVAL, float(control.unreachable_after))
 
 
-def loopback(address: str) -> bool:
-    host = units.parse_address(address).host
-    return host in ("localhost", "::1") or host.startswith("127.")
+#: What :func:`serve` hands `on_listening` once every listener is bound: for each
+#: listener, by its configuration key (``listen``, ``admin_listen``, and
+#: ``agent_listen`` when agents connect over gRPC), the addresses it is bound to as
+#: ``HOST:PORT`` (``[HOST]:PORT`` for IPv6), with the port the kernel picked for port 0.
+Listening = dict[str, list[str]]
 
 
 async def serve(
@@ -58,6 +61,9 @@ async def serve(
     controller: Controller | None = None,
     listener: AgentListener | None = None,
     store: Store | None = None,
+    client_listeners: Sequence[trio.SocketListener] | None = None,
+    admin_listeners: Sequence[trio.SocketListener] | None = None,
+    on_listening: Callable[[Listening], None] | None = None,
     shutdown: trio.Event | None = None,
     handle_signals: bool = True,
     task_status: trio.TaskStatus[Router] = trio.TASK_STATUS_IGNORED,
@@ -65,21 +71,66 @@ async def serve(
     """Serve until SIGINT/SIGTERM (or `shutdown`); in-flight streams get
     `router.drain_timeout` to finish.
 
-    With deployable models (or a `controller` given) the control plane runs too,
-    accepting agents on `listener` (default: gRPC on `agent_listen`). With
+    The client API listens on `listen` and the admin listener on `admin_listen` (port 0:
+    one the kernel picks), or on `client_listeners` / `admin_listeners`, sockets the
+    caller bound already (say on port 0, to know the port before serving without a
+    race); either way they are closed when this returns. Once every listener is bound,
+    `on_listening` gets their addresses (:data:`Listening`), then `task_status` the
+    router. With deployable models (or a `controller` given) the control plane runs
+    too, accepting agents on `listener` (default: gRPC on `agent_listen`). With
     `store.url` (or a `store` given) API keys, usage records and runtime models
     persist there."""
     owned = store is None and bool(config.store.url)
     if owned:
         store = await open_store(config.store.url)
     try:
-        await _serve(
-            config, router, controller, listener, store, shutdown, handle_signals, task_status
-        )
+        bound: list[trio.SocketListener] = []
+        try:
+            client = await _listeners(config.listen, client_listeners, bound)
+            admin = await _listeners(config.admin_listen, admin_listeners, bound)
+            await _serve(
+                config,
+                router,
+                controller,
+                listener,
+                store,
+                (client, admin),
+                on_listening,
+                shutdown,
+                handle_signals,
+                task_status,
+            )
+        finally:
+            for sock in bound:
+                sock.socket.close()
     finally:
         if owned and store is not None:
             with trio.CancelScope(shield=True):
                 await store.aclose()
+
+
+async def _listeners(
+    address: str,
+    given: Sequence[trio.SocketListener] | None,
+    bound: list[trio.SocketListener],
+) -> list[trio.SocketListener]:
+    """`given`, or new sockets listening on `address`; either way added to `bound` (to
+    be closed by the caller)."""
+    if given is not None:
+        sockets = list(given)
+    else:
+        parsed = units.parse_address(address)
+        sockets = await trio.open_tcp_listeners(parsed.port, host=parsed.bind_host)
+    bound.extend(sockets)
+    return sockets
+
+
+def _addresses(listeners: Sequence[trio.SocketListener]) -> list[str]:
+    return [str(units.Address(*listener.socket.getsockname()[:2])) for listener in listeners]
+
+
+def _all_loopback(addresses: Sequence[str]) -> bool:
+    return all(ipaddress.ip_address(units.parse_address(a).host).is_loopback for a in addresses)
 
 
 async def _serve(
@@ -88,10 +139,17 @@ async def _serve(
     controller: Controller | None,
     listener: AgentListener | None,
     store: Store | None,
+    sockets: tuple[list[trio.SocketListener], list[trio.SocketListener]],
+    on_listening: Callable[[Listening], None] | None,
     shutdown: trio.Event | None,
     handle_signals: bool,
     task_status: trio.TaskStatus[Router],
 ) -> None:
+    client_sockets, admin_sockets = sockets
+    listening: Listening = {
+        "listen": _addresses(client_sockets),
+        "admin_listen": _addresses(admin_sockets),
+    }
     router = router or Router(config)
     stop = shutdown if shutdown is not None else trio.Event()
     configured = {m.name for m in config.models}
@@ -134,7 +192,7 @@ async def _serve(
         store=store,
         models=registry,
         # Off loopback, the admin API wants an admin key.
-        admin_auth=not loopback(config.admin_listen),
+        admin_auth=not _all_loopback(listening["admin_listen"]),
     )
     # The dashboard (DESIGN §8): on the admin listener beside the API, and on the client
     # port under /admin behind a login; both see the last 15 minutes of traffic.
@@ -184,34 +242,37 @@ async def _serve(
             await background.start(batcher.run)
         if controller is not None and listener is not None:
             await background.start(controller.run, listener)
-            log.info("control plane: agents connect on %s", config.agent_listen)
+            # A network listener (gRPC) knows its bound addresses; the stub has none.
+            agent_addresses = getattr(listener, "addresses", None)
+            if agent_addresses is not None:
+                listening["agent_listen"] = list(agent_addresses)
+                log.info("control plane: listening for agents on %s", ", ".join(agent_addresses))
         # The listeners return once `stop` is set and their streams have drained
         # (`router.drain_timeout`); then the background work is cancelled (the
         # usage batcher flushes what it holds on the way out).
         async with trio.open_nursery() as listeners:
-            client_binds: Any = await listeners.start(
-                _serve_app, client_app, config.listen, listener_config("client"), trigger
-            )
-            admin_binds: Any = await listeners.start(
-                _serve_app, admin_app, config.admin_listen, listener_config("admin"), trigger
-            )
+            for app, socks, name in (
+                (client_app, client_sockets, "client"),
+                (admin_app, admin_sockets, "admin"),
+            ):
+                await listeners.start(
+                    partial(
+                        serve_listeners,
+                        app,
+                        socks,
+                        listener_config(name),
+                        shutdown_trigger=trigger,
+                    )
+                )
+            log.info("client API listening on %s", ", ".join(listening["listen"]))
             log.info(
-                "client API on %s, admin on %s", ", ".join(client_binds), ", ".join(admin_binds)
+                "admin (metrics, API, dashboard) listening on %s",
+                ", ".join(listening["admin_listen"]),
             )
+            if on_listening is not None:
+                on_listening(listening)
             task_status.started(router)
         background.cancel_scope.cancel()
-
-
-async def _serve_app(
-    app: Any,
-    bind: str,
-    http: HttpServerConfig,
-    trigger: Any,
-    *,
-    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    address = units.parse_address(bind)
-    await http_serve(app, address, http, shutdown_trigger=trigger, task_status=task_status)
 
 
 async def _watch_signals(stop: trio.Event) -> None:

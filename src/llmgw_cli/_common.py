@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from llmgw import __version__, units
@@ -27,10 +32,69 @@ def fail(prog: str, message: str, code: int) -> NoReturn:
     raise SystemExit(code)
 
 
+def find_error(exc: BaseException, kind: type[OSError]) -> OSError | None:
+    """The first `kind` in `exc`, looking inside exception groups (trio's nurseries)."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = find_error(inner, kind)
+            if found is not None:
+                return found
+    return None
+
+
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--version", action="version", version=f"{prog} {__version__}")
     return p
+
+
+# -- --ready-file ---------------------------------------------------------------------
+
+READY_FILE_HELP = (
+    "once every listener is bound, write their addresses to PATH as a JSON object "
+    '(e.g. {"listen": ["127.0.0.1:41234"]}), atomically; removed on exit. With port 0 '
+    "(the kernel picks one) this is how a supervisor or test learns the port"
+)
+
+
+def write_ready_file(path: str | os.PathLike[str], listening: Mapping[str, Sequence[str]]) -> None:
+    """Write `listening` (listener name -> bound ``HOST:PORT`` addresses) to `path` as a
+    JSON object, atomically: a temporary file in the same directory, then a rename, so
+    a reader sees the whole file or none."""
+    target = Path(path)
+    try:
+        fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write the ready file {target}: {exc.strerror}") from exc
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({name: list(addresses) for name, addresses in listening.items()}, f)
+            f.write("\n")
+        os.chmod(temp, 0o644)
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+@contextlib.contextmanager
+def ready_file(path: str | None) -> Iterator[None]:
+    """Around a run with ``--ready-file PATH``: a file left by an earlier run is removed
+    first (it would name ports no longer served), and the file is removed on the way
+    out, so it exists while the program serves."""
+    if path is None:
+        yield
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 # -- argument types: each names the rule a bad value breaks --------------------------

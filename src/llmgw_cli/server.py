@@ -8,6 +8,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -18,7 +19,18 @@ from llmgw import server, units
 from llmgw.agent.adapters.llamacpp import BUILD_HINT, find_llama_server
 from llmgw.demo import DEMO_GPUS, DEMO_OVERLAY, llamacpp_overlay, run_demo
 from llmgw.store.base import StoreError
-from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, fail, parser
+from llmgw_cli._common import (
+    EXIT_OK,
+    EXIT_RUNTIME,
+    EXIT_USAGE,
+    READY_FILE_HELP,
+    CliError,
+    fail,
+    find_error,
+    parser,
+    ready_file,
+    write_ready_file,
+)
 
 PROG = "llmgw-server"
 
@@ -35,11 +47,16 @@ def parse_endpoint(spec: str) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     p = parser(PROG, "OpenAI-compatible LLM gateway and GPU-fleet control plane.")
     p.add_argument("--config", metavar="FILE", help="TOML configuration file")
-    p.add_argument("--listen", metavar="ADDR", help="client API address (default :8080)")
+    p.add_argument(
+        "--listen",
+        metavar="ADDR",
+        help="client API address (default :8080); port 0 picks a free one (see --ready-file)",
+    )
     p.add_argument(
         "--admin-listen", metavar="ADDR", help="metrics/admin address (default 127.0.0.1:9090)"
     )
     p.add_argument("--agent-listen", metavar="ADDR", help="agent address (default :7443)")
+    p.add_argument("--ready-file", metavar="PATH", help=READY_FILE_HELP)
     p.add_argument(
         "--endpoint",
         action="append",
@@ -94,38 +111,59 @@ def _llamacpp_demo_weights() -> Path:
     """A temporary directory with the tiny GGUF model, or exit 1 saying what is missing."""
     if find_llama_server() is None:
         fail(PROG, f"--engine llamacpp needs llama-server: {BUILD_HINT}", EXIT_RUNTIME)
+    folder = Path(tempfile.mkdtemp(prefix="llmgw-demo-gguf-"))
     try:
         from llmgw.testing_gguf import write_tiny_gguf
 
-        folder = Path(tempfile.mkdtemp(prefix="llmgw-demo-gguf-"))
         return write_tiny_gguf(folder / "tiny.gguf")
-    except ImportError as exc:
-        fail(
-            PROG,
-            f"--engine llamacpp writes its model with gguf and numpy ({exc}): "
-            "pip install -e '.[dev]'",
-            EXIT_RUNTIME,
-        )
+    except BaseException as exc:
+        # main() removes the folder after the run; one that never got there, here.
+        shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(exc, ImportError):
+            fail(
+                PROG,
+                f"--engine llamacpp writes its model with gguf and numpy ({exc}): "
+                "pip install -e '.[dev]'",
+                EXIT_RUNTIME,
+            )
+        raise
 
 
-async def _run_demo(config: cfg.Config, fake_gpus: str | None = DEMO_GPUS) -> None:
-    listen = units.parse_address(config.listen)
-    host = listen.host or "127.0.0.1"
+def _reachable(address: str) -> str:
+    """A bound address as a client on this host reaches it: every interface through
+    loopback."""
+    parsed = units.parse_address(address)
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(parsed.host, parsed.host)
+    return str(units.Address(host, parsed.port))
+
+
+async def _run_demo(
+    config: cfg.Config, fake_gpus: str | None = DEMO_GPUS, ready: str | None = None
+) -> None:
+    listening: server.Listening = {}
+
+    def on_listening(bound: server.Listening) -> None:
+        listening.update(bound)
+        if ready is not None:
+            write_ready_file(ready, bound)
 
     def announce(line: str) -> None:
+        # Where it listens (with the port picked for port 0).
+        client = _reachable(listening.get("listen", [config.listen])[0])
+        admin = _reachable(listening.get("admin_listen", [config.admin_listen])[0])
         print(
             f"{line}\n"
-            f"  try: curl http://{host}:{listen.port}/v1/chat/completions "
+            f"  try: curl http://{client}/v1/chat/completions "
             "-H 'content-type: application/json' "
             '-d \'{"model": "demo-chat", "messages": [{"role": "user", "content": "hi"}]}\'\n'
-            f"  dashboard: http://{config.admin_listen}/\n"
-            f"  fleet: http://{config.admin_listen}/api/v1/nodes, "
-            f"http://{config.admin_listen}/api/v1/replicas, "
-            f"http://{config.admin_listen}/metrics",
+            f"  dashboard: http://{admin}/\n"
+            f"  fleet: http://{admin}/api/v1/nodes, "
+            f"http://{admin}/api/v1/replicas, "
+            f"http://{admin}/metrics",
             flush=True,
         )
 
-    await run_demo(config, announce=announce, fake_gpus=fake_gpus)
+    await run_demo(config, announce=announce, fake_gpus=fake_gpus, on_listening=on_listening)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -162,11 +200,14 @@ def _main(args: argparse.Namespace, weights: Path | None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    on_listening = partial(write_ready_file, args.ready_file) if args.ready_file else None
     try:
-        if args.demo:
-            trio.run(_run_demo, config, None if weights is not None else DEMO_GPUS)
-        else:
-            trio.run(server.serve, config)
+        with ready_file(args.ready_file):
+            if args.demo:
+                gpus = None if weights is not None else DEMO_GPUS
+                trio.run(_run_demo, config, gpus, args.ready_file)
+            else:
+                trio.run(partial(server.serve, config, on_listening=on_listening))
     except cfg.ConfigError as exc:
         _config_error(exc)
     except StoreError as exc:
@@ -175,3 +216,8 @@ def _main(args: argparse.Namespace, weights: Path | None) -> None:
         fail(PROG, f"cannot serve: {exc.strerror or exc}", EXIT_RUNTIME)
     except KeyboardInterrupt:
         pass
+    except BaseExceptionGroup as group:  # from inside a nursery (a ready file unwritable)
+        err = find_error(group, OSError)
+        if err is None:
+            raise
+        fail(PROG, f"cannot serve: {err.strerror or err}", EXIT_RUNTIME)

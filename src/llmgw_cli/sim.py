@@ -16,11 +16,15 @@ from llmgw_cli._common import (
     EXIT_OK,
     EXIT_RUNTIME,
     EXIT_USAGE,
+    READY_FILE_HELP,
     duration_at_least,
     fail,
+    find_error,
     float_in,
     int_in,
     parser,
+    ready_file,
+    write_ready_file,
 )
 
 PROG = "llmgw-sim"
@@ -30,7 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = parser(PROG, __doc__ or "")
     d = EngineConfig()
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
-    p.add_argument("--port", type=int_in(0, 65535), default=8000, help="(default %(default)s)")
+    p.add_argument(
+        "--port",
+        type=int_in(0, 65535),
+        default=8000,
+        help="(default %(default)s; 0 picks a free one, see --ready-file)",
+    )
+    p.add_argument("--ready-file", metavar="PATH", help=READY_FILE_HELP)
     p.add_argument(
         "--model",
         action="append",
@@ -192,10 +202,12 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
 
 
-async def _run(config: SimConfig) -> None:
+async def _run(config: SimConfig, ready: str | None = None) -> None:
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(partial(serve, config))
         print(describe(config, binds), flush=True)
+        if ready is not None:
+            write_ready_file(ready, {"listen": [url.removeprefix("http://") for url in binds]})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -213,11 +225,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         fail(PROG, str(e), EXIT_USAGE)
     try:
-        trio.run(_run, config)
+        with ready_file(args.ready_file):
+            trio.run(_run, config, args.ready_file)
     except KeyboardInterrupt:
         pass  # a second Ctrl-C during shutdown
     except BaseException as e:
-        err = _find(e, OSError)
+        err = find_error(e, OSError)
         if err is None:
             raise
         fail(
@@ -226,18 +239,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             EXIT_RUNTIME,
         )
     return EXIT_OK
-
-
-def _find(exc: BaseException, kind: type[OSError]) -> OSError | None:
-    """The first `kind` in `exc`, looking inside exception groups (trio's nurseries)."""
-    if isinstance(exc, kind):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _find(inner, kind)
-            if found is not None:
-                return found
-    return None
 
 
 if __name__ == "__main__":

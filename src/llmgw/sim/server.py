@@ -955,9 +955,10 @@ async def serve(
 
 
 def describe(config: SimConfig, binds: Sequence[str]) -> str:
-    where = ", ".join(binds)
+    """The line `llmgw-sim` prints once it listens on `binds` (URLs)."""
+    where = ", ".join(url.removeprefix("http://") for url in binds)
     return (
-        f"llmgw-sim {__version__}: serving {', '.join(config.models)} on {where} "
+        f"llmgw-sim {__version__}: listening on {where}, serving {', '.join(config.models)} "
         f"({config.metrics_format} metrics, max_num_seqs={config.engine.max_num_seqs}, "
         f"kv_blocks={config.engine.num_blocks})"
     )

@@ -507,7 +507,8 @@ class GrpcListener:
     """The server side of the gRPC transport (a base.AgentListener).
 
     ``address`` is ``HOST:PORT`` or ``:PORT`` (every interface); port 0 picks a free
-    port, readable as ``port`` once ``serve`` has reported started.
+    port, readable as ``port`` (and in ``addresses``) once ``serve`` has reported
+    started.
     """
 
     def __init__(
@@ -528,6 +529,15 @@ class GrpcListener:
         self.port: int | None = None
         # Referenced while serving: a grpc.aio.Server stops when garbage-collected.
         self._server: grpc.aio.Server | None = None
+
+    @property
+    def addresses(self) -> list[str]:
+        """Where it listens once ``serve`` has reported started, as ``HOST:PORT`` with
+        the bound port (``[::]:PORT`` for every interface); empty before."""
+        if self.port is None:
+            return []
+        host = units.parse_address(self.address).host or "::"
+        return [str(units.Address(host, self.port))]
 
     def _credentials(self) -> grpc.ServerCredentials | None:
         if self.tls is None:
