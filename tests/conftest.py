@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -8,6 +10,7 @@ from typing import cast
 import pytest
 
 import tests.properties  # noqa: F401  (registers and loads the hypothesis profiles)
+from tests import procs
 from tests.pg_cluster import PostgresNotAvailable, TempCluster
 
 
@@ -28,6 +31,43 @@ def _scratch_working_directory(tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield scratch
     finally:
         os.chdir(previous)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The session's own system temp dir, and a check that llmgw leaves nothing in it.
+
+    TMPDIR (and `tempfile`'s cached choice) point at a fresh directory for the whole
+    session, so the programs the tests start use it too; at the end it must hold no
+    ``llmgw*`` entry, or the run fails naming them: a test, or llmgw itself (a demo's
+    throwaway store, a temporary model), left behind what it made. Being the session's
+    own, it cannot see what a concurrent run on the same machine leaves in the real
+    temp dir. Programs' logs and state go to the session's pytest directory instead
+    (tests.procs.SCRATCH), where pytest keeps them for a post-mortem.
+    """
+    private = Path(tempfile.mkdtemp(prefix="pytest-tmpdir-"))
+    # A PostgreSQL started as its own user (tests/pg_cluster.py, as root) must reach its
+    # directory in here.
+    private.chmod(0o711)
+    saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = str(private)
+    procs.SCRATCH = tmp_path_factory.mktemp("procs")
+    try:
+        yield private
+    finally:
+        procs.SCRATCH = None
+        tempfile.tempdir = saved_tempdir
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+        left = sorted(p.name for p in private.iterdir() if p.name.startswith("llmgw"))
+        shutil.rmtree(private, ignore_errors=True)
+    if left:
+        pytest.fail(
+            f"the tests left {len(left)} llmgw entries in the temp dir: {', '.join(left)}",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")

@@ -85,6 +85,7 @@ class TempCluster:
                     self._user = pwd.getpwnam(name)
                     break
             if self._user is None:
+                shutil.rmtree(self.base, ignore_errors=True)
                 raise PostgresNotAvailable("running as root and no 'postgres' or 'nobody' user")
             os.chown(self.base, self._user.pw_uid, self._user.pw_gid)
         os.chmod(self.base, 0o700)
@@ -118,6 +119,15 @@ class TempCluster:
         return "\n".join(text)
 
     def start(self) -> TempCluster:
+        """initdb and pg_ctl start; on failure the directory is removed (its output is in
+        the exception)."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> TempCluster:
         self._run(
             [
                 str(self.bindir / "initdb"),

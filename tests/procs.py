@@ -22,6 +22,16 @@ from tests.waiting import wait_for
 BIN = Path(sys.executable).parent
 T = TypeVar("T")
 
+#: Where the programs' logs, state directories and configuration files go: a directory
+#: of the pytest session's (tests/conftest.py sets it), which pytest keeps for a look
+#: after a failure and removes a few sessions later, never the system temp dir.
+SCRATCH: Path | None = None
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A new directory under SCRATCH (the system temp dir outside a pytest session)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=SCRATCH))
+
 
 @contextlib.contextmanager
 def running(
@@ -32,7 +42,7 @@ def running(
     timeout: float = 20.0,
 ) -> Iterator[Proc]:
     """Run `program` (an installed console script) until the block ends."""
-    logdir = Path(tempfile.mkdtemp(prefix=f"{program}-"))
+    logdir = scratch_dir(f"{program}-")
     proc = Proc([str(BIN / program), *args], logdir / "output.log", env)
     try:
         if health is not None:
@@ -105,7 +115,7 @@ def server(
     port, admin_port = free_port(), free_port()
     extra: list[str] = []
     if config is not None:
-        path = Path(tempfile.mkdtemp(prefix="llmgw-config-")) / "llmgw.toml"
+        path = scratch_dir("llmgw-config-") / "llmgw.toml"
         path.write_text(config)
         extra = ["--config", str(path)]
     with running(
@@ -232,7 +242,7 @@ def fleet_server(
     """llmgw-server with `config` (TOML with deployable models) and its agent port on
     127.0.0.1; pass the `ports` of a stopped one to start a new server in its place."""
     ports = ports or FleetPorts.free()
-    path = Path(tempfile.mkdtemp(prefix="llmgw-config-")) / "llmgw.toml"
+    path = scratch_dir("llmgw-config-") / "llmgw.toml"
     path.write_text(config)
     with running(
         "llmgw-server",
@@ -319,7 +329,7 @@ def agent(
     the loopback `address` (give every agent its own: all of 127/8 is local, so engine
     ports from one range cannot collide). On exit it is stopped (SIGTERM: it stops its
     engines), and any engine it left behind (it was SIGKILLed) is killed."""
-    state = state_dir or Path(tempfile.mkdtemp(prefix=f"llmgw-agent-{node_id}-"))
+    state = state_dir or scratch_dir(f"llmgw-agent-{node_id}-")
     argv = [
         "--server", server, "--node-id", node_id, "--address", address,
         "--state-dir", str(state), "--heartbeat", heartbeat,

@@ -8,8 +8,8 @@ import logging
 import os
 import random
 import socket
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import ExitStack, asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,7 +22,7 @@ from llmgw.agent.agent import Agent, NodeSettings, _interface_problem, backoff_d
 from llmgw.agent.discovery import DiscoveryError
 from llmgw.config import DeploymentProfile
 from llmgw.control.fleet import Gpu, ShardState
-from llmgw.testing import free_port
+from llmgw.testing_procs import reserve_port
 from llmgw.transport.base import AgentConnection
 from llmgw.transport.messages import (
     AgentMessage,
@@ -134,6 +134,15 @@ async def running_agent(
         nursery.cancel_scope.cancel()
 
 
+@pytest.fixture
+def reserve() -> Iterator[Callable[[], int]]:
+    """Reserves loopback ports until the test ends (testing_procs.reserve_port): an
+    engine started by a command binds its port by number, and nothing else can take
+    that port first."""
+    with ExitStack() as stack:
+        yield lambda: stack.enter_context(reserve_port())
+
+
 def start_sim(
     port: int,
     *,
@@ -240,8 +249,8 @@ async def test_a_failed_or_hung_discovery_keeps_the_last_gpus_and_the_heartbeats
     ]
 
 
-async def test_start_ready_serve_stop(tmp_path: Path) -> None:
-    port = free_port()
+async def test_start_ready_serve_stop(tmp_path: Path, reserve: Callable[[], int]) -> None:
+    port = reserve()
     with trio.fail_after(30):
         async with running_agent(tmp_path) as (_network, server, _agent):
             await server.wait_for(Register)
@@ -266,18 +275,20 @@ async def test_start_ready_serve_stop(tmp_path: Path) -> None:
             assert not alive(pid)
 
 
-async def test_rejected_profiles_fail_fast_without_launching(tmp_path: Path) -> None:
+async def test_rejected_profiles_fail_fast_without_launching(
+    tmp_path: Path, reserve: Callable[[], int]
+) -> None:
     with trio.fail_after(20):
         async with running_agent(tmp_path) as (_network, server, agent):
             await server.wait_for(Register)
             # vLLM is not installed; GPU 5 does not exist; an argument the agent sets.
-            await server.send(start_sim(free_port(), engine="vllm", command_id="a"))
-            await server.send(start_sim(free_port(), gpus=(5,), command_id="b", replica="m-r2"))
+            await server.send(start_sim(reserve(), engine="vllm", command_id="a"))
+            await server.send(start_sim(reserve(), gpus=(5,), command_id="b", replica="m-r2"))
             await server.send(
-                start_sim(free_port(), args=("--port", "1"), command_id="c", replica="m-r3")
+                start_sim(reserve(), args=("--port", "1"), command_id="c", replica="m-r3")
             )
             await server.send(
-                start_sim(free_port(), engine="llamacpp", command_id="d", replica="m-r4")
+                start_sim(reserve(), engine="llamacpp", command_id="d", replica="m-r4")
             )
             results = [await server.result(c) for c in "abcd"]
             failed = [await server.status(ShardState.FAILED, r) for r in ("m-r1", "m-r2", "m-r3")]
@@ -293,12 +304,12 @@ async def test_rejected_profiles_fail_fast_without_launching(tmp_path: Path) -> 
     assert not list((tmp_path / "state" / "logs").iterdir())
 
 
-async def test_node_conflicts_are_rejected(tmp_path: Path) -> None:
+async def test_node_conflicts_are_rejected(tmp_path: Path, reserve: Callable[[], int]) -> None:
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     taken = busy.getsockname()[1]
-    port = free_port()
+    port = reserve()
     try:
         with trio.fail_after(20):
             async with running_agent(tmp_path) as (_network, server, agent):
@@ -309,13 +320,13 @@ async def test_node_conflicts_are_rejected(tmp_path: Path) -> None:
                 await server.send(start_sim(taken, replica="m-r3", command_id="c3", gpus=(1,)))
                 await server.send(
                     start_sim(
-                        free_port(),
+                        reserve(),
                         replica="m-r4",
                         command_id="c4",
                         gpus=(1,),
                         node_count=2,
                         master_address="127.0.0.1",
-                        master_port=free_port(),
+                        master_port=reserve(),
                         mgmt_interface="no-such-if0",
                     )
                 )
@@ -329,14 +340,16 @@ async def test_node_conflicts_are_rejected(tmp_path: Path) -> None:
     assert "network interface 'no-such-if0' (for NCCL/Gloo) is not on this node" in r4.message
 
 
-async def test_repeated_stale_and_unknown_commands(tmp_path: Path) -> None:
+async def test_repeated_stale_and_unknown_commands(
+    tmp_path: Path, reserve: Callable[[], int]
+) -> None:
     with trio.fail_after(30):
         async with running_agent(tmp_path) as (_network, server, _agent):
             await server.wait_for(Register)
-            await server.send(start_sim(free_port(), epoch=2))
+            await server.send(start_sim(reserve(), epoch=2))
             await server.status(ShardState.READY)
-            await server.send(start_sim(free_port(), epoch=2, command_id="again"))
-            await server.send(start_sim(free_port(), epoch=1, command_id="stale"))
+            await server.send(start_sim(reserve(), epoch=2, command_id="again"))
+            await server.send(start_sim(reserve(), epoch=1, command_id="stale"))
             await server.send(StopShard("old", "m-r1", 0, 1))
             await server.send(StopShard("gone", "nothing", 0, 1))
             await server.send(DrainShard("gone2", "nothing", 0, 1))
@@ -350,11 +363,13 @@ async def test_repeated_stale_and_unknown_commands(tmp_path: Path) -> None:
     assert gone2.ok
 
 
-async def test_crash_at_start_reported_with_the_engines_error(tmp_path: Path) -> None:
+async def test_crash_at_start_reported_with_the_engines_error(
+    tmp_path: Path, reserve: Callable[[], int]
+) -> None:
     with trio.fail_after(20):
         async with running_agent(tmp_path) as (_network, server, agent):
             await server.wait_for(Register)
-            await server.send(start_sim(free_port(), args=("--no-such-flag",)))
+            await server.send(start_sim(reserve(), args=("--no-such-flag",)))
             assert (await server.result("c1")).ok  # accepted: the engine itself refuses it
             failed = await server.status(ShardState.FAILED)
             await trio.sleep(0.3)
@@ -363,9 +378,11 @@ async def test_crash_at_start_reported_with_the_engines_error(tmp_path: Path) ->
     assert any("unrecognized arguments: --no-such-flag" in line for line in failed.output_tail)
 
 
-async def test_reconnect_reregisters_running_shard_with_the_same_engine(tmp_path: Path) -> None:
-    port = free_port()
-    dist = free_port()
+async def test_reconnect_reregisters_running_shard_with_the_same_engine(
+    tmp_path: Path, reserve: Callable[[], int]
+) -> None:
+    port = reserve()
+    dist = reserve()
     with trio.fail_after(30):
         async with running_agent(tmp_path) as (network, server, agent):
             await server.wait_for(Register)
@@ -430,11 +447,12 @@ async def test_reconnects_when_the_server_never_answers_the_registration(tmp_pat
 
 async def test_a_failure_while_disconnected_is_carried_by_the_next_registration(
     tmp_path: Path,
+    reserve: Callable[[], int],
 ) -> None:
     with trio.fail_after(30):
         async with running_agent(tmp_path) as (network, server, agent):
             await server.wait_for(Register)
-            await server.send(start_sim(free_port(), args=("--fault-exit-after", "1")))
+            await server.send(start_sim(reserve(), args=("--fault-exit-after", "1")))
             ready = await server.status(ShardState.READY)
             network.partition(NODE)
             async with httpx.AsyncClient(base_url=str(ready.endpoint_url), timeout=5) as client:
@@ -451,13 +469,15 @@ async def test_a_failure_while_disconnected_is_carried_by_the_next_registration(
             assert agent.supervisor.shards == {}
 
 
-async def test_stopping_the_agent_stops_its_engines(tmp_path: Path) -> None:
+async def test_stopping_the_agent_stops_its_engines(
+    tmp_path: Path, reserve: Callable[[], int]
+) -> None:
     pids = []
     with trio.fail_after(30):
         async with running_agent(tmp_path) as (_network, server, _agent):
             await server.wait_for(Register)
-            await server.send(start_sim(free_port()))
-            await server.send(start_sim(free_port(), replica="m-r2", gpus=(1,), command_id="c2"))
+            await server.send(start_sim(reserve()))
+            await server.send(start_sim(reserve(), replica="m-r2", gpus=(1,), command_id="c2"))
             for replica in ("m-r1", "m-r2"):
                 pids.append((await server.status(ShardState.READY, replica)).pid)
     assert all(pid is not None and not alive(pid) for pid in pids)

@@ -10,8 +10,8 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import ExitStack, asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from llmgw.agent.adapters import LaunchSpec, SimAdapter
 from llmgw.agent.supervisor import Supervisor, sweep_orphans
 from llmgw.config import DeploymentProfile
 from llmgw.control.fleet import NodeInfo, ShardState
-from llmgw.testing import free_port
+from llmgw.testing_procs import reserve_port
 from llmgw.transport.messages import ShardStatus, StartShard
 
 NODE = NodeInfo(node_id="n1", hostname="n1", address="127.0.0.1")
@@ -83,6 +83,14 @@ def sim_start(port: int, *, args: tuple[str, ...] = (), replica: str = "m-r1") -
     )
 
 
+@pytest.fixture
+def reserve() -> Iterator[Callable[[], int]]:
+    """Reserves loopback ports until the test ends (testing_procs.reserve_port): an
+    engine binds its port by number, and nothing else can take that port first."""
+    with ExitStack() as stack:
+        yield lambda: stack.enter_context(reserve_port())
+
+
 def gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -94,8 +102,10 @@ def gone(pid: int) -> bool:
         return True
 
 
-async def test_sim_launches_becomes_ready_serves_and_stops(tmp_path: Path) -> None:
-    port = free_port()
+async def test_sim_launches_becomes_ready_serves_and_stops(
+    tmp_path: Path, reserve: Callable[[], int]
+) -> None:
+    port = reserve()
     with trio.fail_after(30):
         async with supervising(tmp_path) as (supervisor, reports):
             cmd = sim_start(port)
@@ -129,10 +139,11 @@ async def test_sim_launches_becomes_ready_serves_and_stops(tmp_path: Path) -> No
 
 async def test_crash_at_start_is_failed_with_exit_code_and_the_engines_error(
     tmp_path: Path,
+    reserve: Callable[[], int],
 ) -> None:
     with trio.fail_after(30):
         async with supervising(tmp_path) as (supervisor, reports):
-            cmd = sim_start(free_port(), args=("--no-such-flag",))
+            cmd = sim_start(reserve(), args=("--no-such-flag",))
             supervisor.launch(cmd, SIM.command(cmd, NODE))
             failed = await reports.state(ShardState.FAILED)
     assert failed.exit_code == 2
@@ -141,10 +152,10 @@ async def test_crash_at_start_is_failed_with_exit_code_and_the_engines_error(
     assert ShardState.READY not in reports.states()
 
 
-async def test_exit_after_ready_is_failed(tmp_path: Path) -> None:
+async def test_exit_after_ready_is_failed(tmp_path: Path, reserve: Callable[[], int]) -> None:
     with trio.fail_after(30):
         async with supervising(tmp_path) as (supervisor, reports):
-            cmd = sim_start(free_port(), args=("--fault-exit-after", "1"))
+            cmd = sim_start(reserve(), args=("--fault-exit-after", "1"))
             supervisor.launch(cmd, SIM.command(cmd, NODE))
             ready = await reports.state(ShardState.READY)
             async with httpx.AsyncClient(base_url=str(ready.endpoint_url), timeout=10) as client:
@@ -181,10 +192,12 @@ async def stubborn_worker(supervisor: Supervisor, replica: str = "m-r1") -> int:
     return int(next(line for line in shard.tail if "worker pid" in line).split()[-1])
 
 
-async def test_stop_kills_the_whole_group_after_the_grace(tmp_path: Path) -> None:
+async def test_stop_kills_the_whole_group_after_the_grace(
+    tmp_path: Path, reserve: Callable[[], int]
+) -> None:
     with trio.fail_after(30):
         async with supervising(tmp_path) as (supervisor, reports):
-            supervisor.launch(sim_start(free_port()), stubborn_spec())
+            supervisor.launch(sim_start(reserve()), stubborn_spec())
             ready = await reports.state(ShardState.READY)  # no health URL: ready when launched
             worker = await stubborn_worker(supervisor)
             assert not gone(worker)
@@ -201,10 +214,12 @@ async def test_stop_kills_the_whole_group_after_the_grace(tmp_path: Path) -> Non
             await trio.sleep(0.02)
 
 
-async def test_second_stop_with_a_shorter_grace_kills_sooner(tmp_path: Path) -> None:
+async def test_second_stop_with_a_shorter_grace_kills_sooner(
+    tmp_path: Path, reserve: Callable[[], int]
+) -> None:
     with trio.fail_after(30):
         async with supervising(tmp_path) as (supervisor, reports):
-            supervisor.launch(sim_start(free_port()), stubborn_spec())
+            supervisor.launch(sim_start(reserve()), stubborn_spec())
             await reports.state(ShardState.READY)
             await stubborn_worker(supervisor)
             started = trio.current_time()
@@ -215,21 +230,25 @@ async def test_second_stop_with_a_shorter_grace_kills_sooner(tmp_path: Path) -> 
             assert trio.current_time() - started < 5
 
 
-async def test_stop_of_wrong_epoch_or_unknown_shard_is_refused(tmp_path: Path) -> None:
+async def test_stop_of_wrong_epoch_or_unknown_shard_is_refused(
+    tmp_path: Path, reserve: Callable[[], int]
+) -> None:
     with trio.fail_after(30):
         async with supervising(tmp_path) as (supervisor, reports):
-            supervisor.launch(sim_start(free_port()), stubborn_spec())
+            supervisor.launch(sim_start(reserve()), stubborn_spec())
             await reports.state(ShardState.READY)
             assert supervisor.stop(("m-r1", 0), 2, grace=1) == "this node runs epoch 1, not 2"
             assert supervisor.stop(("other", 0), 1, grace=1) == "not running on this node"
             assert supervisor.shards[("m-r1", 0)].live
 
 
-async def test_drain_waits_for_in_flight_requests_then_stops(tmp_path: Path) -> None:
+async def test_drain_waits_for_in_flight_requests_then_stops(
+    tmp_path: Path, reserve: Callable[[], int]
+) -> None:
     with trio.fail_after(30):
         async with supervising(tmp_path) as (supervisor, reports):
             # Every request is held 1.5 s before it may be scheduled.
-            cmd = sim_start(free_port(), args=("--fault-first-token-delay", "1.5"))
+            cmd = sim_start(reserve(), args=("--fault-first-token-delay", "1.5"))
             supervisor.launch(cmd, SIM.command(cmd, NODE))
             ready = await reports.state(ShardState.READY)
             answers: list[int] = []
@@ -252,10 +271,10 @@ async def test_drain_waits_for_in_flight_requests_then_stops(tmp_path: Path) -> 
             assert trio.current_time() - started > 0.8
 
 
-async def test_drain_deadline(tmp_path: Path) -> None:
+async def test_drain_deadline(tmp_path: Path, reserve: Callable[[], int]) -> None:
     with trio.fail_after(30):
         async with supervising(tmp_path) as (supervisor, reports):
-            cmd = sim_start(free_port(), args=("--fault-first-token-delay", "30"))
+            cmd = sim_start(reserve(), args=("--fault-first-token-delay", "30"))
             supervisor.launch(cmd, SIM.command(cmd, NODE))
             ready = await reports.state(ShardState.READY)
 
@@ -273,10 +292,10 @@ async def test_drain_deadline(tmp_path: Path) -> None:
     assert stopped.message == "drain deadline (0.5s) passed with requests in flight"
 
 
-async def test_stop_during_drain_cuts_it_short(tmp_path: Path) -> None:
+async def test_stop_during_drain_cuts_it_short(tmp_path: Path, reserve: Callable[[], int]) -> None:
     with trio.fail_after(30):
         async with supervising(tmp_path) as (supervisor, reports):
-            supervisor.launch(sim_start(free_port()), stubborn_spec())  # no metrics URL
+            supervisor.launch(sim_start(reserve()), stubborn_spec())  # no metrics URL
             await reports.state(ShardState.READY)
             await stubborn_worker(supervisor)
             supervisor.drain(("m-r1", 0), 1, deadline=60)
@@ -286,13 +305,15 @@ async def test_stop_during_drain_cuts_it_short(tmp_path: Path) -> None:
     assert stopped.exit_code == -signal.SIGKILL
 
 
-async def test_cancelling_the_supervisor_stops_every_engine(tmp_path: Path) -> None:
+async def test_cancelling_the_supervisor_stops_every_engine(
+    tmp_path: Path, reserve: Callable[[], int]
+) -> None:
     pids: list[int] = []
     with trio.fail_after(30):
         async with supervising(tmp_path, shutdown_grace=0.5) as (supervisor, reports):
-            cmd = sim_start(free_port())
+            cmd = sim_start(reserve())
             supervisor.launch(cmd, SIM.command(cmd, NODE))
-            supervisor.launch(sim_start(free_port(), replica="m-r2"), stubborn_spec())
+            supervisor.launch(sim_start(reserve(), replica="m-r2"), stubborn_spec())
             pids.append((await reports.state(ShardState.READY)).pid or 0)
             pids.append((await reports.state(ShardState.READY, "m-r2")).pid or 0)
     assert all(pids)
@@ -301,8 +322,10 @@ async def test_cancelling_the_supervisor_stops_every_engine(tmp_path: Path) -> N
     assert reports.states("m-r2")[-1] is ShardState.STOPPED
 
 
-async def test_a_newer_epoch_waits_for_the_older_to_stop(tmp_path: Path) -> None:
-    port = free_port()
+async def test_a_newer_epoch_waits_for_the_older_to_stop(
+    tmp_path: Path, reserve: Callable[[], int]
+) -> None:
+    port = reserve()
     with trio.fail_after(30):
         async with supervising(tmp_path) as (supervisor, reports):
             old = sim_start(port)
@@ -319,11 +342,13 @@ def _fields(cmd: StartShard) -> dict[str, Any]:
     return {a.name: getattr(cmd, a.name) for a in StartShard.__attrs_attrs__}
 
 
-async def test_launch_failure_of_a_missing_executable(tmp_path: Path) -> None:
+async def test_launch_failure_of_a_missing_executable(
+    tmp_path: Path, reserve: Callable[[], int]
+) -> None:
     spec = LaunchSpec(argv=("/nonexistent/engine",), env={}, health_url=None, endpoint_url=None)
     with trio.fail_after(10):
         async with supervising(tmp_path) as (supervisor, reports):
-            supervisor.launch(sim_start(free_port()), spec)
+            supervisor.launch(sim_start(reserve()), spec)
             failed = await reports.state(ShardState.FAILED)
     assert failed.message.startswith("cannot start /nonexistent/engine: No such file")
     assert failed.pid is None
@@ -357,7 +382,9 @@ async def test_orphans_of_a_previous_agent_are_stopped(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("lines", [3, 500])
-async def test_tail_is_bounded_and_log_keeps_everything(tmp_path: Path, lines: int) -> None:
+async def test_tail_is_bounded_and_log_keeps_everything(
+    tmp_path: Path, lines: int, reserve: Callable[[], int]
+) -> None:
     script = f"for i in range({lines}): print('\\x1b[32mline', i, '\\x1b[0m')\nraise SystemExit(3)"
     spec = LaunchSpec(
         argv=(sys.executable, "-c", script),
@@ -367,7 +394,7 @@ async def test_tail_is_bounded_and_log_keeps_everything(tmp_path: Path, lines: i
     )
     with trio.fail_after(10):
         async with supervising(tmp_path, tail_lines=200) as (supervisor, reports):
-            supervisor.launch(sim_start(free_port()), spec)
+            supervisor.launch(sim_start(reserve()), spec)
             failed = await reports.state(ShardState.FAILED)
     assert failed.exit_code == 3
     assert len(failed.output_tail) == min(lines, 200)

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
+from llmgw.testing_procs import reserve_port
 from llmgw_cli import ctl_views
 from llmgw_cli.ctl import main, read_model_entry
 from llmgw_cli.ctl_views import render
-from tests.procs import BIN, free_port, sim
+from tests.procs import BIN, sim
 
 # ----------------------------------------------------------------- fake admin API
 
@@ -182,8 +183,9 @@ def test_missing_api_and_server_errors(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_unreachable_admin(capsys: pytest.CaptureFixture[str]) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
-    code, out, err = ctl(capsys, "--admin", url, "nodes")
+    with reserve_port() as port:  # held, so nothing listens there
+        url = f"http://127.0.0.1:{port}"
+        code, out, err = ctl(capsys, "--admin", url, "nodes")
     assert (code, out) == (1, "")
     assert err == f"llmgw-ctl: error: cannot reach admin API at {url}: connection refused\n"
 
@@ -498,8 +500,9 @@ def test_bench_against_simulator() -> None:
 
 
 def test_bench_unreachable_target() -> None:
-    url = f"http://127.0.0.1:{free_port()}"
-    done = _run_ctl("bench", "--url", url, "--model", "m", "--requests", "3", "--json")
+    with reserve_port() as port:  # held, so nothing listens there
+        url = f"http://127.0.0.1:{port}"
+        done = _run_ctl("bench", "--url", url, "--model", "m", "--requests", "3", "--json")
     assert done.returncode == 1
     assert done.stderr.startswith("llmgw-ctl: error: no request succeeded (3 x connect_error")
     assert json.loads(done.stdout)["summary"]["errors"] == {"connect_error": 3}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,8 +71,8 @@ def without_key(base: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def srv() -> Iterator[Server]:
-    db = Path(tempfile.mkdtemp(prefix="llmgw-ctl-")) / "llmgw.db"
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    db = tmp_path_factory.mktemp("ctl-store") / "llmgw.db"
     with (
         sim(model="m") as (_, engine),
         server("--endpoint", f"s0={engine}=m", config=CONFIG.format(path=db)) as s,

@@ -5,13 +5,13 @@ and a SQLite store.
 One fleet serves the whole module: model ``m`` fits (one replica), model ``huge``
 cannot (it wants 8 GPUs on one node; nodes have 2). The admin listener is on
 loopback, so its dashboard needs no login; the client port's ``/admin`` does.
-Screenshots go to a temporary directory (their paths are printed), not the repo.
+Screenshots go to the pytest session's temporary directory (their paths are printed),
+not the repo.
 """
 
 from __future__ import annotations
 
 import re
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -37,7 +37,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-SHOTS = Path(tempfile.mkdtemp(prefix="llmgw-dashboard-shots-"))
 
 HUGE = """
 [[models]]
@@ -68,8 +67,13 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    store = Path(tempfile.mkdtemp(prefix="llmgw-dash-store-")) / "llmgw.db"
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("dashboard-shots")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    store = tmp_path_factory.mktemp("dash-store") / "llmgw.db"
     config = control_config(
         [model("m", replicas=1), HUGE],
         extra=f'[store]\nurl = "sqlite:///{store}"\n',
@@ -93,12 +97,12 @@ def browser() -> Iterator[Browser]:
 
 
 @pytest.fixture
-def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
+def page(browser: Browser, shots: Path, request: pytest.FixtureRequest) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     pg = context.new_page()
     pg.on("dialog", lambda dialog: dialog.accept())  # the drain/revoke confirmations
     yield pg
-    shot = SHOTS / f"{request.node.name}.png"
+    shot = shots / f"{request.node.name}.png"
     pg.screenshot(path=str(shot), full_page=True)
     print(f"screenshot: {shot}")
     context.close()
@@ -305,7 +309,9 @@ def test_traffic_page_charts_requests(fleet: Fleet, page: Page) -> None:
     expect(ttft.locator("svg")).not_to_contain_text("no data")
 
 
-def test_read_only_pages_work_without_javascript(fleet: Fleet, browser: Browser) -> None:
+def test_read_only_pages_work_without_javascript(
+    fleet: Fleet, browser: Browser, shots: Path
+) -> None:
     context = browser.new_context(java_script_enabled=False)
     try:
         pg = context.new_page()
@@ -320,7 +326,7 @@ def test_read_only_pages_work_without_javascript(fleet: Fleet, browser: Browser)
             response = pg.goto(f"{fleet.dash}{path}")
             assert response is not None and response.status == 200, path
             expect(pg.locator("main")).to_contain_text(text)
-        pg.screenshot(path=str(SHOTS / "no-js-keys.png"), full_page=True)
+        pg.screenshot(path=str(shots / "no-js-keys.png"), full_page=True)
     finally:
         context.close()
 

@@ -10,27 +10,27 @@ import httpx
 import openai
 import pytest
 
-from .procs import free_port, running
+from .procs import engine_port_range, running
 
 
 def test_demo_serves_a_fleet_and_stops_its_engines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    port, admin, agents = free_port(), free_port(), free_port()
-    base = free_port()
+    base, last = engine_port_range(51)
     with running(
         "llmgw-server",
         "--demo",
         "--listen",
-        f"127.0.0.1:{port}",
+        "127.0.0.1:0",
         "--admin-listen",
-        f"127.0.0.1:{admin}",
+        "127.0.0.1:0",
         "--agent-listen",
-        f"127.0.0.1:{agents}",
-        env={"LLMGW_CONTROL__PORT_RANGE": f"[{base}, {base + 50}]"},
-        health=f"http://127.0.0.1:{admin}/healthz",
+        "127.0.0.1:0",
+        env={"LLMGW_CONTROL__PORT_RANGE": f"[{base}, {last}]"},
+        ready=True,
     ) as proc:
+        port, admin = (int(proc.ready[k][0].rsplit(":", 1)[1]) for k in ("listen", "admin_listen"))
         deadline = time.monotonic() + 30
         ids: list[str] = []
         while time.monotonic() < deadline:

@@ -32,6 +32,7 @@ from llmgw.transport.pb import agent_pb2 as pb
 from llmgw.transport.pb import agent_pb2_grpc
 from tests.procs import (
     AgentProc,
+    FleetPorts,
     FleetServer,
     agent,
     alive,
@@ -349,8 +350,8 @@ def test_a_server_restart_drains_streams_and_adopts_running_replicas() -> None:
         [model("m", replicas=2, args=["--decode-step-ms", "25"])], unreachable="3s", lost="8s"
     )
     with ExitStack() as stack:
-        srv = stack.enter_context(fleet_server(config))
-        ports = srv.ports
+        ports = stack.enter_context(FleetPorts.reserved())  # kept for the new server
+        srv = stack.enter_context(fleet_server(config, ports=ports))
         a1 = stack.enter_context(
             agent(srv.agent_address, "n1", address="127.0.0.41", max_backoff="500ms")
         )
@@ -417,7 +418,8 @@ def test_a_node_back_after_the_settle_window_does_not_pass_for_a_new_replica() -
     never the healthy replica dropped)."""
     config = control_config([model("m")], unreachable="3s", lost="8s")
     with ExitStack() as stack:
-        srv = stack.enter_context(fleet_server(config))
+        ports = stack.enter_context(FleetPorts.reserved())  # kept for the new server
+        srv = stack.enter_context(fleet_server(config, ports=ports))
         agents = {
             a.node_id: a
             for a in (
@@ -442,7 +444,7 @@ def test_a_node_back_after_the_settle_window_does_not_pass_for_a_new_replica() -
         stack.callback(os.kill, late.proc.pid, signal.SIGCONT)  # never leave it stopped
         srv.proc.kill(signal.SIGKILL)
         srv.proc.popen.wait(10)
-        srv2 = stack.enter_context(fleet_server(config, ports=srv.ports))
+        srv2 = stack.enter_context(fleet_server(config, ports=ports))
         (new,) = srv2.wait(
             lambda: srv2.ready_replicas("m", 1), "m placed again", logs=logs(*agents.values())
         )
@@ -472,7 +474,8 @@ def test_a_node_back_after_the_settle_window_with_no_replacement_has_its_replica
     the server routes to it again."""
     config = control_config([model("m")], unreachable="2s", lost="5s")
     with ExitStack() as stack:
-        srv = stack.enter_context(fleet_server(config))
+        ports = stack.enter_context(FleetPorts.reserved())  # kept for the new server
+        srv = stack.enter_context(fleet_server(config, ports=ports))
         a = stack.enter_context(
             agent(srv.agent_address, "n1", address="127.0.0.47", max_backoff="500ms")
         )
@@ -484,7 +487,7 @@ def test_a_node_back_after_the_settle_window_with_no_replacement_has_its_replica
         stack.callback(os.kill, a.proc.pid, signal.SIGCONT)  # never leave it stopped
         srv.proc.kill(signal.SIGKILL)
         srv.proc.popen.wait(10)
-        srv2 = stack.enter_context(fleet_server(config, ports=srv.ports))
+        srv2 = stack.enter_context(fleet_server(config, ports=ports))
         # The controller places nothing before its settle window ends; a model it could
         # not place means the window is over, with the node still away.
         srv2.wait(

@@ -9,7 +9,6 @@ these depend on the router, not on where keys are kept.
 from __future__ import annotations
 
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -331,7 +330,7 @@ def leaked(secret: str, text: str, window: int = 12) -> list[str]:
 def test_secrets_never_reach_the_logs_even_at_debug(tmp_path: Path) -> None:
     port, admin_port = free_port(), free_port()
     base, admin = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
-    config = Path(tempfile.mkdtemp(prefix="llmgw-config-")) / "llmgw.toml"
+    config = tmp_path / "llmgw.toml"
     config.write_text(CONFIG.format(path=tmp_path / "llmgw.db"))
     with sim(model="m") as (_, engine):
         proc = Proc(

@@ -22,6 +22,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from llmgw.config import DeploymentProfile, TlsConfig
 from llmgw.control.fleet import Gpu, NodeInfo, ShardState
+from llmgw.testing_procs import reserve_port
 from llmgw.transport import certs, grpc_bridge
 from llmgw.transport.base import AgentConnection, ConnectFailed, ConnectionClosed
 from llmgw.transport.grpc import SERVICE_NAME, GrpcConnector, GrpcListener, Keepalive
@@ -454,12 +455,26 @@ async def test_cancelling_serve_closes_every_stream_and_leaks_nothing() -> None:
 
 
 async def test_connect_to_a_closed_port_fails() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with trio.fail_after(5), pytest.raises(ConnectFailed, match="connection refused"):
+    # Held (bound, not listening) while connecting: nothing else can listen there.
+    with (
+        reserve_port() as port,
+        trio.fail_after(5),
+        pytest.raises(ConnectFailed, match="connection refused"),
+    ):
         async with GrpcConnector(f"127.0.0.1:{port}").connect():
             pass
+
+
+async def test_a_reserved_port_can_still_be_listened_on() -> None:
+    """reserve_port's promise for the agent port of a server restarted in place: gRPC
+    binds with SO_REUSEADDR, so it listens on a port a test holds."""
+    with reserve_port() as port, trio.fail_after(5):
+        listener = GrpcListener(f"127.0.0.1:{port}")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(listener.serve, echo_registration)
+            assert listener.port == port
+            assert listener.addresses == [f"127.0.0.1:{port}"]
+            nursery.cancel_scope.cancel()
 
 
 async def test_connect_times_out_on_a_silent_port() -> None:

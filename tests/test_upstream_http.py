@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from llmgw.router.upstream_http import Pool, UpstreamError
+from llmgw.testing_procs import reserve_port
 
 Script = Callable[[int], Sequence[bytes]]  # connection number -> pieces to send per request
 
@@ -157,8 +158,5 @@ async def test_a_body_cut_short_is_an_upstream_error() -> None:
 async def test_nothing_listening_is_a_connect_error() -> None:
     from llmgw.router.upstream_http import ConnectFailed
 
-    with trio.socket.socket() as s:
-        await s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with pytest.raises(ConnectFailed):
+    with reserve_port() as port, pytest.raises(ConnectFailed):  # held: nothing listens
         await post(Pool(dial_timeout=2), port)

@@ -42,15 +42,17 @@ def wait_for(
     *,
     interval: float = 0.1,
     context: Callable[[], str] | None = None,
+    transient: tuple[type[BaseException], ...] = TRANSIENT,
 ) -> T:
     """Poll `check()` until it returns something truthy and return that; on timeout fail
-    with `what`, the last value seen, and `context()` (e.g. a process's output)."""
+    with `what`, the last value seen, and `context()` (e.g. a process's output). An
+    exception of a `transient` kind counts as a value not there yet; any other fails."""
     deadline = time.monotonic() + timeout
     last: object = None
     while True:
         try:
             found = check()
-        except TRANSIENT as exc:  # a server (re)starting
+        except transient as exc:  # e.g. a server (re)starting
             last = exc
         else:
             if found:
@@ -68,20 +70,23 @@ async def wait_until(
     *,
     interval: float = 0.02,
     context: Callable[[], str] | None = None,
+    transient: tuple[type[BaseException], ...] = TRANSIENT,
 ) -> T:
-    """:func:`wait_for` in a trio run: `check` may be a plain or an async function."""
+    """:func:`wait_for` in a trio run: `check` may be a plain or an async function (one
+    still running at the deadline is cancelled)."""
     deadline = trio.current_time() + timeout
     last: object = None
     while True:
-        try:
-            value = check()
-            found = cast("T | None", await value if inspect.isawaitable(value) else value)
-        except TRANSIENT as exc:
-            last = exc
-        else:
-            if found:
-                return found
-            last = found
+        with trio.move_on_at(deadline):
+            try:
+                value = check()
+                found = cast("T | None", await value if inspect.isawaitable(value) else value)
+            except transient as exc:
+                last = exc
+            else:
+                if found:
+                    return found
+                last = found
         if trio.current_time() >= deadline:
             raise TimeoutError(_timed_out(what, timeout, last, context))
         await trio.sleep(interval)  # the poll interval
