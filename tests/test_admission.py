@@ -32,6 +32,8 @@ PLATINUM, GOLD, SILVER, BRONZE = AdmissionConfig().bands
 
 @pytest.fixture
 def anyio_backend() -> tuple[str, dict[str, object]]:
+    # Every test here runs on virtual time: a trio.sleep jumps the clock as soon as all
+    # tasks are blocked, so sleeps are the scenario's timeline, never a wait for luck.
     return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
 
 
@@ -191,7 +193,7 @@ async def test_dispatch_order_is_priority_then_arrival() -> None:
         with await c.admit("m", band, "t", 1):
             sim.inflight += 1
             order.append(tag)
-            await trio.sleep(1)
+            await trio.sleep(1)  # holds the slot for 1 s of virtual time
             sim.inflight -= 1
 
     async with running(c) as nursery:
@@ -245,7 +247,7 @@ async def test_a_blocked_higher_band_holds_back_lower_bands() -> None:
         nursery.start_soon(client, bands[0])
         await trio.testing.wait_all_tasks_blocked()
         nursery.start_soon(client, bands[1])
-        await trio.sleep(1)  # many timer ticks
+        await trio.sleep(1)  # virtual time: many timer ticks, and still nothing goes
         assert order == []
         sat.value = 0.4
     assert order == ["first", "second"]
@@ -270,13 +272,13 @@ async def test_saturation_rising_with_each_admission_stops_at_the_ceiling() -> N
         assert held == 0 and band_stats(c)["bronze"].depth == 10
         sim.inflight = 0  # every slot frees at once
         c.poke("m")
-        await trio.sleep(1)  # plenty of dispatch rounds and timer ticks
+        await trio.sleep(1)  # virtual time: plenty of dispatch rounds and timer ticks
         # 0.0, 0.1, 0.2 are below bronze's 0.30; at 0.3 it stops.
         assert held == 3
         assert band_stats(c)["bronze"].depth == 7
         for _ in range(10):
             nursery.start_soon(client, GOLD)
-        await trio.sleep(1)
+        await trio.sleep(1)  # virtual time: as many rounds again
         # Gold climbs from 0.3 until 0.85: 0.3 .. 0.8 admitted, 6 of them.
         assert held == 9
         assert band_stats(c)["gold"].depth == 4
@@ -288,7 +290,7 @@ async def test_the_timer_catches_a_drop_nobody_poked() -> None:
     c = AdmissionController(config(interval=0.05), sat)
 
     async def drop() -> None:
-        await trio.sleep(2)
+        await trio.sleep(2)  # the drop comes at t=2 s of virtual time
         sat.value = 0.0  # no poke
 
     async with running(c) as nursery:
@@ -316,7 +318,7 @@ async def run_backlog(
         with await c.admit("m", GOLD, tenant, cost):
             sim.inflight += 1
             served.append((tenant, index, cost))
-            await trio.sleep(service)
+            await trio.sleep(service)  # the service time (virtual)
             sim.inflight -= 1
 
     async with running(c) as nursery:
@@ -467,7 +469,7 @@ async def test_a_cancelled_waiter_leaves_at_once_and_is_never_admitted() -> None
         with scope, await c.admit("m", GOLD, tag, 1):
             sim.inflight += 1
             admitted.append(tag)
-            await trio.sleep(1)
+            await trio.sleep(1)  # holds the slot for 1 s of virtual time
             sim.inflight -= 1
 
     gone, stays = trio.CancelScope(), trio.CancelScope()
@@ -475,7 +477,7 @@ async def test_a_cancelled_waiter_leaves_at_once_and_is_never_admitted() -> None
         nursery.start_soon(client, "gone", gone)
         await trio.testing.wait_all_tasks_blocked()
         nursery.start_soon(client, "stays", stays)
-        await trio.sleep(3)
+        await trio.sleep(3)  # both wait 3 s of virtual time
         assert band_stats(c)["gold"].depth == 2
         gone.cancel()
         assert band_stats(c)["gold"].depth == 1  # removed by the cancel itself
@@ -504,7 +506,7 @@ async def test_a_handoff_cancelled_before_it_resumes_still_releases() -> None:
             sim.inflight += 1
             reached.append("admitted")
             try:
-                await trio.sleep(1)
+                await trio.sleep(1)  # holds the slot (virtual time)
             finally:
                 sim.inflight -= 1
 
@@ -563,7 +565,7 @@ async def test_stats_and_snapshot() -> None:
 
         for tenant in ("a", "a", "b"):
             nursery.start_soon(wait, tenant)
-        await trio.sleep(2)
+        await trio.sleep(2)  # the three wait 2 s of virtual time
         stats = c.stats()
         assert stats.enabled
         (pool,) = stats.pools
@@ -619,7 +621,7 @@ def simulate(
     violations: list[str] = []
 
     async def client(i: int, r: Req) -> None:
-        await trio.sleep(r.at)
+        await trio.sleep(r.at)  # arrives at r.at s of virtual time
         band = bands[r.band]
         result = "abandoned"
         with trio.move_on_after(math.inf if r.cancel_after is None else r.cancel_after):
@@ -634,7 +636,7 @@ def simulate(
                         violations.append(f"{band.name} admitted at {sim.saturation('m')}")
                     sim.inflight += 1
                     try:
-                        await trio.sleep(r.service)
+                        await trio.sleep(r.service)  # the service time (virtual)
                     finally:
                         sim.inflight -= 1
         assert outcomes[i] == "", "a request ended twice"

@@ -256,7 +256,7 @@ class FakeEngine:
         n = int(body["max_tokens"])
         if not body.get("stream"):
             self.inflight += 1
-            await trio.sleep(self.ttft() + self.step * (n - 1))
+            await trio.sleep(self.ttft() + self.step * (n - 1))  # simulated generation
             self.inflight -= 1
             text = " ".join(["tok"] * n)
             return httpx.Response(
@@ -273,10 +273,10 @@ class FakeEngine:
         self.peak = max(self.peak, self.inflight)
         try:
             yield b'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}\n\n'
-            await trio.sleep(self.ttft())
+            await trio.sleep(self.ttft())  # simulated prefill (virtual time)
             for i in range(n):
                 if i:
-                    await trio.sleep(self.step)
+                    await trio.sleep(self.step)  # simulated decode step
                 yield _chunk(" tok")
             if self.usage:
                 usage = {
@@ -308,6 +308,8 @@ def _config(**kw: object) -> bench.LoadConfig:
 
 @pytest.fixture
 def anyio_backend() -> tuple[str, dict[str, object]]:
+    # Virtual time for every test here: the fake engines' sleeps are their simulated
+    # work, and the clock jumps over them as soon as all tasks wait.
     return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
 
 
@@ -381,7 +383,7 @@ async def test_failures_are_labelled() -> None:
         if kind == 3:
             return httpx.Response(200, content=_chunk("x"))  # no [DONE]
         if kind == 4:
-            await trio.sleep(1000)
+            await trio.sleep(1000)  # an engine that hangs: the request timeout ends it
         raise httpx.ConnectError("refused", request=request)
 
     result = await bench.run(

@@ -339,7 +339,7 @@ def test_run_samples_once_per_slot_with_a_mock_clock() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(r.run, admission_view)
             assert len(calls) == 1  # sampled before started()
-            await trio.sleep(31.0)
+            await trio.sleep(31.0)  # 31 s of virtual time (MockClock, below)
             nursery.cancel_scope.cancel()
         seen["series"] = r.series(include_current=True)
 

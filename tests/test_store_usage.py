@@ -31,7 +31,7 @@ class FakeStore:
         self.delay = 0.0
 
     async def record_usage(self, batch: Sequence[TimedUsage]) -> None:
-        await trio.sleep(self.delay)
+        await trio.sleep(self.delay)  # the write's duration (virtual time)
         if self.fail_next:
             self.fail_next -= 1
             raise RuntimeError("database is down")
@@ -72,9 +72,9 @@ async def test_flushes_at_the_interval_and_when_a_batch_fills() -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(batcher.run)
         batcher.record(rec("a"))
-        await trio.sleep(0.5)
+        await trio.sleep(0.5)  # virtual time, as every sleep here
         assert store.batches == []  # not yet: half an interval
-        await trio.sleep(0.6)
+        await trio.sleep(0.6)  # past the interval
         assert store.batches == [["a"]]
         start = trio.current_time()
         for m in "bcdef":
@@ -94,10 +94,10 @@ async def test_a_failed_write_is_retried_in_order() -> None:
         await nursery.start(batcher.run)
         for m in "abc":
             batcher.record(rec(m))
-        await trio.sleep(0.1)
+        await trio.sleep(0.1)  # the first attempt has failed (virtual time)
         assert store.batches == [] and batcher.failed_writes == 1
         batcher.record(rec("d"))
-        await trio.sleep(5)
+        await trio.sleep(5)  # several intervals: the retries (virtual time)
         nursery.cancel_scope.cancel()
     assert store.models == ["a", "b", "c", "d"]
     assert batcher.failed_writes == 2 and batcher.dropped == 0 and batcher.lost == 0
@@ -111,7 +111,7 @@ async def test_a_failing_store_does_not_spin() -> None:
         await nursery.start(batcher.run)
         for _ in range(100):
             batcher.record(rec("x"))
-            await trio.sleep(0.01)
+            await trio.sleep(0.01)  # one record every 10 ms of virtual time
         nursery.cancel_scope.cancel()
     # ~1 s of virtual time: about one attempt per interval, not one per record.
     assert batcher.failed_writes <= 4
@@ -163,7 +163,7 @@ async def test_shutdown_is_bounded_and_counts_what_it_could_not_write() -> None:
         await nursery.start(batcher.run)
         for m in "abcdef":
             batcher.record(rec(m))
-        await trio.sleep(0.001)
+        await trio.sleep(0.001)  # the first write has begun (virtual time)
         started = trio.current_time()
         nursery.cancel_scope.cancel()
     took = trio.current_time() - started

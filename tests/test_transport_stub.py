@@ -228,7 +228,7 @@ async def test_seeded_drops_lose_exactly_the_drawn_messages() -> None:
     async with serving(network, handler), network.connector("n").connect() as conn:
         for seq in range(count):
             await conn.send(Heartbeat(seq=seq))
-        await trio.sleep(1)  # everything still on its way has landed
+        await trio.sleep(1)  # virtual time: everything still on its way has landed
     assert got == expected
     assert network.stats.sent == count
     assert network.stats.dropped == count - len(expected)
@@ -255,7 +255,7 @@ async def test_drop_predicate_loses_only_matching_messages() -> None:
                 await conn.send(register(node))
                 for seq in range(6):
                     await conn.send(Heartbeat(seq=seq))
-                await trio.sleep(1)
+                await trio.sleep(1)  # virtual time: all of it delivered (no latency set)
     assert got == {"a": [0, 2, 4], "b": [0, 1, 2, 3, 4, 5]}
 
 
