@@ -24,6 +24,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from .procs import Server, server, sim
+from .waiting import wait_until
 
 SIM_ARGS = ("--max-num-seqs", "4")
 BASE_CONFIG = """
@@ -131,15 +132,17 @@ async def until(
     within: float = 10.0,
     **labels: str,
 ) -> float:
-    """Poll a metric until `check(value)` holds (absent counts as 0)."""
-    value = 0.0
-    with trio.move_on_after(within):
-        while True:
-            value = await metric(admin, name, **labels) or 0.0
-            if check(value):
-                return value
-            await trio.sleep(0.02)
-    raise AssertionError(f"{name}{labels} = {value} did not reach the expected value")
+    """Wait until a metric (absent counts as 0) has a value for which `check` holds."""
+    seen: list[float] = []
+
+    async def holds() -> bool:
+        seen.append(await metric(admin, name, **labels) or 0.0)
+        return check(seen[-1])
+
+    await wait_until(
+        holds, f"{name}{labels} as expected", within, context=lambda: f"value: {seen[-1:]}"
+    )
+    return seen[-1]
 
 
 async def hold(client: httpx.AsyncClient, nursery: trio.Nursery, n: int, band: str) -> None:
@@ -218,15 +221,15 @@ def test_silver_waits_while_gold_flows(fleet: Server) -> None:
         async with trio.open_nursery() as nursery:
             for _ in range(n_gold):
                 nursery.start_soon(call, client, "gold", None, SHORT, gold)
+
+            async def all_gold_in() -> bool:
+                depth = await metric(admin, "llmgw_admission_queue_depth", band="gold") or 0
+                admitted = await metric(admin, "llmgw_admission_admitted_total", band="gold")
+                return depth >= 4 and depth + (admitted or 0) == n_gold
+
             # Every gold request has reached the router (admitted or queued) and a
             # queue has formed.
-            with trio.fail_after(10):
-                while True:
-                    depth = await metric(admin, "llmgw_admission_queue_depth", band="gold") or 0
-                    admitted = await metric(admin, "llmgw_admission_admitted_total", band="gold")
-                    if depth >= 4 and depth + (admitted or 0) == n_gold:
-                        break
-                    await trio.sleep(0.02)
+            await wait_until(all_gold_in, "every gold request admitted or queued, 4+ queued")
             for _ in range(3):
                 nursery.start_soon(call, client, "silver", None, SHORT, silver)
             await until(admin, "llmgw_admission_queue_depth", lambda v: v == 3, band="silver")
@@ -311,9 +314,18 @@ def test_ttl_and_capacity_answer_429(fleet: Server) -> None:
             for _ in range(3):
                 full.append(await call(client, "bronze"))
             # A client that gives up while queued leaves the queue at once.
-            with trio.move_on_after(0.5) as gone:
-                await call(client, "silver")
-            assert gone.cancelled_caught
+            gone, left = trio.CancelScope(), trio.Event()
+
+            async def give_up() -> None:
+                with gone:
+                    await call(client, "silver")
+                left.set()
+
+            nursery.start_soon(give_up)
+            await until(admin, "llmgw_admission_queue_depth", lambda v: v == 1, band="silver")
+            gone.cancel()
+            await left.wait()
+            assert gone.cancelled_caught  # it was still queued when it left
             await until(admin, "llmgw_admission_abandoned_total", lambda v: v == 1, band="silver")
             assert await metric(admin, "llmgw_admission_queue_depth", band="silver") == 0
             snapshot = (await admin.get("/api/v1/admission")).json()

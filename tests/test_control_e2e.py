@@ -25,6 +25,7 @@ from llmgw.transport.messages import (
     StopShard,
 )
 from llmgw.transport.stub import StubNetwork
+from tests.waiting import wait_until
 
 
 def state_of(f: Fleet, node_id: str) -> NodeState:
@@ -126,14 +127,17 @@ async def test_draining_a_node_moves_its_replica_without_a_gap() -> None:
             reps = list(f.controller.reconciler.replicas.values())
             return len(reps) == 1 and reps[0].placement.nodes != (old_node,)
 
-        with trio.fail_after(20):
-            while not moved():
-                # Served throughout: the old replica drains only after the new one is ready.
-                r = await f.client.post(
-                    "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1}
-                )
-                assert r.status_code == 200, r.text
-                await trio.sleep(0.05)
+        async def served_until_moved() -> bool:
+            # Served throughout: the old replica drains only after the new one is ready.
+            r = await f.client.post(
+                "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1}
+            )
+            assert r.status_code == 200, r.text
+            return moved()
+
+        await wait_until(
+            served_until_moved, f"the replica moved off {old_node}", timeout=20, transient=()
+        )
         assert f.controller.activity.get("m").requests_per_second > 0
         (counts,) = (await f.admin.get("/api/v1/replicas")).json()["models"]
         assert counts["requests_per_second"] > 0 and counts["idle_seconds"] < 5
@@ -205,7 +209,7 @@ class ScriptedAgent:
                 await self._session()
             except* (ConnectionClosed, ConnectFailed):
                 pass
-            await trio.sleep(0.5)
+            await trio.sleep(0.5)  # its reconnect backoff (on the test's virtual time)
 
     async def _session(self) -> None:
         async with self.network.connector(self.node.node_id).connect() as conn:
@@ -245,7 +249,7 @@ class ScriptedAgent:
     async def _heartbeats(self, conn: ServerConnection, interval: float) -> None:
         seq = 0
         while True:
-            await trio.sleep(interval)
+            await trio.sleep(interval)  # the heartbeat interval (virtual time)
             seq += 1
             await conn.send(Heartbeat(seq, self.node.gpus))
 

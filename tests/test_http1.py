@@ -29,7 +29,9 @@ class App:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.watching = trio.Event()  # /watch has its request and waits for the client
         self.disconnected = trio.Event()
+        self.holding = trio.Event()  # /slow has its request and waits for `release`
         self.release = trio.Event()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -52,11 +54,13 @@ class App:
         if body is None:
             return
         if path == "/watch":
+            self.watching.set()
             message = await receive()
             if message["type"] == "http.disconnect":
                 self.disconnected.set()
             return
         if path == "/slow":
+            self.holding.set()
             await self.release.wait()
         await self._json(
             send,
@@ -256,7 +260,7 @@ async def test_a_chunked_request_body_with_extensions_and_trailers_is_reassemble
         await client.send(head)
         for i in range(0, len(body), 7):
             await client.send(body[i : i + 7])
-            await trio.sleep(0.005)
+            await trio.sleep(0.005)  # a slow client: each piece a read of its own
         raw = await client.raw_until(b'"}')
         assert json.loads(raw.partition(b"\r\n\r\n")[2])["body"] == "Wikipedia in\r\n\r\nchunks."
         await client.request("GET", "/after")  # the connection is still in step
@@ -394,7 +398,8 @@ async def test_the_app_learns_of_a_client_that_leaves_after_its_request() -> Non
     async with running() as server:
         async with connect(server) as client:
             await client.send(request("POST", "/watch", b"{}"))
-            await trio.sleep(0.05)
+            with trio.fail_after(WAIT):
+                await server.app.watching.wait()  # the request is the app's: now leave
         with trio.fail_after(WAIT):
             await server.app.disconnected.wait()
 
@@ -440,7 +445,8 @@ async def test_shutdown_closes_idle_connections_and_lets_requests_in_flight_fini
             await idle.request("GET", "/warm")
             await idle.response()
             await busy.request("POST", "/slow", b"x")
-            await trio.sleep(0.1)
+            with trio.fail_after(WAIT):
+                await server.app.holding.wait()  # in flight when the shutdown begins
             server.stop.set()
             assert await idle.closed()
             server.app.release.set()
@@ -457,7 +463,8 @@ async def test_shutdown_closes_idle_connections_and_lets_requests_in_flight_fini
 async def test_requests_past_the_graceful_time_are_cancelled() -> None:
     async with running(graceful_timeout=0.2) as server, connect(server) as busy:
         await busy.send(request("POST", "/slow", b"x"))
-        await trio.sleep(0.1)
+        with trio.fail_after(WAIT):
+            await server.app.holding.wait()  # in flight when the shutdown begins
         server.stop.set()
         assert await busy.raw_until_closed() == b""
         with trio.fail_after(WAIT):
@@ -474,4 +481,6 @@ async def test_after_a_refusal_the_server_still_takes_the_clients_bytes_for_a_wh
         assert answer.startswith(b"HTTP/1.1 501 ")
         for _ in range(4):  # a closed socket would have reset the connection by now
             await client.send(b"x" * 16384)
+            # The client goes on sending for a while (the behaviour under test): time
+            # for a reset, had the server closed, to come back before the next send.
             await trio.sleep(0.05)

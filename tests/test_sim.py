@@ -19,6 +19,7 @@ import trio
 
 from llmgw_cli.sim import build_parser, config_from_args
 from tests.procs import BIN, sim
+from tests.waiting import wait_until
 
 # -- helpers ------------------------------------------------------------------------------
 
@@ -40,15 +41,15 @@ def scrape(base: str) -> dict[str, float]:
 
 
 async def wait_metric(base: str, name: str, pred: Any, within: float = 10.0) -> float:
-    """Poll /metrics until `pred(value)` holds; fails with the last value otherwise."""
-    value = math.nan
-    with trio.move_on_after(within):
-        while True:
-            value = (await trio.to_thread.run_sync(scrape, base)).get(name, math.nan)
-            if pred(value):
-                return value
-            await trio.sleep(0.05)
-    raise AssertionError(f"{name} stayed at {value}")
+    """Wait until /metrics has a value of `name` for which `pred` holds, and return it."""
+    seen: list[float] = []
+
+    async def holds() -> bool:
+        seen.append((await trio.to_thread.run_sync(scrape, base)).get(name, math.nan))
+        return bool(pred(seen[-1]))
+
+    await wait_until(holds, f"{name} as expected", within, context=lambda: f"value: {seen[-1:]}")
+    return seen[-1]
 
 
 def client(base: str) -> openai.AsyncOpenAI:
