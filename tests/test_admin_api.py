@@ -213,7 +213,7 @@ async def test_key_defaults_and_expiry_status(tmp_path: Path) -> None:
         )
         assert r.status_code == 201
         assert r.json()["admin"] is True
-        await trio.sleep(0.01)
+        await trio.sleep(0.01)  # the key's 1 ms lifetime runs out: time passing is the test
         statuses = {
             k["name"]: k["status"] for k in (await a.client.get("/api/v1/keys")).json()["keys"]
         }

@@ -160,12 +160,12 @@ def test_a_head_dribbled_within_the_deadline_and_a_slower_body_are_served(gw: Se
         step = len(head) // 5 + 1
         for i in range(0, len(head), step):
             conn.sock.sendall(head[i : i + step])
-            time.sleep(TIMEOUT / 10)
+            time.sleep(TIMEOUT / 10)  # a slow client: the pace is what is tested
         # ...then the body over twice the deadline: the body is not the head's business.
         pieces = 8
         size = len(body) // pieces + 1
         for i in range(0, len(body), size):
-            time.sleep(2 * TIMEOUT / pieces)
+            time.sleep(2 * TIMEOUT / pieces)  # a slow body, as slow as the test says
             conn.sock.sendall(conn.h11.send(h11.Data(data=body[i : i + size])))
         conn.sock.sendall(conn.h11.send(h11.EndOfMessage()))
         status, reply = conn.response()
@@ -205,7 +205,8 @@ def test_a_stream_outlasting_the_deadline_is_not_cut_and_the_connection_stays(
         assert events[-1] == "data: [DONE]"
         assert took > 1.5 * TIMEOUT, f"the stream was too quick ({took:.2f}s) to show anything"
 
-        # Kept alive and idle for twice the head deadline: keep-alive (75s) applies.
+        # Kept alive and idle for twice the head deadline: keep-alive (75s) applies. The
+        # idle time is the input under test; the request after it shows the outcome.
         time.sleep(2 * TIMEOUT)
         conn.sock.sendall(conn.request("GET", "/v1/models"))
         status, reply = conn.response()
@@ -220,7 +221,7 @@ def test_on_a_kept_alive_connection_the_next_head_is_bounded_from_its_first_byte
     with connect(gw.base) as conn:
         conn.sock.sendall(conn.request("GET", "/v1/models"))
         assert conn.response()[0] == 200
-        time.sleep(1.5 * TIMEOUT)  # idle: not cut
+        time.sleep(1.5 * TIMEOUT)  # idle past the head deadline (the input under test)
         head = conn.head("GET", "/v1/models")
         started = time.monotonic()
         conn.sock.sendall(head[:-4])  # everything but the blank line ending the head

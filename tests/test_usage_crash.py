@@ -25,7 +25,7 @@ import trio
 from llmgw.store import open_store
 from llmgw.store.usage import UsageBatcher
 
-from .procs import server, sim
+from .procs import server, sim, wait_for
 
 FLUSH_INTERVAL: float = inspect.signature(UsageBatcher).parameters["flush_interval"].default
 # Slack for the write after an interval ends (a transaction in a worker thread), the
@@ -37,7 +37,8 @@ WINDOW = FLUSH_INTERVAL + MARGIN
 THREADS = 4
 PERIOD = 0.05  # s between one thread's requests: ~80 requests/s in all
 PER_THREAD = 130  # bounds the load at ~6.5 s; the kill comes before that
-KILL_AFTER = 4.5  # s into the load
+# Answered more than WINDOW before the kill: at the pace above, the kill comes ~4 s in.
+ANSWERED_BEFORE = 120
 
 CONFIG = """
 [store]
@@ -99,7 +100,7 @@ class Load:
                     return
                 delay = start + i * PERIOD - time.monotonic()
                 if delay > 0:
-                    time.sleep(delay)
+                    time.sleep(delay)  # the load's pace: one request every PERIOD
                 try:
                     r = client.post("/v1/chat/completions", json=body, headers=headers)
                 except httpx.HTTPError as exc:
@@ -135,7 +136,15 @@ def test_kill_9_loses_at_most_one_flush_interval_of_usage(store_url: str) -> Non
         srv.wait_scraped()
         load = Load(srv.base, key)
         load.start()
-        time.sleep(KILL_AFTER)
+        # The kill comes in the middle of the load, once enough of it was answered
+        # long enough ago (more than WINDOW) for the count below to mean something.
+        wait_for(
+            lambda: sum(t <= time.monotonic() - WINDOW for t in load.answered) >= ANSWERED_BEFORE,
+            f"{ANSWERED_BEFORE} requests answered more than {WINDOW:g} s ago",
+            30,
+            context=lambda: f"{len(load.answered)} answered; errors: {load.errors[:3]}",
+        )
+        assert any(t.is_alive() for t in load.threads), "the load ended before the kill"
         killed_at = time.monotonic()
         load.stop.set()  # errors from now on are the kill's
         srv.proc.kill(signal.SIGKILL)
@@ -154,7 +163,7 @@ def test_kill_9_loses_at_most_one_flush_interval_of_usage(store_url: str) -> Non
         f"answered {len(answered)} ({before_cutoff} more than {WINDOW:g} s before the kill, "
         f"{in_window} within it), stored {stored}, missing {missing}"
     )
-    assert before_cutoff >= 60, "too little load before the window to mean anything"
+    assert before_cutoff >= ANSWERED_BEFORE, "too little load before the window to mean anything"
     # Nothing counted twice (nor a record of a request no client saw answered).
     assert stored <= len(answered)
     # The batcher writes in order (a FIFO buffer), so the stored records are the
