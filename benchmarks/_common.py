@@ -1,7 +1,8 @@
 """Shared helpers of the router benchmarks (router_overhead.py, routing_quality.py).
 
-* processes: simulators and the router on free loopback ports, always stopped on
-  exit (normal return, exception, Ctrl-C, SIGTERM, and an atexit backstop);
+* processes: simulators and the router on loopback ports of their own (port 0, read
+  back from their ready files), always stopped on exit (normal return, exception,
+  Ctrl-C, SIGTERM, and an atexit backstop);
 * a client-side round-robin transport (the "direct" baseline);
 * interleaved turns A, B, A, B with a hook before and after each turn, one
   warm client per target;
@@ -35,7 +36,7 @@ import trio
 
 from llmgw import bench
 from llmgw.bench.transport import FastTransport
-from llmgw.testing_procs import LOOPBACK, Proc, free_port
+from llmgw.testing_procs import LOOPBACK, Proc, reserve_port
 
 BIN = Path(sys.executable).parent
 
@@ -49,50 +50,69 @@ class Fleet:
     def __init__(self) -> None:
         self.procs: list[Proc] = []
         self.logdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
+        self._ports = contextlib.ExitStack()
         self._closed = False
         atexit.register(self.close)
 
+    def reserve_port(self) -> int:
+        """A loopback port held until `close()` (testing_procs.reserve_port), for a
+        program that must be told its port (llama-server, a server restarted in place)."""
+        return self._ports.enter_context(reserve_port())
+
     def start(
-        self, program: str, *args: str, name: str, health: str, env: dict[str, str] | None = None
+        self,
+        program: str,
+        *args: str,
+        name: str,
+        health: str | None = None,
+        env: dict[str, str] | None = None,
+        ready: bool = False,
     ) -> Proc:
-        proc = Proc([str(BIN / program), *args], self.logdir / f"{name}.log", env)
+        """Start `program`; with `ready`, pass it ``--ready-file`` and wait for that
+        (``proc.ready`` holds the bound addresses); then wait for `health` if given."""
+        argv = [str(BIN / program), *args]
+        ready_file = self.logdir / f"{name}.ready.json"
+        if ready:
+            argv += ["--ready-file", str(ready_file)]
+        proc = Proc(argv, self.logdir / f"{name}.log", env)
         self.procs.append(proc)
-        proc.wait_http(health, timeout=30.0)
+        if ready:
+            proc.wait_ready_file(ready_file, timeout=30.0)
+        if health is not None:
+            proc.wait_http(health, timeout=30.0)
         return proc
 
     def sim(self, name: str, *args: str, model: str) -> tuple[Proc, str]:
-        port = free_port()
-        base = f"http://{LOOPBACK}:{port}"
-        argv = ["--host", LOOPBACK, "--port", str(port), "--model", model, *args]
-        return self.start("llmgw-sim", *argv, name=name, health=f"{base}/health"), base
+        argv = ["--host", LOOPBACK, "--port", "0", "--model", model, *args]
+        proc = self.start("llmgw-sim", *argv, name=name, ready=True)
+        return proc, proc.url()
 
     def router(
         self, endpoints: Sequence[tuple[str, str, str]], config: str | None = None
     ) -> RouterProc:
-        port, admin_port = free_port(), free_port()
-        argv = ["--listen", f"{LOOPBACK}:{port}", "--admin-listen", f"{LOOPBACK}:{admin_port}"]
+        argv = ["--listen", f"{LOOPBACK}:0", "--admin-listen", f"{LOOPBACK}:0"]
         if config is not None:
             path = self.logdir / "llmgw.toml"
             path.write_text(config)
             argv += ["--config", str(path)]
         for ident, url, model in endpoints:
             argv += ["--endpoint", f"{ident}={url}={model}"]
-        admin = f"http://{LOOPBACK}:{admin_port}"
         # The router alone, unless `config` names a store: without this it would open the
         # default one (SQLite in the working directory) and record usage.
         env = None if config is not None and "[store]" in config else {"LLMGW_STORE__URL": ""}
-        proc = self.start(
-            "llmgw-server", *argv, name="llmgw-server", health=f"{admin}/healthz", env=env
-        )
-        return RouterProc(proc, f"http://{LOOPBACK}:{port}", admin)
+        proc = self.start("llmgw-server", *argv, name="llmgw-server", env=env, ready=True)
+        return RouterProc(proc, proc.url("listen"), proc.url("admin_listen"))
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         # Router first, so it does not log every simulator going away.
-        for proc in reversed(self.procs):
-            proc.stop(5.0)
+        try:
+            for proc in reversed(self.procs):
+                proc.stop(5.0)
+        finally:
+            self._ports.close()
 
 
 @contextlib.contextmanager

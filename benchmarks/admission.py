@@ -76,37 +76,26 @@ class Fleet(c.Fleet):
     """The shared process handling, with this benchmark's simulators and routers."""
 
     def sim(self, name: str, *args: str) -> str:
-        port = c.free_port()
-        base = f"http://{LOOPBACK}:{port}"
-        argv = ["--host", LOOPBACK, "--port", str(port), "--model", MODEL, *args]
-        self.start("llmgw-sim", *argv, name=name, health=f"{base}/health")
-        return base
+        return super().sim(name, *args, model=MODEL)[1]
 
     def router(
         self, name: str, sims: Sequence[str], config: str, env: dict[str, str]
     ) -> tuple[c.Proc, str, str]:
-        port, admin_port = c.free_port(), c.free_port()
         path = self.logdir / f"{name}.toml"
         path.write_text(config)
-        argv = [
-            "--listen",
-            f"{LOOPBACK}:{port}",
-            "--admin-listen",
-            f"{LOOPBACK}:{admin_port}",
-            "--config",
-            str(path),
-        ]
+        argv = ["--listen", f"{LOOPBACK}:0", "--admin-listen", f"{LOOPBACK}:0"]
+        argv += ["--config", str(path)]
         for i, base in enumerate(sims):
             argv += ["--endpoint", f"s{i}={base}={MODEL}"]
-        admin = f"http://{LOOPBACK}:{admin_port}"
-        proc = self.start("llmgw-server", *argv, name=name, health=f"{admin}/healthz", env=env)
+        proc = self.start("llmgw-server", *argv, name=name, env=env, ready=True)
+        admin = proc.url("admin_listen")
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:  # scored on data from the first request on
             r = httpx.get(f"{admin}/api/v1/endpoints", timeout=5, trust_env=False)
             if all(e.get("engine") is not None for e in r.json()["endpoints"]):
                 break
             time.sleep(0.05)
-        return proc, f"http://{LOOPBACK}:{port}", admin
+        return proc, proc.url("listen"), admin
 
 
 # -- load ---------------------------------------------------------------------------------

@@ -221,7 +221,9 @@ class Bench:
         self.fleet = fleet
         self.args = args
         self.state = state
-        self.ports = {"listen": c.free_port(), "admin": c.free_port(), "agent": c.free_port()}
+        # Fixed for the run (held, so nothing takes them while the server is down): every
+        # restart binds the same ones, and the agents reconnect to the same address.
+        self.ports = {name: fleet.reserve_port() for name in ("listen", "admin", "agent")}
         self.admin = f"http://127.0.0.1:{self.ports['admin']}"
         self.config = state / "llmgw.toml"
         self.config.write_text(CONFIG.format(**self.ports))

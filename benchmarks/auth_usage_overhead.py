@@ -121,21 +121,19 @@ async def stored_requests(url: str) -> int:
 
 def start_server(fleet: c.Fleet, name: str, sims: list[str], store_url: str | None) -> c.RouterProc:
     """An llmgw-server with its own config file (Fleet.router shares one path)."""
-    port, admin_port = c.free_port(), c.free_port()
     # Plain: no store at all (the default would be SQLite in the working directory).
     config = SCORING + f'[store]\nurl = "{store_url or ""}"\n'
     path = fleet.logdir / f"{name}.toml"
     path.write_text(config)
     argv = [
-        "--listen", f"{c.LOOPBACK}:{port}",
-        "--admin-listen", f"{c.LOOPBACK}:{admin_port}",
+        "--listen", f"{c.LOOPBACK}:0",
+        "--admin-listen", f"{c.LOOPBACK}:0",
         "--config", str(path),
     ]  # fmt: skip
     for i, base in enumerate(sims):
         argv += ["--endpoint", f"sim-{i}={base}={MODEL}"]
-    admin = f"http://{c.LOOPBACK}:{admin_port}"
-    proc = fleet.start("llmgw-server", *argv, name=name, health=f"{admin}/healthz")
-    return c.RouterProc(proc, f"http://{c.LOOPBACK}:{port}", admin)
+    proc = fleet.start("llmgw-server", *argv, name=name, ready=True)
+    return c.RouterProc(proc, proc.url("listen"), proc.url("admin_listen"))
 
 
 def check_auth(server: Server) -> None:

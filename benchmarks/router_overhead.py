@@ -490,7 +490,9 @@ def start_llamacpp(fleet: c.Fleet, index: int) -> str:
     model = fleet.logdir / "tiny.gguf"
     if not model.exists():
         write_tiny_gguf(model, seed=0)
-    port = c.free_port()
+    # llama-server cannot report a port it picked: it is given one held for the run (it
+    # binds with SO_REUSEADDR, so it can listen on the held port).
+    port = fleet.reserve_port()
     base = f"http://{c.LOOPBACK}:{port}"
     argv = [binary, "-m", str(model), "--host", c.LOOPBACK, "--port", str(port), "-a", MODEL]
     argv += [*LLAMA_ARGS]

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -101,22 +101,14 @@ async def profile(url: str, model: str, rounds: int, tokens: int) -> dict[str, f
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
+def wait_up(ready: Path, proc: subprocess.Popen[bytes]) -> str:
+    """The simulator's URL, once its ready file names the port it listens on."""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"llmgw-sim exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
+        if ready.exists():  # written by a rename: complete once it exists
+            return f"http://{json.loads(ready.read_text())['listen'][0]}"
         time.sleep(0.05)
     raise SystemExit("llmgw-sim did not come up")
 
@@ -137,18 +129,20 @@ def main(argv: list[str] | None = None) -> int:
 
     proc: subprocess.Popen[bytes] | None = None
     url = args.url
+    scratch = tempfile.TemporaryDirectory(prefix="llmgw-sim-profile-")
     if url is None:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = [str(BIN / "llmgw-sim"), "--port", str(port), "--model", args.model, *sim_args]
+        ready = Path(scratch.name) / "ready.json"
+        cmd = [str(BIN / "llmgw-sim"), "--port", "0", "--ready-file", str(ready)]
+        cmd += ["--model", args.model, *sim_args]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-        wait_up(url, proc)
+        url = wait_up(ready, proc)
     try:
         results: dict[str, Any] = trio.run(profile, url, args.model, args.rounds, args.tokens)
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(10)
+        scratch.cleanup()
     if args.json:
         print(json.dumps(results, indent=2))
     else:

@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 import httpx
 
-from llmgw.testing_procs import Proc, free_port
+from llmgw import units
+from llmgw.testing_procs import Proc, reserve_port
 from tests.waiting import wait_for
 
 BIN = Path(sys.executable).parent
@@ -40,11 +41,18 @@ def running(
     health: str | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 20.0,
+    ready: bool = False,
 ) -> Iterator[Proc]:
-    """Run `program` (an installed console script) until the block ends."""
+    """Run `program` (an installed console script) until the block ends; with `ready`,
+    pass it ``--ready-file`` and wait for that file (`proc.ready` holds what it says)."""
     logdir = scratch_dir(f"{program}-")
-    proc = Proc([str(BIN / program), *args], logdir / "output.log", env)
+    argv = [str(BIN / program), *args]
+    if ready:
+        argv += ["--ready-file", str(logdir / "ready.json")]
+    proc = Proc(argv, logdir / "output.log", env)
     try:
+        if ready:
+            proc.wait_ready_file(logdir / "ready.json", timeout)
         if health is not None:
             proc.wait_http(health, timeout)
         yield proc
@@ -54,21 +62,12 @@ def running(
 
 @contextlib.contextmanager
 def sim(*args: str, model: str = "sim-model") -> Iterator[tuple[Proc, str]]:
-    """A simulator on a free loopback port; yields the process and its base URL."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
+    """A simulator on a loopback port of its own (port 0); yields the process and its
+    base URL."""
     with running(
-        "llmgw-sim",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--model",
-        model,
-        *args,
-        health=f"{base}/health",
+        "llmgw-sim", "--host", "127.0.0.1", "--port", "0", "--model", model, *args, ready=True
     ) as proc:
-        yield proc, base
+        yield proc, proc.url()
 
 
 class Server:
@@ -111,8 +110,8 @@ class Server:
 def server(
     *args: str, config: str | None = None, env: dict[str, str] | None = None
 ) -> Iterator[Server]:
-    """llmgw-server on free loopback ports, optionally with a TOML config text."""
-    port, admin_port = free_port(), free_port()
+    """llmgw-server on loopback ports of its own (port 0), optionally with a TOML config
+    text."""
     extra: list[str] = []
     if config is not None:
         path = scratch_dir("llmgw-config-") / "llmgw.toml"
@@ -121,15 +120,15 @@ def server(
     with running(
         "llmgw-server",
         "--listen",
-        f"127.0.0.1:{port}",
+        "127.0.0.1:0",
         "--admin-listen",
-        f"127.0.0.1:{admin_port}",
+        "127.0.0.1:0",
         *extra,
         *args,
-        health=f"http://127.0.0.1:{admin_port}/healthz",
         env=env,
+        ready=True,
     ) as proc:
-        yield Server(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}")
+        yield Server(proc, proc.url("listen"), proc.url("admin_listen"))
 
 
 def sim_metric(base: str, name: str) -> float | None:
@@ -153,8 +152,9 @@ def set_faults(base: str, **faults: object) -> None:
 
 def engine_port_range(size: int = 60) -> tuple[int, int]:
     """A block of ports for `control.port_range`, below the kernel's ephemeral range
-    (32768+, where `free_port` and outgoing connections take theirs) and picked at
-    random so tests that run at once rarely share one."""
+    (32768+, where port-0 binds and outgoing connections take theirs) and picked at
+    random so tests that run at once rarely share one (the agent checks that a port is
+    free before it starts an engine there, and a failed start is placed again)."""
     import random
 
     low = random.randrange(21000, 32000 - size)
@@ -163,15 +163,29 @@ def engine_port_range(size: int = 60) -> tuple[int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class FleetPorts:
-    """The three ports of a control-plane server: keep them to restart it in place."""
+    """The three ports of a control-plane server."""
 
     listen: int
     admin: int
     agent: int
 
     @classmethod
-    def free(cls) -> FleetPorts:
-        return cls(free_port(), free_port(), free_port())
+    @contextlib.contextmanager
+    def reserved(cls) -> Iterator[FleetPorts]:
+        """Three loopback ports held for the block (testing_procs.reserve_port): for a
+        server restarted in place, start it and its successor with these, so no other
+        process takes a port while neither listens."""
+        with reserve_port() as listen, reserve_port() as admin, reserve_port() as agent:
+            yield cls(listen, admin, agent)
+
+    @classmethod
+    def of(cls, ready: dict[str, Any]) -> FleetPorts:
+        """The ports a server named in its ready file."""
+        listen, admin, agent = (
+            units.parse_address(ready[key][0]).port
+            for key in ("listen", "admin_listen", "agent_listen")
+        )
+        return cls(listen, admin, agent)
 
 
 class FleetServer(Server):
@@ -239,26 +253,27 @@ class FleetServer(Server):
 def fleet_server(
     config: str, *args: str, ports: FleetPorts | None = None, env: dict[str, str] | None = None
 ) -> Iterator[FleetServer]:
-    """llmgw-server with `config` (TOML with deployable models) and its agent port on
-    127.0.0.1; pass the `ports` of a stopped one to start a new server in its place."""
-    ports = ports or FleetPorts.free()
+    """llmgw-server with `config` (TOML with deployable models), its listeners on
+    127.0.0.1: on `ports` (say FleetPorts.reserved(), to start a new server in the place
+    of a stopped one), else on ports of its own (port 0)."""
     path = scratch_dir("llmgw-config-") / "llmgw.toml"
     path.write_text(config)
+    listen, admin, agents = (0, 0, 0) if ports is None else dataclasses.astuple(ports)
     with running(
         "llmgw-server",
         "--config",
         str(path),
         "--listen",
-        f"127.0.0.1:{ports.listen}",
+        f"127.0.0.1:{listen}",
         "--admin-listen",
-        f"127.0.0.1:{ports.admin}",
+        f"127.0.0.1:{admin}",
         "--agent-listen",
-        f"127.0.0.1:{ports.agent}",
+        f"127.0.0.1:{agents}",
         *args,
-        health=f"http://127.0.0.1:{ports.admin}/healthz",
         env=env,
+        ready=True,
     ) as proc:
-        yield FleetServer(proc, ports)
+        yield FleetServer(proc, FleetPorts.of(proc.ready))
 
 
 class AgentProc:

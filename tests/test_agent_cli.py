@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from llmgw.control.fleet import ShardState
-from llmgw.testing import free_port
+from llmgw.testing_procs import reserve_port
 from llmgw.transport.messages import Register, StartShard
 from llmgw_cli.agent import management_address
 from tests.test_agent import ScriptedServer, alive, start_sim
@@ -78,8 +78,8 @@ async def test_agent_process_over_grpc_runs_an_engine_and_stops_it_on_sigterm(
     grpc = pytest.importorskip("llmgw.transport.grpc")
     server = ScriptedServer(heartbeat=0.2)
     listener = grpc.GrpcListener("127.0.0.1:0")
-    port = free_port()
-    with trio.fail_after(60):
+    # The engine's port, held for the test (the agent's engine binds it by number).
+    with reserve_port() as port, trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             await nursery.start(listener.serve, server.handle)
             agent = await trio.lowlevel.open_process(

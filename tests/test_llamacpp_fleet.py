@@ -34,7 +34,6 @@ from tests.procs import (
     agent,
     engine_port_range,
     fleet_server,
-    free_port,
     running,
     wait_for,
 )
@@ -407,7 +406,6 @@ def test_a_replica_busy_with_direct_requests_is_scraped_as_waiting_and_avoided(
 
 def test_the_llamacpp_demo_serves_a_chat_from_a_cpu_node() -> None:
     require_llama_server()
-    port, admin, agents = free_port(), free_port(), free_port()
     low, high = engine_port_range()
     with running(
         "llmgw-server",
@@ -415,15 +413,15 @@ def test_the_llamacpp_demo_serves_a_chat_from_a_cpu_node() -> None:
         "--engine",
         "llamacpp",
         "--listen",
-        f"127.0.0.1:{port}",
+        "127.0.0.1:0",
         "--admin-listen",
-        f"127.0.0.1:{admin}",
+        "127.0.0.1:0",
         "--agent-listen",
-        f"127.0.0.1:{agents}",
+        "127.0.0.1:0",
         env={"LLMGW_CONTROL__PORT_RANGE": f"[{low}, {high}]"},
-        health=f"http://127.0.0.1:{admin}/healthz",
+        ready=True,
     ) as proc:
-        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        c = openai.OpenAI(base_url=f"{proc.url('listen')}/v1", api_key="x", max_retries=0)
 
         def answer() -> Any:
             with contextlib.suppress(openai.APIError):
@@ -437,7 +435,7 @@ def test_the_llamacpp_demo_serves_a_chat_from_a_cpu_node() -> None:
 
         reply = wait_for(answer, "a chat from the llama.cpp demo", 60, context=proc.output)
         assert reply.model == "demo-chat" and reply.usage.completion_tokens == 4
-        (node,) = httpx.get(f"http://127.0.0.1:{admin}/api/v1/nodes", timeout=5).json()["nodes"]
+        (node,) = httpx.get(f"{proc.url('admin_listen')}/api/v1/nodes", timeout=5).json()["nodes"]
         assert node["gpus_total"] == 0, node
         assert {e["name"]: e["version"] for e in node["engines"]}["llamacpp"] == (
             f"b{LLAMA_CPP_BUILD}"

@@ -8,16 +8,19 @@ import trio
 import llmgw
 from llmgw import server
 
-from .procs import free_port, sim
+from .procs import sim
 
 
 async def test_router_serves_from_a_library_caller() -> None:
     with sim(model="m") as (_, base):
-        port, admin = free_port(), free_port()
+        # Bound here, on port 0: the caller knows the port before the server starts.
+        (client_socket,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        admin_sockets = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = client_socket.socket.getsockname()[1]
         config = llmgw.load_config(
             data={
-                "listen": f"127.0.0.1:{port}",
-                "admin_listen": f"127.0.0.1:{admin}",
+                "listen": "127.0.0.1:0",
+                "admin_listen": "127.0.0.1:0",
                 "endpoints": [{"id": "s0", "url": base, "models": ["m"]}],
             },
             environ={},
@@ -35,6 +38,8 @@ async def test_router_serves_from_a_library_caller() -> None:
                 lambda task_status: server.serve(
                     config,
                     router=router,
+                    client_listeners=[client_socket],
+                    admin_listeners=admin_sockets,
                     shutdown=stop,
                     handle_signals=False,
                     task_status=task_status,

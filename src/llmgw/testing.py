@@ -2,8 +2,10 @@
 
 The router and the controller are the real ones; agents are :class:`FakeAgent`s on
 the in-memory stub transport, with pretended GPUs, whose shards are simulated
-engines (:mod:`llmgw.sim`) served in the same process on loopback. The README's
-example (tests/test_readme_example.py runs it and checks it matches this one)::
+engines (:mod:`llmgw.sim`) served in the same process on loopback. Every listener
+(the client and admin ports, each engine) is bound on port 0, so fleets run side by
+side without ever contending for a port. The README's example
+(tests/test_readme_example.py runs it and checks it matches this one)::
 
     import trio
 
@@ -27,7 +29,6 @@ Everything runs in the caller's trio run and is cancelled when the block ends.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any
@@ -70,12 +71,6 @@ async def until(predicate: Callable[[], bool], interval: float = 0.05) -> None:
         await trio.sleep(interval)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @attrs.define
 class _Shard:
     command: StartShard
@@ -88,6 +83,9 @@ class FakeAgent:
 
     It speaks the real protocol over a transport: registers (with the shards it
     still runs), heartbeats, starts and stops shards, and reconnects when cut off.
+    Unlike a real agent it serves each engine on a port of its own choosing (port 0 on
+    its `address`), not the one the command assigns: its status still names the
+    assigned port, and its endpoint URL the port it got.
     """
 
     def __init__(
@@ -209,14 +207,13 @@ class FakeAgent:
         shard = _Shard(command, scope, self._status(command, ShardState.STARTING))
         self.shards[key] = shard
         self._report(shard.status)
-        host = self.node.address
-        config = SimConfig(host=host, port=command.port, models=(command.model,))
-        url = f"http://{host}:{command.port}"
+        # Port 0: nothing else can hold the port between choosing and binding it.
+        config = SimConfig(host=self.node.address, port=0, models=(command.model,))
         try:
             with scope:
                 if command.rank == 0:
                     async with trio.open_nursery() as nursery:
-                        await nursery.start(serve_sim, config)
+                        (url, *_) = await nursery.start(serve_sim, config)
                         shard.status = self._status(command, ShardState.READY, endpoint_url=url)
                         self._report(shard.status)
                         await trio.sleep_forever()
@@ -282,11 +279,13 @@ async def fleet(
     Timings default to fractions of a second so tests run quickly; `config` overlays
     any key (a nested dict in the configuration's shape). There is no store unless
     `config` names one (``{"store": {"url": ...}}``): a harness leaves no files behind.
+    The client and admin listeners are sockets bound on port 0 before the server starts,
+    at the host `listen` and `admin_listen` name (127.0.0.1 by default; their ports in
+    `config` are ignored); ``Fleet.config`` names the addresses they got.
     """
-    base = free_port()
     data: dict[str, Any] = {
-        "listen": f"127.0.0.1:{free_port()}",
-        "admin_listen": f"127.0.0.1:{free_port()}",
+        "listen": "127.0.0.1:0",
+        "admin_listen": "127.0.0.1:0",
         "models": [dict(m) for m in models],
         "router": {"scrape_interval": "100ms", "scrape_timeout": "100ms"},
         "store": {"url": ""},
@@ -296,11 +295,42 @@ async def fleet(
             "max_backoff": "2s",
             "unreachable_after": "1s",
             "lost_after": "3s",
-            "port_range": [base, min(base + 200, 65535)],
+            # Bookkeeping only: the fake agents serve their engines on port 0.
+            "port_range": [20000, 20200],
         },
     }
-    merged = cfg._merge(data, dict(config or {}))
-    conf = cfg.load(data=merged, environ={})
+    conf = cfg.load(data=cfg._merge(data, dict(config or {})), environ={})
+    sockets: dict[str, list[trio.SocketListener]] = {}
+    try:
+        for key, address in (("listen", conf.listen), ("admin_listen", conf.admin_listen)):
+            host = units.parse_address(address).bind_host
+            sockets[key] = await trio.open_tcp_listeners(0, host=host)
+        conf = attrs.evolve(
+            conf,
+            listen=_bound(sockets["listen"]),
+            admin_listen=_bound(sockets["admin_listen"]),
+        )
+        async with _serving(conf, sockets, nodes, gpus, fabric, heartbeat_interval) as f:
+            yield f
+    finally:
+        for listeners in sockets.values():  # closed already, unless it failed to start
+            for listener in listeners:
+                listener.socket.close()
+
+
+def _bound(listeners: list[trio.SocketListener]) -> str:
+    return str(units.Address(*listeners[0].socket.getsockname()[:2]))
+
+
+@asynccontextmanager
+async def _serving(
+    conf: cfg.Config,
+    sockets: dict[str, list[trio.SocketListener]],
+    nodes: int,
+    gpus: str,
+    fabric: str | None,
+    heartbeat_interval: float,
+) -> AsyncIterator[Fleet]:
     network = StubNetwork()
     router = Router(conf)
     controller = Controller(
@@ -318,6 +348,8 @@ async def fleet(
                 router=router,
                 controller=controller,
                 listener=network.listener(),
+                client_listeners=sockets["listen"],
+                admin_listeners=sockets["admin_listen"],
                 shutdown=stop,
                 handle_signals=False,
                 task_status=task_status,
@@ -326,7 +358,7 @@ async def fleet(
         agents = []
         for i in range(nodes):
             # Every node gets its own loopback address (all of 127/8 is local on
-            # Linux), so per-node ports from the same range do not collide.
+            # Linux), as real nodes have addresses of their own.
             agent = FakeAgent(
                 network,
                 f"node-{i}",
