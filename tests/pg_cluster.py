@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL cluster on a free loopback port, for the store tests.
+"""A throwaway PostgreSQL cluster on a unix socket of its own, for the store tests.
 
 Uses the server binaries of Debian's ``postgresql`` package
 (``/usr/lib/postgresql/<version>/bin``; ``.ci/run`` installs it, or set
@@ -6,9 +6,13 @@ Uses the server binaries of Debian's ``postgresql`` package
 as root the cluster is created and run as the ``postgres`` system user (or
 ``nobody`` when there is none), in a private temporary directory owned by it.
 
-The cluster trusts local connections (it listens on 127.0.0.1 and a socket in its
-own directory) and is removed by :meth:`TempCluster.stop`. With ``fast=True``
-(the tests) it runs without fsync; benchmarks pass ``fast=False``.
+The cluster listens on no TCP port at all (``listen_addresses = ''``), only on a unix
+socket in its own directory, and trusts those connections: PostgreSQL cannot listen on
+port 0 and say which port it got, and a TCP port picked beforehand could be taken
+before it binds. Its URLs name the socket directory
+(``postgresql://postgres@/db?host=/tmp/llmgw-pg-…``, libpq's form). It is removed by
+:meth:`TempCluster.stop`. With ``fast=True`` (the tests) it runs without fsync;
+benchmarks pass ``fast=False``.
 
 Not finding PostgreSQL is an error, never a skip: the store must be tested on both
 backends.
@@ -23,13 +27,13 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 
@@ -60,12 +64,6 @@ def find_bindir() -> Path:
     )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class TempCluster:
     """initdb, pg_ctl start, databases on demand, pg_ctl stop and remove."""
 
@@ -75,7 +73,6 @@ class TempCluster:
         self.base = Path(tempfile.mkdtemp(prefix="llmgw-pg-"))
         self.data = self.base / "data"
         self.log = self.base / "server.log"
-        self.port = 0
         self._user: Any = None
         self._started = False
         self._names = itertools.count(1)
@@ -142,41 +139,36 @@ class TempCluster:
                 *(["--no-sync"] if self.fast else []),
             ]
         )
+        # No TCP: the socket's directory is the cluster's own, so its name
+        # (.s.PGSQL.5432) cannot clash with another cluster's.
         options = [
             f"-k {self.base}",
-            "-c listen_addresses=127.0.0.1",
+            "-c listen_addresses=''",
             "-c max_connections=200",
         ]
         if self.fast:
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
-        last: Exception | None = None
-        for _ in range(3):  # a free port may be taken before the server binds it
-            self.port = _free_port()
-            try:
-                self._run(
-                    [
-                        str(self.bindir / "pg_ctl"),
-                        "-D",
-                        str(self.data),
-                        "-l",
-                        str(self.log),
-                        "-w",
-                        "-t",
-                        "60",
-                        "-o",
-                        " ".join([f"-p {self.port}", *options]),
-                        "start",
-                    ]
-                )
-            except PostgresNotAvailable as exc:
-                last = exc
-                continue
-            self._started = True
-            return self
-        raise PostgresNotAvailable(f"PostgreSQL did not start: {last}")
+        self._run(
+            [
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.log),
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                " ".join(options),
+                "start",
+            ]
+        )
+        self._started = True
+        return self
 
     def url(self, database: str = "postgres") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+        """A libpq URL of `database`, through the cluster's unix socket."""
+        return f"postgresql://postgres@/{database}?host={quote(str(self.base), safe='/')}"
 
     def new_database(self) -> str:
         """A fresh empty database; its URL."""

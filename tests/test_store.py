@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -35,7 +36,8 @@ from llmgw.store.migrations.postgres import MIGRATIONS as PG_MIGRATIONS
 from llmgw.store.migrations.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from llmgw.store.postgres import PostgresStore
 from llmgw.store.sqlite import SQLiteStore, sqlite_path
-from tests.pg_cluster import TempCluster, _free_port
+from llmgw.testing_procs import reserve_port
+from tests.pg_cluster import TempCluster
 
 T0 = 1_700_000_040.0  # a multiple of 60 s
 
@@ -627,11 +629,32 @@ async def test_sqlite_in_a_missing_directory_is_unavailable(tmp_path: Path) -> N
 
 
 async def test_unreachable_postgres_is_named_without_password() -> None:
-    port = _free_port()  # nothing listens there
-    with trio.fail_after(30), pytest.raises(StoreUnavailable) as info:
+    # The port is held, so nothing listens there.
+    with reserve_port() as port, trio.fail_after(30), pytest.raises(StoreUnavailable) as info:
         await open_store(f"postgresql://bob:hunter2@127.0.0.1:{port}/llmgw")
     message = str(info.value)
     assert f"postgresql://bob:***@127.0.0.1:{port}/llmgw" in message
+    assert "hunter2" not in message
+
+
+async def test_postgres_through_a_unix_socket_directory(
+    pg_cluster: TempCluster, tmp_path: Path
+) -> None:
+    """libpq's URL form for a unix socket (no TCP port: the test cluster has none) opens
+    the store, and names it without the password when the socket is not there."""
+    url = pg_cluster.new_database()
+    assert url.startswith("postgresql://postgres@/") and "?host=/" in url
+    s = await open_store(url)
+    try:
+        await s.create_key("via-socket")
+        assert [k.name for k in await s.list_keys()] == ["via-socket"]
+    finally:
+        await s.aclose()
+    missing = f"postgresql://bob:hunter2@/llmgw?host={tmp_path}"
+    with trio.fail_after(30), pytest.raises(StoreUnavailable) as info:
+        await open_store(missing)
+    message = str(info.value)
+    assert f"postgresql://bob:***@/llmgw?host={tmp_path}" in message
     assert "hunter2" not in message
 
 
@@ -656,7 +679,7 @@ async def test_postgres_replaces_connections_the_server_dropped(pg_cluster: Temp
                 found = admin.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                     " WHERE datname = %s AND pid <> pg_backend_pid()",
-                    (url.rsplit("/", 1)[1],),
+                    (urlsplit(url).path.lstrip("/"),),
                 ).fetchall()
             return len(found)
 
