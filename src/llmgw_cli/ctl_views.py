@@ -95,8 +95,11 @@ def placement(data: dict[str, Any]) -> RenderableType:
         return Text("every model has the replicas it wants")
     parts: list[RenderableType] = []
     for m in models:
-        head = Text(f"{m.get('model')}: ", style="bold")
-        head.append(m.get("summary") or f"{m.get('unplaced', 0)} replica(s) not placed")
+        model = str(m.get("model"))
+        summary = m.get("summary") or f"{m.get('unplaced', 0)} replica(s) not placed"
+        head = Text(f"{model}: ", style="bold")
+        # The API's summary starts with the model's name: not twice.
+        head.append(summary.removeprefix(f"{model}: "))
         parts.append(head)
         for explanation in m.get("explanations", []):
             for attempt in explanation.get("attempts", []):
