@@ -36,6 +36,7 @@ from llmgw.transport.messages import (
     StopShard,
 )
 from llmgw.transport.stub import StubNetwork
+from tests.waiting import wait_until
 
 M = TypeVar("M")
 NODE = "n1"
@@ -372,8 +373,8 @@ async def test_crash_at_start_reported_with_the_engines_error(
             await server.send(start_sim(reserve(), args=("--no-such-flag",)))
             assert (await server.result("c1")).ok  # accepted: the engine itself refuses it
             failed = await server.status(ShardState.FAILED)
-            await trio.sleep(0.3)
-            assert agent.supervisor.shards == {}  # delivered, so forgotten
+            # Delivered, so forgotten.
+            await wait_until(lambda: agent.supervisor.shards == {}, "the failed shard forgotten")
     assert failed.exit_code == 2
     assert any("unrecognized arguments: --no-such-flag" in line for line in failed.output_tail)
 
@@ -422,17 +423,17 @@ async def test_backs_off_while_the_server_is_down_and_registers_when_it_is_back(
 ) -> None:
     with trio.fail_after(30):
         async with running_agent(tmp_path, max_backoff=0.3) as (network, server, agent):
-            while agent.registrations < 1:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+            # Heartbeats go out once the agent has taken the Registered.
+            await server.wait_for(Heartbeat, connection=1)
+            assert agent.registrations == 1
             network.refuse_connects = True
             network.disconnect(NODE)
-            while agent.failures < 6:  # noqa: ASYNC110
-                await trio.sleep(0.05)
-            assert network.stats.refused >= 5
+            # It keeps trying: six connects refused (the network counts them).
+            await wait_until(lambda: network.stats.refused >= 6, "six refused connects")
+            assert agent.failures >= 6 and agent.registrations == 1
             network.refuse_connects = False
-            await server.wait_for(Register, connection=2)
-            while agent.registrations < 2:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+            await server.wait_for(Heartbeat, connection=2)  # registered again
+            assert agent.registrations == 2
             assert agent.failures == 0  # reset by the Registered
 
 
@@ -458,15 +459,15 @@ async def test_a_failure_while_disconnected_is_carried_by_the_next_registration(
             async with httpx.AsyncClient(base_url=str(ready.endpoint_url), timeout=5) as client:
                 with suppress(httpx.HTTPError):
                     await client.post("/v1/completions", json={"model": "m", "prompt": "x"})
-            while agent.supervisor.shards[("m-r1", 0)].live:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            shard = agent.supervisor.shards[("m-r1", 0)]
+            await wait_until(lambda: not shard.live, "the engine's exit seen while cut off")
             network.heal()
             register = await server.wait_for(Register, connection=2)
-            (shard,) = register.shards
-            assert shard.state is ShardState.FAILED and shard.exit_code == 1
-            assert shard.output_tail  # the whole story, not a summary
-            await trio.sleep(0.2)
-            assert agent.supervisor.shards == {}
+            (status,) = register.shards
+            assert status.state is ShardState.FAILED and status.exit_code == 1
+            assert status.output_tail  # the whole story, not a summary
+            # Delivered by the registration, so forgotten.
+            await wait_until(lambda: agent.supervisor.shards == {}, "the failed shard forgotten")
 
 
 async def test_stopping_the_agent_stops_its_engines(

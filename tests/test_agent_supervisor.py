@@ -23,8 +23,10 @@ from llmgw.agent.adapters import LaunchSpec, SimAdapter
 from llmgw.agent.supervisor import Supervisor, sweep_orphans
 from llmgw.config import DeploymentProfile
 from llmgw.control.fleet import NodeInfo, ShardState
+from llmgw.router.scrape import parse_metrics
 from llmgw.testing_procs import reserve_port
 from llmgw.transport.messages import ShardStatus, StartShard
+from tests.waiting import wait_until
 
 NODE = NodeInfo(node_id="n1", hostname="n1", address="127.0.0.1")
 SIM = SimAdapter()
@@ -89,6 +91,13 @@ def reserve() -> Iterator[Callable[[], int]]:
     engine binds its port by number, and nothing else can take that port first."""
     with ExitStack() as stack:
         yield lambda: stack.enter_context(reserve_port())
+
+
+async def in_flight(url: str) -> float:
+    """Requests the engine at `url` holds (running or waiting), as its /metrics says."""
+    async with httpx.AsyncClient(timeout=5) as client:
+        sample = parse_metrics((await client.get(f"{url}/metrics")).content)
+    return (sample.running or 0) + (sample.waiting or 0)
 
 
 def gone(pid: int) -> bool:
@@ -172,7 +181,7 @@ STUBBORN = textwrap.dedent(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     child = subprocess.Popen(["sleep", "300"])
     print(f"worker pid {child.pid}", flush=True)
-    time.sleep(300)
+    time.sleep(300)  # the engine's work: it outlives every grace period given here
     """
 )
 
@@ -187,9 +196,11 @@ async def stubborn_worker(supervisor: Supervisor, replica: str = "m-r1") -> int:
     """The pid of the stubborn engine's child, once it printed it (by then SIGTERM is
     ignored)."""
     shard = supervisor.shards[(replica, 0)]
-    while not any("worker pid" in line for line in shard.tail):  # noqa: ASYNC110
-        await trio.sleep(0.02)
-    return int(next(line for line in shard.tail if "worker pid" in line).split()[-1])
+    line = await wait_until(
+        lambda: next((line for line in shard.tail if "worker pid" in line), None),
+        "the stubborn engine's worker pid in its output",
+    )
+    return int(line.split()[-1])
 
 
 async def test_stop_kills_the_whole_group_after_the_grace(
@@ -209,9 +220,7 @@ async def test_stop_kills_the_whole_group_after_the_grace(
     assert "killed (did not exit within its grace period after SIGTERM)" in stopped.message
     assert ready.pid is not None and gone(ready.pid)
     # The engine's own child went with its process group (SIGKILL lands asynchronously).
-    with trio.fail_after(5):
-        while not gone(worker):  # noqa: ASYNC110
-            await trio.sleep(0.02)
+    await wait_until(lambda: gone(worker), f"the engine's child {worker} gone", timeout=5)
 
 
 async def test_second_stop_with_a_shorter_grace_kills_sooner(
@@ -224,7 +233,10 @@ async def test_second_stop_with_a_shorter_grace_kills_sooner(
             await stubborn_worker(supervisor)
             started = trio.current_time()
             supervisor.stop(("m-r1", 0), 1, grace=60)
-            await trio.sleep(0.2)
+            shard = supervisor.shards[("m-r1", 0)]
+            # The first stop has sent SIGTERM and waits out its grace...
+            await wait_until(lambda: shard.kill_scope is not None, "the 60 s grace running")
+            # ...when the second one shortens it.
             supervisor.stop(("m-r1", 0), 1, grace=0.1)
             await reports.state(ShardState.STOPPED)
             assert trio.current_time() - started < 5
@@ -251,6 +263,7 @@ async def test_drain_waits_for_in_flight_requests_then_stops(
             cmd = sim_start(reserve(), args=("--fault-first-token-delay", "1.5"))
             supervisor.launch(cmd, SIM.command(cmd, NODE))
             ready = await reports.state(ShardState.READY)
+            url = str(ready.endpoint_url)
             answers: list[int] = []
 
             async def request() -> None:
@@ -260,7 +273,8 @@ async def test_drain_waits_for_in_flight_requests_then_stops(
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(request)
-                await trio.sleep(0.3)  # in flight (waiting) when the drain begins
+                # In flight (waiting) at the engine when the drain begins.
+                await wait_until(lambda: in_flight(url), "the request in flight at the engine")
                 started = trio.current_time()
                 assert supervisor.drain(("m-r1", 0), 1, deadline=20) is None
                 draining = await reports.state(ShardState.DRAINING)
@@ -285,7 +299,9 @@ async def test_drain_deadline(tmp_path: Path, reserve: Callable[[], int]) -> Non
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(hang)
-                await trio.sleep(0.3)
+                await wait_until(
+                    lambda: in_flight(str(ready.endpoint_url)), "the request in flight"
+                )
                 supervisor.drain(("m-r1", 0), 1, deadline=0.5)
                 stopped = await reports.state(ShardState.STOPPED)
                 nursery.cancel_scope.cancel()

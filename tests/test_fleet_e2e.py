@@ -121,6 +121,28 @@ def shard(srv: FleetServer, node_id: str, replica_id: str) -> dict[str, Any] | N
     return None
 
 
+def commands(srv: FleetServer) -> dict[str, float]:
+    """The commands the server issued to agents since it started, by kind."""
+    kinds = ("start", "drain", "stop")
+    return {kind: srv.metric("llmgw_fleet_commands_total", command=kind) for kind in kinds}
+
+
+def considered_again(srv: FleetServer, node_ids: Sequence[str], passes: int = 5) -> None:
+    """Wait until the server has run `passes` more reconcile passes and heard a heartbeat
+    (the shard reports it acts on) from each of `node_ids` since the call: whatever it
+    would decide to do about the fleet as it is now is decided, and counted, by then."""
+    first = srv.metric("llmgw_fleet_reconcile_passes_total")
+    since = time.time()
+
+    def done() -> bool:
+        nodes = srv.nodes()
+        return srv.metric("llmgw_fleet_reconcile_passes_total") >= first + passes and all(
+            nodes[n]["last_heartbeat"] > since for n in node_ids
+        )
+
+    srv.wait(done, f"{passes} more reconcile passes and a heartbeat from {', '.join(node_ids)}")
+
+
 def environ(pid: int) -> dict[str, str]:
     """A process's environment (our own descendants' are readable)."""
     raw = Path(f"/proc/{pid}/environ").read_bytes()
@@ -405,8 +427,10 @@ def test_a_server_restart_drains_streams_and_adopts_running_replicas() -> None:
             assert len(a.engine_logs()) == 1
             assert "the server restarted" in a.proc.output()
         complete(srv2)
-        # And nothing was stopped after the fact (a late stop would show here).
-        time.sleep(1.0)
+        # And nothing is stopped after the fact: the server looked again and decided
+        # nothing, in its whole run (adopting needs no command).
+        considered_again(srv2, ["n1", "n2"])
+        assert commands(srv2) == {"start": 0, "drain": 0, "stop": 0}
         assert [a.engines() for a in (a1, a2)] == [pids["n1"], pids["n2"]]
         assert len(srv2.ready_replicas("m", 2)) == 2
 
@@ -504,8 +528,10 @@ def test_a_node_back_after_the_settle_window_with_no_replacement_has_its_replica
         assert f"adopting replica {old['id']}" in srv2.proc.output()
         assert "the server restarted" in a.proc.output()
         complete(srv2)
-        # Adopted for good: no stop came after, and it was never launched again.
-        time.sleep(1.0)
+        # Adopted for good: the server looked again and decided nothing, in its whole
+        # run (no stop, and no launch: there was no other node to place it on).
+        considered_again(srv2, ["n1"])
+        assert commands(srv2) == {"start": 0, "drain": 0, "stop": 0}
         assert a.engines() == engines and alive(engine_pid)
         assert len(a.engine_logs()) == 1
         assert [r["id"] for r in srv2.ready_replicas("m", 1)] == [old["id"]]
@@ -547,10 +573,13 @@ def test_an_engine_crashing_at_start_is_reported_with_its_output_and_retried_wit
             assert "backing off after failed starts" in placement["m"]["summary"]
         # It retries: a second, then a third launch (new epochs), each crashing.
         srv.wait(lambda: len(a.engine_logs()) >= 3, "three attempts", timeout=25, logs=[a.proc])
-        while len(seen) < 50 and max(seen) <= 1.0:  # the second backoff is 2 s
+
+        def doubled() -> bool:  # the second backoff is 2 s
             backoff()
-            time.sleep(0.1)
-        assert 1.0 < max(seen) <= 4.0, seen
+            return max(seen) > 1.0
+
+        srv.wait(doubled, "m's backoff doubled past 1 s", timeout=10)
+        assert max(seen) <= 4.0, seen
         assert srv.ready_replicas("m") == []
         assert a.engines() == {}  # every crashed engine was reaped and forgotten
         epochs = {s["epoch"] for s in failed()}
