@@ -1,14 +1,21 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
+import httpx
 import pytest
 import trio
 import trio.testing
 
+from llmgw.admin.api import AdminApp
+from llmgw.config import load
+from llmgw.dashboard import DashboardApp
+from llmgw.dashboard.panels import MISSING
 from llmgw.dashboard.traffic import UNBANDED, TrafficRing
+from llmgw.router.core import Router
 from llmgw.router.usage import Usage, UsageRecord, UsageSink
 
 RES = 10 ** (1 / 8)  # the histogram's bucket ratio: an estimate is within it
@@ -59,9 +66,39 @@ def ring(clock: Clock, window: float = 60.0, step: float = 5.0) -> TrafficRing:
     return TrafficRing(window=window, step=step, clock=clock)
 
 
-def test_is_a_usage_sink() -> None:
-    sink: UsageSink = TrafficRing()
-    sink.record(rec())
+async def test_what_it_is_given_as_a_usage_sink_the_traffic_page_reports() -> None:
+    """The server gives the router the ring as a usage sink and the dashboard the same
+    ring: finished requests recorded into it are what the traffic page's headline says
+    (the last minute: requests, TTFT and latency of the successful ones, tokens)."""
+    clock = Clock(1000.0)
+    traffic = TrafficRing(clock=clock)
+    endpoint = {"id": "e", "url": "http://127.0.0.1:9", "models": ["m"]}
+    config = load(data={"endpoints": [endpoint]}, environ={})
+    app = DashboardApp(AdminApp(Router(config)), traffic=traffic)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://dashboard") as client:
+
+        async def headline() -> str:
+            page = await client.get("/traffic")
+            assert page.status_code == 200
+            found = re.search(r'<p class="headline">(.*?)</p>', page.text, re.DOTALL)
+            assert found is not None, page.text
+            return " ".join(found.group(1).split())
+
+        clock.t = 1010.0
+        none = MISSING  # nothing recorded yet
+        assert await headline() == (
+            f"Last minute: 0 req/s · TTFT p50 {none}, p90 {none}, p99 {none} · "
+            f"latency p50 {none}, p99 {none} · 0 tokens/s"
+        )
+        sink: UsageSink = traffic
+        for _ in range(4):
+            sink.record(rec(200, latency=0.4, ttft=0.05, prompt=100, completion=50))
+        sink.record(rec(503, latency=2.0))  # an error: counted, not in the latencies
+        assert await headline() == (
+            "Last minute: 0.50 req/s · TTFT p50 50ms, p90 50ms, p99 50ms · "
+            "latency p50 400ms, p99 400ms · 60 tokens/s"
+        )
 
 
 @pytest.mark.parametrize(
