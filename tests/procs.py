@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -98,12 +97,13 @@ class Server:
 
     def wait_scraped(self, timeout: float = 10.0) -> None:
         """Wait until every endpoint has been scraped once."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all(e["engine"] is not None for e in self.endpoints().values()):
-                return
-            time.sleep(0.05)
-        raise TimeoutError(f"endpoints not scraped: {self.endpoints()}")
+        wait_for(
+            lambda: all(e["engine"] is not None for e in self.endpoints().values()),
+            "every endpoint scraped",
+            timeout,
+            interval=0.05,
+            context=lambda: f"endpoints: {self.endpoints()}",
+        )
 
 
 @contextlib.contextmanager

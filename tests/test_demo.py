@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from .procs import engine_port_range, running
+from .procs import engine_port_range, running, wait_for
 
 
 def test_demo_serves_a_fleet_and_stops_its_engines(
@@ -31,14 +30,14 @@ def test_demo_serves_a_fleet_and_stops_its_engines(
         ready=True,
     ) as proc:
         port, admin = (int(proc.ready[k][0].rsplit(":", 1)[1]) for k in ("listen", "admin_listen"))
-        deadline = time.monotonic() + 30
-        ids: list[str] = []
-        while time.monotonic() < deadline:
-            ids = [m["id"] for m in httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]]
-            if {"demo-chat", "demo-small"} <= set(ids):
-                break
-            time.sleep(0.2)
-        assert {"demo-chat", "chat", "demo-small", "small"} <= set(ids), proc.output()
+
+        def served() -> set[str]:
+            models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]
+            ids = {m["id"] for m in models}
+            return ids if {"demo-chat", "demo-small"} <= ids else set()
+
+        ids = wait_for(served, "both demo models served", 30, context=proc.output)
+        assert {"demo-chat", "chat", "demo-small", "small"} <= ids, proc.output()
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
         reply = client.chat.completions.create(
             model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=4

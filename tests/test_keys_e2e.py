@@ -9,7 +9,6 @@ these depend on the router, not on where keys are kept.
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from llmgw.store.keys import display_prefix
 from llmgw.testing_procs import Proc, free_port
 
 from .procs import Server, server, sim, wait_for
+from .waiting import wait_until
 
 CONFIG = """
 [store]
@@ -206,16 +206,15 @@ async def stream(
                 started = None
 
 
-async def until(srv: Server, name: str, check: Callable[[float], bool], **labels: str) -> float:
-    """Poll a metric (absent counts as 0) until `check(value)` holds."""
-    value = 0.0
-    with trio.move_on_after(10):
-        while True:
-            value = await trio.to_thread.run_sync(lambda: srv.metric(name, **labels))
-            if check(value):
-                return value
-            await trio.sleep(0.05)
-    raise AssertionError(f"{name}{labels} = {value} did not reach the expected value")
+async def until(srv: Server, name: str, check: Callable[[float], bool], **labels: str) -> None:
+    """Wait until a metric (absent counts as 0) has a value for which `check` holds."""
+    seen: list[float] = []
+
+    async def holds() -> bool:
+        seen.append(await trio.to_thread.run_sync(lambda: srv.metric(name, **labels)))
+        return check(seen[-1])
+
+    await wait_until(holds, f"{name}{labels} as expected", context=lambda: f"value: {seen[-1:]}")
 
 
 @pytest.fixture
@@ -401,7 +400,6 @@ def exercise_keys(base: str, admin: str) -> tuple[dict[str, str], dict[str, str]
             app.models.list()
         except openai.AuthenticationError:
             return True
-        time.sleep(0.1)
         return False
 
     wait_for(refused, "the revoked key refused", timeout=5)

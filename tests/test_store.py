@@ -5,9 +5,9 @@ missing PostgreSQL fails these tests)."""
 from __future__ import annotations
 
 import hashlib
-import itertools
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -30,7 +30,7 @@ from llmgw.store import (
     model_from_dict,
     open_store,
 )
-from llmgw.store._common import ThreadedStore
+from llmgw.store._common import DB, ThreadedStore
 from llmgw.store.migrations import Migration
 from llmgw.store.migrations.postgres import MIGRATIONS as PG_MIGRATIONS
 from llmgw.store.migrations.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
@@ -38,6 +38,7 @@ from llmgw.store.postgres import PostgresStore
 from llmgw.store.sqlite import SQLiteStore, sqlite_path
 from llmgw.testing_procs import reserve_port
 from tests.pg_cluster import TempCluster
+from tests.waiting import wait_until
 
 T0 = 1_700_000_040.0  # a multiple of 60 s
 
@@ -118,14 +119,6 @@ def rec(
         key_id=key_id,
         band="gold",
     )
-
-
-async def eventually(predicate: Callable[[], bool], within: float = 10.0) -> None:
-    with trio.fail_after(within):
-        for _ in itertools.count():
-            if predicate():
-                return
-            await trio.sleep(0.01)
 
 
 async def usage_count(store: ThreadedStore) -> int:
@@ -399,7 +392,7 @@ async def test_batcher_writes_in_batches_and_flushes_the_rest_at_shutdown(
         for i in range(25):
             batcher.record(rec(f"m{i % 3}"))
         # Full batches go at once, not at the (1 h) interval.
-        await eventually(lambda: batcher.written >= 20)
+        await wait_until(lambda: batcher.written >= 20, "two full batches written")
         assert max(sizes) <= 10
         assert await usage_count(store) == batcher.written
         for _ in range(3):
@@ -416,7 +409,7 @@ async def test_batcher_flushes_every_interval(store: ThreadedStore) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(batcher.run)
         batcher.record(rec())
-        await eventually(lambda: batcher.written >= 1)
+        await wait_until(lambda: batcher.written >= 1, "the record written at the interval")
         assert await usage_count(store) == 1
         nursery.cancel_scope.cancel()
     assert batcher.batches == 1
@@ -670,9 +663,17 @@ async def test_postgres_replaces_connections_the_server_dropped(pg_cluster: Temp
     s = cast(ThreadedStore, await open_store(url))
     try:
         await s.create_key("a")
-        async with trio.open_nursery() as nursery:  # four connections into the pool
+        # Four calls that each hold their connection until all four have one: four
+        # connections into the pool.
+        together = threading.Barrier(4, timeout=10)
+
+        def hold(db: DB) -> list[Any]:
+            together.wait()
+            return db.rows("SELECT 1")
+
+        async with trio.open_nursery() as nursery:
             for _ in range(4):
-                nursery.start_soon(rows, s, "SELECT pg_sleep(0.05)")
+                nursery.start_soon(s._read, hold)
 
         def terminate_all() -> int:
             with psycopg.connect(pg_cluster.url(), autocommit=True) as admin:

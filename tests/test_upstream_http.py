@@ -13,16 +13,24 @@ import trio
 
 from llmgw.router.upstream_http import Pool, UpstreamError
 from llmgw.testing_procs import reserve_port
+from tests.waiting import wait_until
 
 Script = Callable[[int], Sequence[bytes]]  # connection number -> pieces to send per request
 
 
+class Counts(list[int]):
+    """Requests served per connection (the port first, until the test pops it), and how
+    many of its connections the server has closed."""
+
+    closed = 0
+
+
 @asynccontextmanager
-async def scripted(script: Script, *, close_after: bool = False) -> AsyncIterator[list[int]]:
+async def scripted(script: Script, *, close_after: bool = False) -> AsyncIterator[Counts]:
     """A server answering each request with `script(connection)`'s pieces, sent one
     write at a time (so the client sees them split). Yields the per-connection request
     counts."""
-    counts: list[int] = []
+    counts = Counts()
 
     async def handle(stream: trio.SocketStream) -> None:
         index = len(counts)
@@ -49,13 +57,19 @@ async def scripted(script: Script, *, close_after: bool = False) -> AsyncIterato
                 counts[index] += 1
                 for piece in script(index):
                     await stream.send_all(piece)
-                    await trio.sleep(0.001)
+                    await trio.sleep(0.001)  # a slow server: each piece a write of its own
                 if close_after:
                     return
 
+    async def handle_and_count(stream: trio.SocketStream) -> None:
+        try:
+            await handle(stream)
+        finally:
+            counts.closed += 1  # the stream is closed by now
+
     async with trio.open_nursery() as nursery:
         (listener,) = await nursery.start(
-            functools.partial(trio.serve_tcp, handle, 0, host="127.0.0.1")
+            functools.partial(trio.serve_tcp, handle_and_count, 0, host="127.0.0.1")
         )
         port = listener.socket.getsockname()[1]
         counts.insert(0, port)  # the caller reads the port from the front
@@ -115,7 +129,7 @@ async def test_a_pooled_connection_closed_by_the_server_is_retried_once() -> Non
         assert await post(pool, port) == (200, b"ok")
         # The server closed after answering while the client kept the connection:
         # the next request notices and uses a new one.
-        await trio.sleep(0.05)
+        await wait_until(lambda: counts.closed == 1, "the server's close of its connection")
         assert await post(pool, port) == (200, b"ok")
         assert counts == [1, 1]
 
