@@ -162,6 +162,9 @@ class RouterConfig:
     session_header: str = "x-session-id"
     inject_usage: bool = True
     max_body_bytes: Bytes = Bytes(32 * 1024 * 1024)
+    # Client connections each listener serves at once (past it: 503 and close); 0:
+    # derived from the open-file limit at start (llmgw.server.connection_cap).
+    max_connections: int = 0
     drain_timeout: Seconds = Seconds(30.0)
     timeouts: Timeouts = Timeouts()
     scoring: ScoringConfig = ScoringConfig()
@@ -615,6 +618,11 @@ def check(config: Config) -> list[str]:
         )
     if r.retries < 0:
         problems.append(f"router.retries: must be 0 or more, got {r.retries}")
+    if r.max_connections < 0:
+        problems.append(
+            f"router.max_connections: must be 0 (from the open-file limit) or more,"
+            f" got {r.max_connections}"
+        )
     if r.failure_threshold < 1:
         problems.append(f"router.failure_threshold: must be at least 1, got {r.failure_threshold}")
     _positive(problems, "router.max_body_bytes", r.max_body_bytes)

@@ -4,7 +4,8 @@ Both listeners of `llmgw-server`, and `llmgw-sim`, run on it. It replaced hyperc
 because on the proxy's path hypercorn's layers (h11's state machine both ways, a task
 per request and an idle-timer task per connection, an event object per message) were
 about a third of the router's CPU per request, against a target of 0.5 ms
-(benchmarks/README.md). It does what those listeners need and nothing more:
+(benchmarks/README.md). Requests are parsed by llhttp, Node.js's parser, through
+httptools (as uvicorn does): this module adds the I/O, deadlines and limits around it.
 
 * HTTP/1.1 with keep-alive and pipelined requests (answered in order); HTTP/1.0 with
   one request per connection. Request bodies framed by Content-Length or chunked;
@@ -13,56 +14,70 @@ about a third of the router's CPU per request, against a target of 0.5 ms
   connection). A response's head is held until the app's first body message, so a
   sized answer is one write and a stream's head leaves with its first event; an app
   that wants its head out early sends an empty body message with ``more_body``.
+  Whatever the app sends, no CR, LF or NUL reaches a head, and a status outside
+  100-599 is the app's error (a 500), never bytes on the wire.
 * Deadlines: a request head must be complete within `header_timeout`, counted from
   the accept, or on a kept-alive connection from the first byte of the next request
   (a partial head then gets ``408``; a connection that sent nothing is just closed).
-  A kept-alive connection idle for `keep_alive_timeout` is closed. There is no read
-  or write timeout otherwise: a stream may last minutes, and the app bounds bodies.
+  A body must arrive within `body_timeout` (``408``). A write that the client takes
+  no byte of for `send_timeout` cuts the connection, and the app sees a disconnect.
+  A kept-alive connection idle for `keep_alive_timeout` is closed. A stream may
+  otherwise last as long as the app lets it.
+* Limits: a head of at most :data:`MAX_HEAD_BYTES` (``431``), trailers of at most 4 KiB,
+  at most 256 KiB of pipelined requests read ahead, and `max_connections` at once
+  (past it: a ``503`` in one write, and the connection closes).
 * ``http.disconnect``: once the request body is read, the app's next `receive()`
   returns when the client closes the connection, so a proxy can cancel its upstream.
+  A client that only half-closes its side counts as gone (as nginx's default has it).
 * Graceful shutdown: stop accepting, close idle connections, let requests in flight
   finish for up to `graceful_timeout`, then cancel them.
 * Closing: a connection that ends with client bytes possibly unread (a refusal, a
   body the app did not read) is closed lingering (:func:`_linger`); an error on one
   connection is logged and ends that connection only.
 
-Not here: TLS, HTTP/2, WebSocket, ASGI lifespan events (llmgw's apps hold no lifespan
-state). Parsing is strict where leniency lets a front proxy and this server disagree
-about where a request ends (request smuggling): bare CR or LF, NUL, whitespace before
-a header's colon, folded lines, Content-Length together with Transfer-Encoding,
-differing Content-Lengths, codings other than ``chunked``: all 400 (or 501), and the
+Not here: TLS, HTTP/2, WebSocket and other upgrades (a request asking for one is
+answered as a plain request, then the connection closes), ASGI lifespan events
+(llmgw's apps hold no lifespan state). Parsing is strict where leniency lets a front
+proxy and this server disagree about where a request ends (request smuggling): bare
+CR or LF, NUL, whitespace before a header's colon, folded lines, Content-Length
+together with Transfer-Encoding, two Content-Lengths, malformed chunk sizes,
+extensions or trailers, codings other than ``chunked``: all 400 (or 501), and the
 connection is closed. Refusals are OpenAI-shaped errors, like the apps' own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import http
 import logging
 import math
+import re
 import socket
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote
 
 import attrs
+import httptools
 import trio
 
 from llmgw import sockio
 from llmgw.asgi import App, error_body
 from llmgw.units import Address
 
-__all__ = ["HttpServerConfig", "serve", "serve_listeners"]
+__all__ = ["ClientDisconnected", "HttpServerConfig", "serve", "serve_listeners"]
 
 log = logging.getLogger("llmgw.http1")
 
 _RECV = 65536
 #: Largest request head (request line and headers) accepted; larger: 431.
 MAX_HEAD_BYTES = 64 * 1024
-#: Largest chunk-size line (with extensions) or trailer section of a chunked body.
-_MAX_CHUNK_LINE = 4096
+#: Largest trailer section of a chunked body (its fields are read and dropped).
+_MAX_TRAILER_BYTES = 4096
 #: Bytes of pipelined requests buffered while a response is in flight; past this the
 #: connection is not read until the response ends (and a disconnect goes unnoticed).
 _MAX_PIPELINED = 256 * 1024
@@ -77,9 +92,14 @@ _LINGER_BYTES = 1 << 20
 _ACCEPT_RETRY = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
 _TOKEN = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-_HEX = b"0123456789abcdefABCDEF"
+_FORBIDDEN = re.compile(b"[\r\n\0]")
 _DISCONNECT: dict[str, Any] = {"type": "http.disconnect"}
-_EMPTY_REQUEST: dict[str, Any] = {"type": "http.request", "body": b"", "more_body": False}
+#: At most one accept-failure line per this many seconds (EMFILE comes in storms).
+_ACCEPT_LOG_EVERY = 10.0
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+)
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _NO_BODY_STATUS = frozenset({204, 304})
 _REASONS = {s.value: s.phrase.encode() for s in http.HTTPStatus}
@@ -99,6 +119,25 @@ class HttpServerConfig:
     graceful_timeout: float = 30.0
     #: Called on every head-deadline expiry (to count it); must not block.
     on_header_timeout: Callable[[], None] | None = None
+    #: Seconds a request body has to arrive completely, counted from the app's first
+    #: `receive()` that waits for it; then ``408`` and the connection closes. None:
+    #: unbounded.
+    body_timeout: float | None = None
+    #: The configuration key `body_timeout` comes from, named in the 408's message.
+    body_timeout_key: str = ""
+    #: Called on every body-deadline expiry; must not block.
+    on_body_timeout: Callable[[], None] | None = None
+    #: Seconds a response write may wait for the client to take any bytes; then the
+    #: connection is cut and the app sees a disconnect. None: unbounded.
+    send_timeout: float | None = None
+    #: Connections served at once; one past it gets a one-line ``503`` and is closed.
+    #: None: unbounded.
+    max_connections: int | None = None
+
+
+class ClientDisconnected(OSError):
+    """Raised by `send()` once the client has gone (ASGI 2.4: an OSError), so that an
+    app writing a long stream stops at once instead of writing into nothing."""
 
 
 class _Refusal(Exception):
@@ -171,19 +210,34 @@ class _Server:
             connections.cancel_scope.deadline = trio.current_time() + self.config.graceful_timeout
 
     async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        cap = self.config.max_connections
+        failed = 0
+        logged_at = -math.inf
         while True:
             try:
                 stream = await listener.accept()
             except OSError as exc:
                 if exc.errno not in _ACCEPT_RETRY:
                     raise
-                log.error("accept failed (%s): retrying in 100 ms", exc)
-                await trio.sleep(0.1)
+                failed += 1
+                now = trio.current_time()
+                if now - logged_at >= _ACCEPT_LOG_EVERY:
+                    log.error(
+                        "accept failed %d time(s) (%s): out of file descriptors or memory;"
+                        " retrying every 100 ms",
+                        failed,
+                        exc,
+                    )
+                    logged_at, failed = now, 0
+                await trio.sleep(0.1)  # the resource frees as connections end: retry then
                 continue
             # trio set TCP_NODELAY on it; from here on the socket is driven directly.
             trio_sock = stream.socket
             sock = socket.socket(trio_sock.family, trio_sock.type, fileno=trio_sock.detach())
             sock.setblocking(False)
+            if cap is not None and len(self.connections) >= cap:
+                _turn_away(sock, cap)
+                continue
             nursery.start_soon(self._connection, sock)
 
     async def _connection(self, sock: socket.socket) -> None:
@@ -200,6 +254,19 @@ class _Server:
         finally:
             self.connections.discard(connection)
             sockio.close(sock)
+
+
+def _turn_away(sock: socket.socket, cap: int) -> None:
+    """Answer a connection past the cap with a 503 in one non-blocking write, and close
+    it: no task, no buffer, no wait for a client that does not read."""
+    body = error_body(
+        f"the server is at its connection limit ({cap}); retry shortly",
+        "server_error",
+        "service_unavailable",
+    )
+    with contextlib.suppress(OSError):
+        sock.send(_BUSY % (len(body), body))
+    sock.close()
 
 
 _date: tuple[int, bytes] = (0, b"")
@@ -241,16 +308,194 @@ def _url(sockname: Any) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class _Request:
+    """One request as the parser delivers it (requests queue in arrival order)."""
+
+    __slots__ = (
+        "body",
+        "chunked",
+        "complete",
+        "expect_continue",
+        "fed",
+        "head_bytes",
+        "head_done",
+        "headers",
+        "keep_alive",
+        "method",
+        "received",
+        "trailer_bytes",
+        "url",
+        "version",
+    )
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.method = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_bytes = 0  # the head so far: target, names and values with separators
+        self.fed = 0  # bytes fed to the parser while this head was incomplete (feed())
+        self.head_done = False  # the head is complete and valid: the request is served
+        self.version = "1.1"
+        self.keep_alive = True
+        self.expect_continue = False
+        self.chunked = False
+        self.body = bytearray()  # arrived, not yet handed to the app
+        self.received = 0  # body bytes so far
+        self.trailer_bytes = 0
+        self.complete = False  # the whole message is parsed
+
+
+class _RequestReader:
+    """Bytes in, requests out: llhttp (through httptools) frames and checks them, and
+    this adds what llmgw refuses beyond RFC 9112's syntax. No I/O.
+
+    Requests queue in `requests` as their first byte arrives; one is ready when its
+    head is (`head_done`), and its body collects in `body` as it comes. When the input
+    breaks, `error` says how and nothing after it is parsed; a request whose head was
+    not complete then is dropped from the queue, so the ones before it are still
+    served and the error answered after them.
+    """
+
+    __slots__ = ("_begun", "_parser", "_refusal", "error", "requests", "stopped")
+
+    def __init__(self) -> None:
+        self._parser = httptools.HttpRequestParser(self)
+        self.requests: deque[_Request] = deque()
+        self.error: _Refusal | None = None
+        self.stopped = False  # an upgrade (or CONNECT): the rest is not HTTP/1.1
+        self._refusal: _Refusal | None = None
+        self._begun = 0  # requests begun so far
+
+    def feed(self, data: bytes) -> None:
+        if self.error is not None or self.stopped:
+            return
+        requests = self.requests
+        carried = bool(requests) and not requests[-1].complete
+        begun = self._begun
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # llmgw serves no upgrades: the request is answered as a plain one, and the
+            # connection closes after it (its next bytes are another protocol's).
+            self.stopped = True
+        except httptools.HttpParserError as exc:
+            refusal = self._refusal or _Refusal(400, f"malformed request: {_reason(exc)}")
+            self._fail(refusal)
+            return
+        tail = requests[-1] if requests else None
+        if tail is not None and not tail.head_done:
+            # llhttp hands a header over only once the next one starts, buffering it
+            # until then, so `_grow` cannot see a line still coming. Count the bytes
+            # fed instead: all of this read belongs to the head if the head was under
+            # way before it or began it. A head that began after another request's
+            # bytes in one read counts from the next read (at most one read more).
+            began = self._begun - begun
+            if began == 0 or (began == 1 and not carried):
+                tail.fed += len(data)
+                if tail.fed > MAX_HEAD_BYTES:
+                    self._fail(_too_large())
+
+    def _fail(self, refusal: _Refusal) -> None:
+        self.error = refusal
+        if self.requests and not self.requests[-1].head_done:
+            self.requests.pop()
+
+    def _refuse(self, status: int, message: str) -> None:
+        self._refusal = _Refusal(status, message)
+        raise self._refusal
+
+    def _grow(self, request: _Request, n: int) -> None:
+        request.head_bytes += n
+        if request.head_bytes > MAX_HEAD_BYTES:
+            self._refusal = _too_large()
+            raise self._refusal
+
+    # -- httptools callbacks ------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._begun += 1
+        self.requests.append(_Request())
+
+    def on_url(self, url: bytes) -> None:
+        request = self.requests[-1]
+        if not request.url:
+            request.method = self._parser.get_method()
+            if request.method == b"PRI":
+                self._refuse(505, "only HTTP/1.1 and HTTP/1.0 are served")  # HTTP/2's preface
+        # The request line: method SP target SP HTTP/1.x CRLF.
+        self._grow(request, len(url) if request.url else len(request.method) + len(url) + 12)
+        request.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        request = self.requests[-1]
+        size = len(name) + len(value) + 4
+        if request.head_done:  # a trailer field: read and dropped
+            request.trailer_bytes += size
+            if request.trailer_bytes > _MAX_TRAILER_BYTES:
+                self._refuse(400, f"the trailer section exceeds {_MAX_TRAILER_BYTES} bytes")
+            return
+        self._grow(request, size)
+        # llhttp drops the whitespace before a value, not after it (RFC 9112 5: OWS).
+        request.headers.append((name.lower(), value.rstrip(b" \t")))
+
+    def on_headers_complete(self) -> None:
+        request = self.requests[-1]
+        parser = self._parser
+        version = parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            self._refuse(505, "only HTTP/1.1 and HTTP/1.0 are served")
+        self._grow(request, 2)  # the blank line
+        request.version = version
+        request.keep_alive = version == "1.1" and parser.should_keep_alive()
+        hosts = 0
+        for name, value in request.headers:
+            if name == b"host":
+                hosts += 1
+            elif name == b"transfer-encoding":
+                # llhttp accepts any codings that end in chunked; llmgw decodes none.
+                if value.lower() != b"chunked" or request.chunked:
+                    self._refuse(501, "only the chunked transfer coding is supported")
+                if version == "1.0":
+                    self._refuse(400, "chunked bodies need HTTP/1.1")
+                request.chunked = True
+            elif name == b"expect":
+                if value.lower() != b"100-continue":
+                    self._refuse(417, "only Expect: 100-continue is supported")
+                request.expect_continue = version == "1.1"
+        if version == "1.1" and hosts != 1:
+            self._refuse(400, "an HTTP/1.1 request needs exactly one Host header")
+        request.head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        request = self.requests[-1]
+        request.body += body
+        request.received += len(body)
+
+    def on_message_complete(self) -> None:
+        self.requests[-1].complete = True
+
+
+def _only_disconnects(exc: Exception) -> bool:
+    """`exc` is ClientDisconnected, or a group (from the app's nurseries) of only that."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(ClientDisconnected)[1] is None
+    return isinstance(exc, ClientDisconnected)
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc.args[0]) if exc.args else type(exc).__name__
+
+
+def _too_large() -> _Refusal:
+    return _Refusal(431, f"the request head exceeds {MAX_HEAD_BYTES} bytes")
+
+
 class _Connection:
     """One client connection: its requests, one after the other."""
 
     __slots__ = (
         "bad_body",
-        "body_left",
-        "body_mode",
-        "buf",
         "busy",
-        "chunk_state",
         "client",
         "closing",
         "continue_due",
@@ -259,6 +504,9 @@ class _Connection:
         "head",
         "head_only",
         "peer_closed",
+        "pipelined",
+        "reader",
+        "request",
         "request_read",
         "scope",
         "server",
@@ -266,14 +514,14 @@ class _Connection:
         "sock",
         "started",
         "unread",
-        "version",
     )
 
     def __init__(self, server: _Server, sock: socket.socket) -> None:
         self.server = server
         self.sock = sock
         self.scope = trio.CancelScope()
-        self.buf = bytearray()
+        self.reader = _RequestReader()
+        self.request = _Request()
         self.busy = False
         self.peer_closed = False  # the client closed its side (or reset the connection)
         # The connection ends with client bytes possibly unread (a refused request, a
@@ -284,76 +532,73 @@ class _Connection:
             self.serverside: tuple[str, int] | None = sock.getsockname()[:2]
         except OSError:
             self.client = self.serverside = None
-        self._reset()
+        self._reset(self.request)
 
-    def _reset(self) -> None:
-        self.version = b"1.1"
-        self.closing = False  # close the connection once this response ends
-        self.body_mode = _NONE
-        self.body_left = 0
-        self.chunk_state = _SIZE
-        self.continue_due = False
+    def _reset(self, request: _Request) -> None:
+        self.request = request
+        self.closing = not request.keep_alive  # close the connection once this response ends
+        self.continue_due = request.expect_continue
         self.request_read = False  # the app has had the last part of the request body
-        self.bad_body: str | None = None
+        self.bad_body: _Refusal | None = None
         self.started = False
         self.ended = False
         self.head: bytes | None = None  # a response head held for the first body bytes
         self.framing = _RAW
         self.head_only = False
+        self.pipelined = 0  # bytes read past this request while its answer is under way
 
     async def run(self) -> None:
         fresh = True
+        reader = self.reader
         while True:
-            head = await self._read_head(fresh)
-            if head is None:
+            request = await self._next_head(fresh)
+            if request is None:
                 return
             fresh = False
-            self._reset()
+            self._reset(request)
             try:
-                scope = self._parse(head)
+                scope = self._scope(request)
             except _Refusal as refusal:
                 await self._refuse(refusal.status, str(refusal))
                 return
             self.busy = True
             await self._handle(scope)
             self.busy = False
-            if self.body_mode != _NONE:
+            if not request.complete:  # a body the app did not read, still on its way
                 self.unread = True
                 return
-            if self.closing or self.server.draining:
+            reader.requests.popleft()
+            if self.closing or self.server.draining or (reader.stopped and not reader.requests):
                 return
-            if self.buf:
-                # Pipelined: the next head is here already; let other tasks run first.
+            if reader.requests or reader.error is not None:
+                # Pipelined: the next request is here already; let other tasks run first.
                 await trio.lowlevel.checkpoint()
 
     # -- request head -----------------------------------------------------------
 
-    async def _read_head(self, fresh: bool) -> bytes | None:
-        """The next request head (without its final blank line), or None when the
-        connection should close (the client closed it, or a deadline passed)."""
+    async def _next_head(self, fresh: bool) -> _Request | None:
+        """The next request with its head complete, or None when the connection should
+        close (the client closed it, the input broke, or a deadline passed)."""
         config = self.server.config
-        buf = self.buf
+        reader = self.reader
         timeout = config.header_timeout
         now = trio.current_time()
         if fresh:
             deadline = now + (timeout if timeout is not None else config.keep_alive_timeout)
             idle = False
-        elif buf:
+        elif reader.requests:
             deadline = now + timeout if timeout is not None else math.inf
             idle = False
         else:
             deadline = now + config.keep_alive_timeout
             idle = True  # waiting for the first byte: the keep-alive time applies
         while True:
-            while buf[:2] == b"\r\n":  # tolerated blank lines before a request
-                del buf[:2]
-            end = buf.find(b"\r\n\r\n")
-            if end >= 0:
-                head = bytes(buf[:end])
-                del buf[: end + 4]
-                return head
-            if len(buf) > MAX_HEAD_BYTES:
-                await self._refuse(431, f"the request head exceeds {MAX_HEAD_BYTES} bytes")
+            if reader.requests and reader.requests[0].head_done:
+                return reader.requests[0]
+            if reader.error is not None:
+                await self._refuse(reader.error.status, str(reader.error))
+                return None
+            if reader.stopped:
                 return None
             data = b""
             with trio.CancelScope(deadline=deadline) as wait:
@@ -367,82 +612,20 @@ class _Connection:
                     return None  # the keep-alive time is over
                 if config.on_header_timeout is not None:
                     config.on_header_timeout()
-                if buf:
+                if reader.requests:
                     await self._refuse(408, "the request head did not arrive in time")
                 return None
             if not data:
                 self.peer_closed = True
                 return None
-            buf += data
-            if idle:
+            reader.feed(data)
+            if idle and (reader.requests or reader.error is not None):
                 idle = False
                 deadline = trio.current_time() + timeout if timeout is not None else math.inf
 
-    def _parse(self, head: bytes) -> dict[str, Any]:
-        crlf = head.count(b"\r\n")
-        if head.count(b"\r") != crlf or head.count(b"\n") != crlf:
-            raise _Refusal(400, "bare CR or LF in the request head")
-        if b"\0" in head:
-            raise _Refusal(400, "NUL in the request head")
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ")
-        if len(parts) != 3:
-            raise _Refusal(400, "malformed request line")
-        method, target, version = parts
-        if version == b"HTTP/1.1":
-            pass
-        elif version == b"HTTP/1.0":
-            self.version = b"1.0"
-            self.closing = True
-        elif version.startswith(b"HTTP/"):
-            raise _Refusal(505, "only HTTP/1.1 and HTTP/1.0 are served")
-        else:
-            raise _Refusal(400, "malformed request line")
-        if not method or method.translate(None, _TOKEN):
-            raise _Refusal(400, "malformed method")
-        headers: list[tuple[bytes, bytes]] = []
-        length: bytes | None = None
-        chunked = False
-        hosts = 0
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or not name or name.translate(None, _TOKEN):
-                raise _Refusal(400, "malformed header line")
-            name = name.lower()
-            value = value.strip(b" \t")
-            headers.append((name, value))
-            if name == b"content-length":
-                if (
-                    not value.isdigit()
-                    or len(value) > 18
-                    or (length is not None and value != length)
-                ):
-                    raise _Refusal(400, "invalid Content-Length")
-                length = value
-            elif name == b"transfer-encoding":
-                if value.lower() != b"chunked" or chunked:
-                    raise _Refusal(501, "only the chunked transfer coding is supported")
-                chunked = True
-            elif name == b"host":
-                hosts += 1
-            elif name == b"connection":
-                if b"close" in value.lower():
-                    self.closing = True
-            elif name == b"expect":
-                if value.lower() != b"100-continue":
-                    raise _Refusal(417, "only Expect: 100-continue is supported")
-                self.continue_due = self.version == b"1.1"
-        if chunked:
-            if length is not None:
-                raise _Refusal(400, "both Content-Length and Transfer-Encoding")
-            if self.version == b"1.0":
-                raise _Refusal(400, "chunked bodies need HTTP/1.1")
-            self.body_mode = _CHUNKED
-        elif length is not None and int(length) > 0:
-            self.body_mode = _LENGTH
-            self.body_left = int(length)
-        if self.version == b"1.1" and hosts != 1:
-            raise _Refusal(400, "an HTTP/1.1 request needs exactly one Host header")
+    def _scope(self, request: _Request) -> dict[str, Any]:
+        target = request.url
+        method = request.method
         raw_path, _, query = target.partition(b"?")
         if not raw_path.startswith(b"/"):
             if raw_path.startswith((b"http://", b"https://")):  # absolute form
@@ -451,10 +634,8 @@ class _Connection:
                 raw_path = b"*"
             else:
                 raise _Refusal(400, "malformed request target")
-        try:
-            path = raw_path.decode("ascii")
-        except UnicodeDecodeError:
-            raise _Refusal(400, "non-ASCII bytes in the request target") from None
+        # llhttp admits only visible ASCII in a target.
+        path = raw_path.decode("ascii")
         if "%" in path:
             path = unquote(path)
         method_name = method.decode("ascii")
@@ -462,14 +643,14 @@ class _Connection:
         return {
             "type": "http",
             "asgi": _ASGI,
-            "http_version": "1.1" if self.version == b"1.1" else "1.0",
+            "http_version": request.version,
             "method": method_name,
             "scheme": "http",
             "path": path,
             "raw_path": raw_path,
             "query_string": query,
             "root_path": "",
-            "headers": headers,
+            "headers": request.headers,
             "client": self.client,
             "server": self.serverside,
         }
@@ -479,50 +660,70 @@ class _Connection:
     async def _handle(self, scope: dict[str, Any]) -> None:
         try:
             await self.server.app(scope, self.receive, self.send)
-        except Exception:
+        except Exception as exc:
+            if _only_disconnects(exc):
+                log.debug("%s %s: the client left mid-answer", scope["method"], scope["path"])
+                self.closing = True
+                return
             log.exception("unhandled error serving %s %s", scope["method"], scope["path"])
             if not self.started:
                 await self._refuse(500, "internal server error")
             self.closing = True
             return
         if self.bad_body is not None and not self.started:
-            await self._refuse(400, self.bad_body)
+            await self._refuse(self.bad_body.status, str(self.bad_body))
         elif not self.started:
+            if self.peer_closed:
+                # The client left before the answer: nobody to send one to.
+                log.debug("%s %s: the client left first", scope["method"], scope["path"])
+                self.closing = True
+                return
             log.error("%s %s: the app sent no response", scope["method"], scope["path"])
             await self._refuse(500, "internal server error")
         elif not self.ended:
             self.closing = True  # a response cut short cannot be framed: end the connection
 
     async def receive(self) -> MutableMapping[str, Any]:
-        if self.body_mode == _NONE:
-            if self.request_read:
-                return await self._wait_disconnect()
-            self.request_read = True
-            return _EMPTY_REQUEST
-        if self.continue_due:
-            self.continue_due = False
-            if not self.buf and not await self._write(b"HTTP/1.1 100 Continue\r\n\r\n"):
-                return _DISCONNECT
-        try:
-            if self.body_mode == _LENGTH:
-                body = await self._length_body()
-            else:
-                body = await self._chunked_body()
-        except _Refusal as bad:
-            self.bad_body = str(bad)
-            self.closing = self.request_read = True
-            self.body_mode = _NONE
-            return _DISCONNECT
-        if body is None:
-            self.closing = self.request_read = True
-            self.body_mode = _NONE
-            return _DISCONNECT
-        more = self.body_mode != _NONE
+        request = self.request
+        if self.request_read:
+            return await self._wait_disconnect()
+        if not request.body and not request.complete:
+            if self.continue_due:
+                self.continue_due = False
+                if not await self._write(b"HTTP/1.1 100 Continue\r\n\r\n"):
+                    return self._body_lost()
+            config = self.server.config
+            timeout = config.body_timeout
+            deadline = math.inf if timeout is None else trio.current_time() + timeout
+            with trio.CancelScope(deadline=deadline) as wait:
+                while not request.body and not request.complete:
+                    if self.reader.error is not None:
+                        self.bad_body = self.reader.error
+                        return self._body_lost()
+                    if not await self._fill():
+                        return self._body_lost()
+            if wait.cancelled_caught:
+                if config.on_body_timeout is not None:
+                    config.on_body_timeout()
+                key = f" ({config.body_timeout_key})" if config.body_timeout_key else ""
+                self.bad_body = _Refusal(
+                    408,
+                    f"the request body did not arrive within {timeout:g}s{key};"
+                    f" {request.received} bytes came",
+                )
+                return self._body_lost()
+        body = bytes(request.body)
+        request.body.clear()
+        more = not request.complete
         self.request_read = not more
         return {"type": "http.request", "body": body, "more_body": more}
 
+    def _body_lost(self) -> MutableMapping[str, Any]:
+        self.closing = self.request_read = True
+        return _DISCONNECT
+
     async def _fill(self) -> bool:
-        """Read more of the connection into the buffer; False at its end."""
+        """Read more of the connection into the parser; False at its end."""
         try:
             data = await sockio.recv(self.sock, _RECV)
         except OSError:
@@ -530,73 +731,24 @@ class _Connection:
         if not data:
             self.peer_closed = True
             return False
-        self.buf += data
+        self.reader.feed(data)
         return True
-
-    async def _length_body(self) -> bytes | None:
-        buf = self.buf
-        if not buf and not await self._fill():
-            return None
-        take = min(self.body_left, len(buf))
-        body = bytes(buf[:take])
-        del buf[:take]
-        self.body_left -= take
-        if self.body_left == 0:
-            self.body_mode = _NONE
-        return body
-
-    async def _chunked_body(self) -> bytes | None:
-        """The next piece of a chunked body ("" at its end), None if the client left."""
-        buf = self.buf
-        out = bytearray()
-        while True:
-            state = self.chunk_state
-            if state == _DATA:
-                if not buf:
-                    if out:
-                        return bytes(out)
-                    if not await self._fill():
-                        return None
-                take = min(self.body_left, len(buf))
-                out += buf[:take]
-                del buf[:take]
-                self.body_left -= take
-                if self.body_left == 0:
-                    self.chunk_state = _DATA_END
-                continue
-            end = buf.find(b"\r\n")
-            if end < 0:
-                if len(buf) > _MAX_CHUNK_LINE:
-                    raise _Refusal(400, "malformed chunked body")
-                if out:
-                    return bytes(out)
-                if not await self._fill():
-                    return None
-                continue
-            line = bytes(buf[:end])
-            del buf[: end + 2]
-            if state == _SIZE:
-                size = line.split(b";", 1)[0].strip(b" \t")
-                if not size or size.translate(None, _HEX) or len(size) > 16:
-                    raise _Refusal(400, "malformed chunk size")
-                self.body_left = int(size, 16)
-                self.chunk_state = _DATA if self.body_left else _TRAILER
-            elif state == _DATA_END:
-                if line:
-                    raise _Refusal(400, "malformed chunked body")
-                self.chunk_state = _SIZE
-            elif not line:  # _TRAILER: the blank line ends the body
-                self.body_mode = _NONE
-                return bytes(out)
 
     async def _wait_disconnect(self) -> MutableMapping[str, Any]:
         """Block until the client closes the connection (its request is read)."""
         if self.ended:
             return _DISCONNECT
-        while len(self.buf) < _MAX_PIPELINED:
-            if not await self._fill():
-                self.closing = True
+        reader = self.reader
+        while self.pipelined < _MAX_PIPELINED and reader.error is None and not reader.stopped:
+            try:
+                data = await sockio.recv(self.sock, _RECV)
+            except OSError:
+                data = b""
+            if not data:
+                self.peer_closed = self.closing = True
                 return _DISCONNECT
+            self.pipelined += len(data)
+            reader.feed(data)
         await trio.sleep_forever()  # no room to watch for the end; wait to be cancelled
 
     # -- the response -----------------------------------------------------------
@@ -606,8 +758,11 @@ class _Connection:
         if kind == "http.response.start":
             if self.started:
                 raise RuntimeError("http.response.start sent twice")
+            # Checked before anything is sent, so that a bad head is the app's error
+            # (a 500), never bytes on the wire.
+            head = self._response_head(message["status"], message.get("headers", ()))
             self.started = True
-            self.head = self._response_head(message["status"], message.get("headers", ()))
+            self.head = head
             return
         if kind != "http.response.body":
             raise RuntimeError(f"unsupported ASGI message {kind!r}")
@@ -627,18 +782,23 @@ class _Connection:
             out += body
         if not more:
             self.ended = True
-        if out:
-            await self._write(out)
+        if out and not await self._write(out):
+            raise ClientDisconnected("the client has gone")
 
     def _response_head(self, status: int, headers: Any) -> bytes:
-        if self.body_mode == _LENGTH and len(self.buf) >= self.body_left:
-            del self.buf[: self.body_left]  # the unread rest is here: skip it
-            self.body_mode = _NONE
-        if self.body_mode != _NONE or self.server.draining:
-            self.closing = True  # an unread body cannot be skipped safely: close after
+        if type(status) is not int or not 100 <= status <= 599:
+            raise RuntimeError(f"response status {status!r} is not an HTTP status")
+        # The rest of a body that came with its head is skipped with it (the parser
+        # has it); one still on its way cannot be skipped safely: close after.
+        if not self.request.complete or self.server.draining:
+            self.closing = True
         lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"")), _date_line()]
         sized = False
         for name, value in headers:
+            if name.translate(None, _TOKEN) or not name or _FORBIDDEN.search(value):
+                # Whatever the source (an engine's header relayed), CR, LF or NUL in a
+                # head would let it write headers or responses of its own.
+                raise RuntimeError(f"response header {name!r} has a forbidden character")
             lower = name.lower()
             if lower == b"content-length":
                 sized = True
@@ -652,7 +812,7 @@ class _Connection:
             self.framing = _NO_BODY
         elif sized:
             self.framing = _RAW
-        elif self.version == b"1.1":
+        elif self.request.version == "1.1":
             self.framing = _CHUNK
             lines.append(b"transfer-encoding: chunked\r\n")
         else:
@@ -665,11 +825,14 @@ class _Connection:
 
     async def _write(self, data: bytes) -> bool:
         """Send `data`; False (and the connection marked to close) if the client has
-        gone. The app learns of that from `receive()`."""
+        gone, or has read nothing for `send_timeout`. The app learns of that from
+        `receive()`: the socket is shut, which wakes a task waiting for a disconnect."""
         try:
-            await sockio.send_all(self.sock, data)
+            await sockio.send_all(self.sock, data, stall=self.server.config.send_timeout)
         except OSError:
             self.closing = self.peer_closed = True
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
             return False
         except BaseException:
             self.closing = True  # cancelled mid-write: the framing is lost
@@ -691,9 +854,5 @@ class _Connection:
             await self._write(head + body)
 
 
-# request body framing
-_NONE, _LENGTH, _CHUNKED = range(3)
-# chunked body parser states
-_SIZE, _DATA, _DATA_END, _TRAILER = range(4)
 # response framing
 _RAW, _CHUNK, _NO_BODY = range(3)

@@ -47,6 +47,36 @@ def control_timings(control: ControlConfig) -> tuple[float, float]:
     return heartbeat, min(2 * HEARTBEAT_INTERVAL, float(control.unreachable_after))
 
 
+#: File descriptors kept back from the connection cap: the store, logs, scrapes, the
+#: agent port and its streams.
+FD_RESERVE = 128
+
+
+def connection_cap(configured: int) -> int:
+    """Connections each listener serves at once: `configured` (router.max_connections),
+    or with 0 what the open-file limit allows.
+
+    The soft limit is first raised to the hard one (systemd's default soft limit is
+    1024, far below what a proxy needs; the hard one is usually far higher). Each
+    proxied request holds its client's connection and one to an engine, so the cap
+    is half of what the reserve leaves."""
+    if configured:
+        return configured
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return max(16, (soft - FD_RESERVE) // 2)
+
+
 #: What :func:`serve` hands `on_listening` once every listener is bound: for each
 #: listener, by its configuration key (``listen``, ``admin_listen``, and
 #: ``agent_listen`` when agents connect over gRPC), the addresses it is bound to as
@@ -221,13 +251,23 @@ async def _serve(
     )
     drain = config.router.drain_timeout
 
+    timeouts = config.router.timeouts
+    cap = connection_cap(config.router.max_connections)
+
     def listener_config(name: str) -> HttpServerConfig:
-        # Streams last minutes: no read or write timeout on a connection; the proxy
-        # bounds each phase itself, the apps bound request bodies.
+        # Streams last minutes: a response may take as long as the proxy's phases let
+        # it; but a client that takes none of it for `idle` is cut, like an engine
+        # that sends nothing for that long.
+        timed_out = router.metrics.client_timeouts
         return HttpServerConfig(
-            header_timeout=config.router.timeouts.client_header,
+            header_timeout=timeouts.client_header,
+            body_timeout=timeouts.client_body,
+            body_timeout_key="router.timeouts.client_body",
+            send_timeout=timeouts.idle,
+            max_connections=cap,
             graceful_timeout=drain,
-            on_header_timeout=router.metrics.client_timeouts.labels(name, "header").inc,
+            on_header_timeout=timed_out.labels(name, "header").inc,
+            on_body_timeout=timed_out.labels(name, "body").inc,
         )
 
     async def trigger() -> None:

@@ -48,15 +48,24 @@ async def recv(sock: socket.socket, size: int) -> bytes:
         return data
 
 
-async def send_all(sock: socket.socket, data: bytes | bytearray | memoryview) -> None:
+async def send_all(
+    sock: socket.socket, data: bytes | bytearray | memoryview, *, stall: float | None = None
+) -> None:
     """Write all of `data`. Raises OSError (BrokenPipeError, ConnectionResetError)
-    when the peer has gone."""
+    when the peer has gone, and TimeoutError (an OSError) when it has taken no byte
+    for `stall` seconds: a peer that stops reading must not hold the writer."""
     view: memoryview | None = None
     while True:
         try:
             sent = sock.send(data if view is None else view)
         except BlockingIOError:
-            await trio.lowlevel.wait_writable(sock)
+            if stall is None:
+                await trio.lowlevel.wait_writable(sock)
+            else:
+                with trio.move_on_after(stall) as waited:
+                    await trio.lowlevel.wait_writable(sock)
+                if waited.cancelled_caught:
+                    raise TimeoutError(f"the peer took no bytes for {stall:g}s") from None
             continue
         remaining = (len(data) if view is None else len(view)) - sent
         if remaining <= 0:
