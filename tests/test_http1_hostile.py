@@ -185,7 +185,9 @@ async def test_a_body_that_stops_coming_is_a_408_after_body_timeout() -> None:
         ) as server,
         connect(server) as client,
     ):
-        await client.send(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n0123456789")
+        await client.send(
+            b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n0123456789"
+        )
         started = trio.current_time()
         answer = await client.raw_until_closed()
         assert trio.current_time() - started >= 0.3
