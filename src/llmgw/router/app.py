@@ -1,8 +1,9 @@
 """The client-facing OpenAI API as a plain ASGI app.
 
 This is the hot path, so it is not built on a web framework: one dict lookup
-routes the request, the body is parsed once, and re-serialised only when the
-router must change it (an alias, a fallback, usage injection).
+routes the request, only the body's top level is parsed (llmgw.router.body), and
+it is written back only when the router must change it (an alias, a fallback,
+usage injection). One `_Call` value carries a request from admission to its end.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import trio
 from llmgw.asgi import Receive, Scope, Send, answer_non_http, error_body, header, send_json
 from llmgw.router.admission import AdmissionRejected, UnknownBand
 from llmgw.router.auth import AuthError
+from llmgw.router.body import BIG_BODY, BodyError, RequestBody, parse
 from llmgw.router.breaker import Outcome, Ticket, classify_status
 from llmgw.router.proxy import AttemptFailed, Delivery
 from llmgw.router.usage import Caller, Usage, estimate_prompt_tokens
@@ -55,7 +57,7 @@ async def send_error(send: Send, err: HttpError) -> None:
 
 def _auth_error(exc: AuthError) -> HttpError:
     retry = [(b"retry-after", str(int(exc.retry_after)).encode())] if exc.retry_after else []
-    kind = {401: "authentication_error", 403: "permission_error"}.get(
+    kind = {401: "authentication_error", 403: "permission_error", 503: "server_error"}.get(
         exc.status, "rate_limit_exceeded"
     )
     return HttpError(exc.status, str(exc), type_=kind, code=exc.code, headers=retry)
@@ -70,6 +72,9 @@ class ClientApp:
 
     def __init__(self, router: Router) -> None:
         self.router = router
+        # Bodies past BIG_BODY are parsed in a worker thread, one at a time: what a
+        # parse holds in memory is bounded by one body, not by how many arrive.
+        self._big_parses = trio.CapacityLimiter(1)
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._inference,
             ("POST", "/v1/completions"): self._inference,
@@ -145,25 +150,24 @@ class ClientApp:
         key = await self._authenticate(scope)
         raw = await self._read_body(scope, receive)
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise HttpError(400, "the request body must be a JSON object")
-        requested = body.get("model")
-        if not isinstance(requested, str) or not requested:
-            raise HttpError(400, "you must provide a model parameter", param="model")
-        chain = router.catalog.candidates(requested)
+            if len(raw) > BIG_BODY:
+                body = await trio.to_thread.run_sync(parse, raw, limiter=self._big_parses)
+            else:
+                body = parse(raw)
+        except BodyError as exc:
+            raise HttpError(400, str(exc), param=exc.param) from None
+        chain = router.catalog.candidates(body.model)
         if not chain:
             raise HttpError(
                 404,
-                f"the model {requested!r} does not exist",
+                f"the model {body.model!r} does not exist",
                 code="model_not_found",
                 param="model",
             )
-        stream = body.get("stream") is True
-        if scope["path"].endswith("/embeddings"):
-            stream = False
+        session = header(scope, router.session_header)
+        call = _Call(
+            scope, body, chain, started, key, session.decode(errors="replace") if session else None
+        )
 
         # The client may go away at any point; the watcher cancels the upstream
         # request at once, which frees the engine's slot.
@@ -175,13 +179,12 @@ class ClientApp:
                 watch.complete = True
             await send(message)
 
+        call.send = tracked_send
         refused: HttpError | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch.run, receive, nursery.cancel_scope)
             try:
-                await self._serve(
-                    scope, tracked_send, body, raw, chain, stream, started, requested, key
-                )
+                await self._serve(call)
             except HttpError as err:
                 refused = err  # raised outside, so no exception group wraps it
             finally:
@@ -189,27 +192,18 @@ class ClientApp:
         if refused is not None:
             raise refused
         if watch.gone:
-            router.metrics.disconnects.labels(requested, "stream" if stream else "request").inc()
+            kind = "stream" if call.stream else "request"
+            router.metrics.disconnects.labels(body.model, kind).inc()
 
-    async def _serve(
-        self,
-        scope: Scope,
-        send: Send,
-        body: dict[str, Any],
-        raw: bytes,
-        chain: list[ModelConfig],
-        stream: bool,
-        started: float,
-        requested: str,
-        key: KeyRecord | None,
-    ) -> None:
+    async def _serve(self, call: _Call) -> None:
         """Admission by priority band, then routing. The request waits in its band's
         queue while the model's pool is above the band's saturation ceiling."""
         router = self.router
         admission = router.admission
+        key = call.key
         # With keys, the key decides the band and is the tenant; the headers are
         # trusted only without them.
-        value = None if key is not None else header(scope, router.band_header)
+        value = None if key is not None else header(call.scope, router.band_header)
         try:
             band = admission.select_band(
                 value.decode(errors="replace") if value else None,
@@ -219,29 +213,29 @@ class ClientApp:
             raise HttpError(
                 400, str(exc), param=router.band_header.decode(), code="unknown_band"
             ) from None
-        limit = body.get("max_tokens") or body.get("max_completion_tokens")
-        expected = len(raw) // 4 + (limit if isinstance(limit, int) else 256)
+        limit = call.body.max_tokens
+        expected = len(call.body.raw) // 4 + (limit if limit is not None else 256)
         if key is not None:
             try:
-                router.auth.check_model(key, requested, chain[0].name)
+                router.auth.check_model(key, call.body.model, call.chain[0].name)
                 router.auth.admit(key, expected)
             except AuthError as exc:
                 raise _auth_error(exc) from None
             tenant = key.id
         else:
-            tenant = (header(scope, router.tenant_header) or b"").decode(errors="replace")
-        caller = Caller(key.id if key is not None else None, band.name, tenant or None)
+            tenant = (header(call.scope, router.tenant_header) or b"").decode(errors="replace")
+        call.caller = Caller(key.id if key is not None else None, band.name, tenant or None)
         now = trio.current_time()
         pool = next(
             (
                 m.name
-                for m in chain
+                for m in call.chain
                 if any(s.breaker.allows(now) for s in router.endpoints.serving(m.name))
             ),
             None,
         )
         if pool is None:  # nothing to queue for: routing answers 503 at once
-            await self._route(scope, send, body, raw, chain, stream, started, requested, caller)
+            await self._route(call)
             return
         try:
             ticket = await admission.admit(pool, band, tenant, expected)
@@ -256,31 +250,15 @@ class ClientApp:
                 headers=[(b"retry-after", str(max(1, round(exc.retry_after))).encode())],
             ) from None
         with ticket:
-            await self._route(scope, send, body, raw, chain, stream, started, requested, caller)
+            await self._route(call)
 
-    async def _route(
-        self,
-        scope: Scope,
-        send: Send,
-        body: dict[str, Any],
-        raw: bytes,
-        chain: list[ModelConfig],
-        stream: bool,
-        started: float,
-        requested: str,
-        caller: Caller,
-    ) -> None:
+    async def _route(self, call: _Call) -> None:
         """Try the model's replicas in score order, then its fallbacks' replicas, within
         `retries` + 1 attempts in all; only attempts that sent nothing to the client
         are retried."""
         router = self.router
-        session = header(scope, router.session_header)
-        session_key = session.decode(errors="replace") if session else None
-        prompt_text = router.prefixes.text(body) if router.prefixes else None
-        client_wants_usage = False
-        if stream:
-            options = body.get("stream_options")
-            client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
+        chain = call.chain
+        prompt_text = await self._prompt_text(call) if router.prefixes else None
         budget = router.config.router.retries + 1
         last: AttemptFailed | None = None
         attempted: ModelConfig | None = None
@@ -302,15 +280,16 @@ class ClientApp:
                     else None
                 )
                 decision = (
-                    router.choose(model, usable, session_key, prefix, now) if usable else None
+                    router.choose(model, usable, call.session_key, prefix, now) if usable else None
                 )
                 if decision is None:
                     break
                 if attempted is not model:
                     if model is not chain[0]:
                         router.metrics.fallbacks.labels(chain[0].name, model.name).inc()
-                    payload = self._payload(body, raw, model, stream, client_wants_usage)
-                    router.metrics.overhead.observe(trio.current_time() - started)
+                    # Engines know canonical names: an alias or a fallback is renamed.
+                    payload = call.body.payload(model.name, add_usage=self._add_usage(call))
+                    router.metrics.overhead.observe(trio.current_time() - call.started)
                     attempted = model
                 router.metrics.decisions.labels(model.name, decision.tier).inc()
                 for endpoint_id in decision.ranked:
@@ -325,19 +304,7 @@ class ClientApp:
                         router.metrics.retries.labels(model.name, last.kind).inc()
                     budget -= 1
                     try:
-                        delivery = await self._attempt(
-                            scope,
-                            send,
-                            model,
-                            state,
-                            ticket,
-                            payload,
-                            len(raw),
-                            stream,
-                            client_wants_usage,
-                            started,
-                            caller,
-                        )
+                        delivery = await self._attempt(call, model, state, ticket, payload)
                     except AttemptFailed as failure:
                         last = failure
                         continue
@@ -345,11 +312,12 @@ class ClientApp:
                         model,
                         state,
                         delivery,
-                        session_key=session_key,
-                        latency=trio.current_time() - started,
-                        caller=caller,
+                        session_key=call.session_key,
+                        latency=trio.current_time() - call.started,
+                        caller=call.caller,
                     )
                     return
+        requested = call.body.model
         if attempted is None:
             retry_after = str(max(1, math.ceil(router.config.router.cooldown / 3)))
             fallbacks = [m.name for m in chain[1:]]
@@ -373,45 +341,38 @@ class ClientApp:
             code="upstream_timeout" if status == 504 else "upstream_error",
         )
 
-    def _payload(
-        self,
-        body: dict[str, Any],
-        raw: bytes,
-        model: ModelConfig,
-        stream: bool,
-        client_wants_usage: bool,
-    ) -> bytes:
-        """The upstream body: the client's bytes unless the model name or usage must change."""
-        changed = False
-        if body.get("model") != model.name:
-            body["model"] = model.name  # an alias or a fallback: engines know canonical names
-            changed = True
-        if stream and self.router.config.router.inject_usage and not client_wants_usage:
-            options = body.get("stream_options")
-            body["stream_options"] = {
-                **(options if isinstance(options, dict) else {}),
-                "include_usage": True,
-            }
-            changed = True
-        return json.dumps(body).encode() if changed else raw
+    async def _prompt_text(self, call: _Call) -> str:
+        """The prompt text prefix affinity hashes; a large body's is decoded in a
+        worker thread, one at a time."""
+        prefixes = self.router.prefixes
+        assert prefixes is not None
+        body = call.body
+        try:
+            if len(body.raw) > BIG_BODY:
+                fields = await trio.to_thread.run_sync(
+                    body.affinity_fields, limiter=self._big_parses
+                )
+            else:
+                fields = body.affinity_fields()
+        except BodyError as exc:
+            raise HttpError(400, str(exc), param=exc.param) from None
+        return prefixes.text(fields)
+
+    def _add_usage(self, call: _Call) -> bool:
+        """Ask the engine for a usage chunk the client did not ask for (to account)."""
+        return call.stream and self.router.config.router.inject_usage and not call.wants_usage
 
     async def _attempt(
         self,
-        scope: Scope,
-        send: Send,
+        call: _Call,
         model: ModelConfig,
         state: EndpointState,
         ticket: Ticket,
         payload: bytes,
-        body_size: int,
-        stream: bool,
-        client_wants_usage: bool,
-        started: float,
-        caller: Caller,
     ) -> Delivery:
         """One attempt at one endpoint; raises AttemptFailed when it may be retried."""
         router = self.router
-        url = state.endpoint.url.rstrip("/") + scope["path"]
+        url = state.endpoint.url.rstrip("/") + call.scope["path"]
         extra = [
             (b"x-llmgw-model", model.name.encode()),
             (b"x-llmgw-endpoint", state.endpoint.id.encode()),
@@ -422,19 +383,19 @@ class ClientApp:
         state.inflight += 1
         partial = Delivery(200)
         try:
-            if stream:
+            if call.stream:
                 delivery = await router.upstream.stream(
                     url,
                     payload,
                     headers,
-                    send,
+                    call.send,
                     extra,
-                    strip_usage=not client_wants_usage,
-                    started=started,
+                    strip_usage=not call.wants_usage,
+                    started=call.started,
                     outcome=partial,
                 )
             else:
-                delivery = await router.upstream.unary(url, payload, headers, send, extra)
+                delivery = await router.upstream.unary(url, payload, headers, call.send, extra)
         except AttemptFailed as failure:
             failure.endpoint = state.endpoint.id
             router.record_attempt(state, ticket, failure.outcome, failure)
@@ -445,15 +406,15 @@ class ClientApp:
             router.record_attempt(state, ticket, Outcome.CLIENT_GONE, None)
             if partial.ttft is not None:
                 partial.usage = Usage(
-                    estimate_prompt_tokens(body_size), partial.events, estimated=True
+                    estimate_prompt_tokens(len(call.body.raw)), partial.events, estimated=True
                 )
                 router.finish(
                     model,
                     state,
                     partial,
                     session_key=None,
-                    latency=trio.current_time() - started,
-                    caller=caller,
+                    latency=trio.current_time() - call.started,
+                    caller=call.caller,
                     status=499,
                 )
             raise
@@ -464,6 +425,51 @@ class ClientApp:
         outcome = broken.outcome if broken else classify_status(delivery.status)
         router.record_attempt(state, ticket, outcome, broken)
         return delivery
+
+
+class _Call:
+    """One client request on its way through the router: what was asked and by whom,
+    from admission to its end. Made by `_inference`, which owns it; the steps after
+    (`_serve`, `_route`, `_attempt`) read it and fill in what they decide."""
+
+    __slots__ = (
+        "body",
+        "caller",
+        "chain",
+        "key",
+        "scope",
+        "send",
+        "session_key",
+        "started",
+        "stream",
+        "wants_usage",
+    )
+
+    def __init__(
+        self,
+        scope: Scope,
+        body: RequestBody,
+        chain: list[ModelConfig],
+        started: float,
+        key: KeyRecord | None,
+        session_key: str | None,
+    ) -> None:
+        self.scope = scope
+        self.body = body
+        #: The model asked for, then its fallbacks.
+        self.chain = chain
+        self.started = started
+        self.key = key
+        self.send: Send = _unset_send
+        self.caller = Caller()  # set by admission: the key, band and tenant
+        # Embeddings never stream, whatever the body says.
+        self.stream = body.stream and not scope["path"].endswith("/embeddings")
+        self.wants_usage = self.stream and body.include_usage
+        self.session_key = session_key
+
+
+async def _unset_send(message: MutableMapping[str, Any]) -> None:
+    raise RuntimeError("the call's send is set by _inference before it is used")
 
 
 class _DisconnectWatch:

@@ -13,6 +13,7 @@ not at the next restart.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 from collections import OrderedDict, deque
@@ -20,14 +21,21 @@ from collections.abc import Awaitable, Callable
 
 import attrs
 
-from llmgw.store.base import KeyRecord
+from llmgw.store.base import KeyRecord, StoreError
+
+log = logging.getLogger("llmgw.auth")
 
 Lookup = Callable[[str], Awaitable[KeyRecord | None]]
 Count = Callable[[], Awaitable[int]]
 
 
+#: Seconds a client is told to wait (Retry-After) when the store fails.
+STORE_RETRY_AFTER = 1.0
+
+
 class AuthError(Exception):
-    """A request refused for who sent it; `status` 401, 403 or 429."""
+    """A request refused for who sent it (`status` 401, 403 or 429), or because the
+    store could not tell (503)."""
 
     def __init__(
         self, status: int, message: str, code: str, retry_after: float | None = None
@@ -89,7 +97,20 @@ class Authenticator:
 
     async def authenticate(self, authorization: bytes | None) -> KeyRecord | None:
         """The key behind an `Authorization` header; None when keys are not in use.
-        Raises AuthError 401 when a key is needed and missing or invalid."""
+        Raises AuthError 401 when a key is needed and missing or invalid, and 503 when
+        the store cannot be asked (the client may retry: nothing was decided)."""
+        try:
+            return await self._authenticate(authorization)
+        except StoreError as exc:
+            log.warning("authentication: the store failed: %s", exc)
+            raise AuthError(
+                503,
+                "the key store is unavailable; retry shortly",
+                "store_unavailable",
+                retry_after=STORE_RETRY_AFTER,
+            ) from None
+
+    async def _authenticate(self, authorization: bytes | None) -> KeyRecord | None:
         if not await self.enforced():
             # Keys are not required yet (none existed at the last check, which is up to
             # cache_ttl old); a valid key sent anyway still counts (band, limits, usage).
