@@ -5,6 +5,8 @@ Nothing a client sends is a 5xx from llmgw's own code."""
 from __future__ import annotations
 
 import contextlib
+import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -142,3 +144,39 @@ def test_a_store_that_fails_during_authentication_is_a_503_with_retry_after(
         error = r.json()["error"]
         assert error["code"] == "store_unavailable" and error["type"] == "server_error"
         assert name not in r.text  # nothing of the store's address reaches the client
+
+
+def raw_exchange(base: str, data: bytes, *, half_close: bool) -> bytes:
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(data)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        else:
+            s.close()
+            return b""
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+        return got
+
+
+def test_clients_that_leave_early_are_no_errors(gw: Server) -> None:
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(body)
+    )
+    before = gw.proc.output()
+    for _ in range(3):
+        # Mid-body: every such client logged an ERROR.
+        raw_exchange(gw.base, head + body[:10], half_close=False)
+        # Half-closed after a complete request: 3 of 3 got a 500. A client that shuts
+        # its side has gone as far as the server can tell (as nginx's default has it).
+        answer = raw_exchange(gw.base, head + body, half_close=True)
+        assert not answer.startswith(b"HTTP/1.1 5"), answer[:200]
+    # The server is fine and said nothing alarming about any of it.
+    ok = httpx.post(f"{gw.base}/v1/chat/completions", content=body, timeout=10)
+    assert ok.status_code == 200
+    logged = gw.proc.output()[len(before) :]
+    assert "ERROR" not in logged and "Traceback" not in logged, logged
