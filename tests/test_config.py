@@ -35,6 +35,7 @@ def test_defaults_match_the_design_table() -> None:
     assert (r.retries, r.cooldown, r.failure_threshold) == (2, 15, 3)
     assert (r.default_profile, r.session_header, r.inject_usage) == ("chat", "x-session-id", True)
     assert r.max_body_bytes == 32 * 1024 * 1024
+    assert (r.max_response_bytes, r.max_event_bytes) == (64 * 1024 * 1024, 1024 * 1024)
     t = r.timeouts
     assert (t.dial, t.response_header, t.first_token, t.idle, t.total) == (5, 60, 120, 60, 1800)
     assert (t.client_header, t.client_body) == (10, 30)
@@ -155,7 +156,10 @@ RULES: list[tuple[str, str]] = [
     ),
     ("router.retries = -1", "router.retries: must be 0 or more, got -1"),
     ("router.failure_threshold = 0", "router.failure_threshold: must be at least 1, got 0"),
-    ("router.max_body_bytes = 0", "router.max_body_bytes: must be greater than 0, got 0"),
+    *(
+        (f"router.{key} = 0", f"router.{key}: must be greater than 0, got 0")
+        for key in ("max_body_bytes", "max_response_bytes", "max_event_bytes")
+    ),
     *(
         (f"router.timeouts.{key} = 0", f"router.timeouts.{key}: must be greater than 0, got 0")
         for key in (

@@ -165,6 +165,11 @@ class RouterConfig:
     # Client connections each listener serves at once (past it: 503 and close); 0:
     # derived from the open-file limit at start (llmgw.server.connection_cap).
     max_connections: int = 0
+    # What the router takes from an engine: a non-streaming answer (an embeddings batch
+    # is the large case) and one SSE event of a stream, at most. Beyond, the attempt
+    # fails as a bad response (502 when no other replica answers).
+    max_response_bytes: Bytes = Bytes(64 * 1024 * 1024)
+    max_event_bytes: Bytes = Bytes(1024 * 1024)
     drain_timeout: Seconds = Seconds(30.0)
     timeouts: Timeouts = Timeouts()
     scoring: ScoringConfig = ScoringConfig()
@@ -625,7 +630,8 @@ def check(config: Config) -> list[str]:
         )
     if r.failure_threshold < 1:
         problems.append(f"router.failure_threshold: must be at least 1, got {r.failure_threshold}")
-    _positive(problems, "router.max_body_bytes", r.max_body_bytes)
+    for key in ("max_body_bytes", "max_response_bytes", "max_event_bytes"):
+        _positive(problems, f"router.{key}", getattr(r, key))
     for f in attrs.fields(Timeouts):
         _positive(problems, f"router.timeouts.{f.name}", getattr(r.timeouts, f.name))
     s = r.scoring

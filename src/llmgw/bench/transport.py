@@ -41,7 +41,7 @@ class _Body(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self._response.aiter_raw():
+            while chunk := await self._response.read_some():
                 yield chunk
         except UpstreamError as exc:
             raise httpx.ReadError(str(exc)) from None

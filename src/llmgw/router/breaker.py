@@ -24,11 +24,12 @@ ticket is what makes the rules hold under concurrency:
 
 What counts as a failure is :func:`verdict` of an :class:`Outcome`: the replica's
 fault (cannot connect, a phase deadline passed, a 5xx other than 501, a stream that
-broke) is a failure; the request's fault (4xx) proves the replica alive and is a
-success; 429 and a client that went away give no verdict. A 429 does not open the
-breaker, but :meth:`Breaker.rate_limited` remembers it for its ``Retry-After`` (or a
-default hold) and :meth:`Breaker.throttled` tells the scorer, which treats the
-replica as saturated (used only when nothing unsaturated is left) and scores it down.
+broke, an answer that broke HTTP/1.1 or a size limit) is a failure; the request's
+fault (4xx) proves the replica alive and is a success; 429 and a client that went
+away give no verdict. A 429 does not open the breaker, but :meth:`Breaker.rate_limited`
+remembers it for its ``Retry-After`` (or a default hold) and :meth:`Breaker.throttled`
+tells the scorer, which treats the replica as saturated (used only when nothing
+unsaturated is left) and scores it down.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class Outcome(enum.Enum):
     CONNECT_ERROR = "connect_error"  # DNS, refused, reset or TLS failure before a response
     TIMEOUT = "timeout"  # any phase deadline (dial .. total), and an engine's 408
     BROKEN_STREAM = "broken_stream"  # the body ended early or the connection dropped mid-stream
+    # The answer broke HTTP/1.1 (RFC 9112) or one of llmgw's limits on it (head, body,
+    # SSE event sizes); its connection is discarded.
+    BAD_RESPONSE = "bad_response"
     CLIENT_GONE = "client_gone"  # the client disconnected: says nothing about the replica
 
 
@@ -85,6 +89,7 @@ _VERDICTS = {
     Outcome.CONNECT_ERROR: Verdict.FAILURE,
     Outcome.TIMEOUT: Verdict.FAILURE,
     Outcome.BROKEN_STREAM: Verdict.FAILURE,
+    Outcome.BAD_RESPONSE: Verdict.FAILURE,
 }
 
 

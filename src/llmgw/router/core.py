@@ -96,7 +96,12 @@ class Router:
         self.metrics.watch_endpoints(self.endpoints, trio.current_time)
         for e in config.endpoints:
             self.endpoints.upsert(endpoint_from_config(e))
-        self.upstream = Upstream(r.timeouts, upstream)
+        self.upstream = Upstream(
+            r.timeouts,
+            upstream,
+            max_response_bytes=r.max_response_bytes,
+            max_event_bytes=r.max_event_bytes,
+        )
         self.scraper = Scraper(
             self.endpoints, self.metrics, interval=r.scrape_interval, timeout=r.scrape_timeout
         )

@@ -5,6 +5,14 @@ which the caller may retry elsewhere) or owns the client response from then on.
 Streams are relayed event by event as they arrive: the client's response starts
 only when the first event is in hand, so a replica that is slow to its first
 token can still be abandoned for another.
+
+What an engine sends is bounded on every path: the `total` deadline holds whether
+or not reads wait (a read delivers a due deadline before it reads, see
+upstream_http.Response.read_some, and the relay checks it per read), a non-streaming
+body is at most `router.max_response_bytes`, one SSE event at most
+`router.max_event_bytes`, buffered linearly. An answer over a limit or against
+HTTP/1.1 is a failure of the endpoint (Outcome.BAD_RESPONSE). Messages name no
+engine address: they reach clients.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
@@ -22,7 +31,15 @@ import trio
 from llmgw.asgi import error_body
 from llmgw.config import Timeouts
 from llmgw.router.breaker import Outcome, classify_status
-from llmgw.router.upstream_http import ConnectFailed, ConnectTimeout, Pool, UpstreamError
+from llmgw.router.upstream_http import (
+    PIECES_PER_YIELD,
+    BadResponse,
+    BodyTooLarge,
+    ConnectFailed,
+    ConnectTimeout,
+    Pool,
+    UpstreamError,
+)
 from llmgw.router.usage import Usage, estimate_prompt_tokens
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -34,6 +51,13 @@ _SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+# Never in a header value llmgw writes, wherever it came from.
+_BAD_VALUE = re.compile(rb"[\r\n\x00]")
+# An error answer's body is read this far for its message, and no further.
+_ERROR_BODY_BYTES = 4096
+# After [DONE], the body's end is awaited this long and this far (to pool the connection).
+_DRAIN_SECONDS = 1.0
+_DRAIN_BYTES = 65536
 
 
 class AttemptFailed(Exception):
@@ -54,6 +78,8 @@ class AttemptFailed(Exception):
         self.outcome = outcome
         self.phase = phase
         self.status = status
+        # The endpoint's id, set by the caller that knows it (for the client's message).
+        self.endpoint: str | None = None
 
     @property
     def kind(self) -> str:
@@ -81,11 +107,18 @@ class UpstreamResponse(Protocol):
     headers_raw: list[tuple[bytes, bytes]]
     content: bytes
 
-    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+    async def read_some(self) -> bytes: ...
 
-    async def aread(self) -> bytes: ...
+    async def aread(self, limit: int | None = None) -> bytes: ...
 
     async def aclose(self) -> None: ...
+
+
+def _httpx_error(exc: httpx.HTTPError) -> UpstreamError:
+    # httpx's messages may carry the URL; the class says what happened.
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.DecodingError):
+        return BadResponse(f"httpx: {type(exc).__name__}")
+    return UpstreamError(f"httpx: {type(exc).__name__}")
 
 
 class _HttpxResponse:
@@ -94,22 +127,33 @@ class _HttpxResponse:
 
     def __init__(self, response: httpx.Response) -> None:
         self._response = response
+        self._chunks: AsyncIterator[bytes] | None = None
         self.status_code = response.status_code
         self.headers_raw = list(response.headers.raw)
         self.content = b""
 
-    async def aiter_raw(self) -> AsyncIterator[bytes]:
+    async def read_some(self) -> bytes:
+        if self._chunks is None:
+            self._chunks = self._response.aiter_raw()
         try:
-            async for chunk in self._response.aiter_raw():
-                yield chunk
+            while True:
+                chunk = await anext(self._chunks)
+                if chunk:
+                    return chunk
+        except StopAsyncIteration:
+            return b""
         except httpx.HTTPError as exc:
-            raise UpstreamError(str(exc)) from None
+            raise _httpx_error(exc) from None
 
-    async def aread(self) -> bytes:
-        try:
-            self.content = await self._response.aread()
-        except httpx.HTTPError as exc:
-            raise UpstreamError(str(exc)) from None
+    async def aread(self, limit: int | None = None) -> bytes:
+        parts: list[bytes] = []
+        size = 0
+        while chunk := await self.read_some():
+            size += len(chunk)
+            if limit is not None and size > limit:
+                raise BodyTooLarge(f"a body over the limit of {limit} bytes")
+            parts.append(chunk)
+        self.content = b"".join(parts)
         return self.content
 
     async def aclose(self) -> None:
@@ -124,7 +168,25 @@ async def _close(response: UpstreamResponse) -> None:
         await response.aclose()
 
 
-def _usage_in(event: bytes) -> tuple[Usage | None, bool]:
+def _relayed(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The engine's headers a client gets (never one with CR, LF or NUL in its value,
+    though the parsers already refuse those)."""
+    return [
+        (k, v) for k, v in headers if k.lower() in _RELAYED_HEADERS and not _BAD_VALUE.search(v)
+    ]
+
+
+async def _read_prefix(response: UpstreamResponse, limit: int) -> bytes:
+    """Up to about `limit` bytes of the body (all of it when shorter)."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit and (chunk := await response.read_some()):
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)
+
+
+def _usage_in(event: bytes | bytearray) -> tuple[Usage | None, bool]:
     """The usage object in an SSE event, if any, and whether the event carries only usage."""
     i = event.find(b'"usage"')
     if i < 0:
@@ -147,8 +209,17 @@ def _usage_in(event: bytes) -> tuple[Usage | None, bool]:
 class Upstream:
     """Sends requests to engines over pooled connections."""
 
-    def __init__(self, timeouts: Timeouts, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        timeouts: Timeouts,
+        client: httpx.AsyncClient | None = None,
+        *,
+        max_response_bytes: int,
+        max_event_bytes: int,
+    ) -> None:
         self.timeouts = timeouts
+        self.max_response_bytes = max_response_bytes
+        self.max_event_bytes = max_event_bytes
         # Plain http:// endpoints go through llmgw's own HTTP/1.1 client (see
         # upstream_http); httpx serves anything else, and an injected client serves all.
         self._injected = client
@@ -186,19 +257,30 @@ class Upstream:
         client = self.client
         request = client.build_request("POST", url, content=body, headers=headers)
         try:
-            return _HttpxResponse(await client.send(request, stream=True))
+            response = _HttpxResponse(await client.send(request, stream=True))
         except httpx.ConnectTimeout:
             raise ConnectTimeout("connect timeout") from None
         except httpx.ConnectError as exc:
-            raise ConnectFailed(str(exc)) from None
+            raise ConnectFailed(f"httpx: {type(exc).__name__}") from None
         except httpx.HTTPError as exc:
-            raise UpstreamError(str(exc)) from None
+            raise _httpx_error(exc) from None
+        if not 100 <= response.status_code <= 599:  # h11 takes any three digits
+            await response.aclose()
+            raise BadResponse(f"status {response.status_code} is outside 100-599")
+        return response
 
     async def _open(
-        self, url: str, body: bytes, headers: list[tuple[bytes, bytes]], phase: str, deadline: float
+        self,
+        url: str,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+        phase: str,
+        deadline: float,
     ) -> UpstreamResponse:
+        """Send the request; the response once its head is in, by `deadline` (absolute).
+        An engine's 5xx or 429 is an AttemptFailed carrying the start of its message."""
         # A bare CancelScope: fail_after's context-manager wrapper costs CPU per request.
-        scope = trio.CancelScope(deadline=trio.current_time() + deadline)
+        scope = trio.CancelScope(deadline=deadline)
         try:
             with scope:
                 response = await self._send(url, body, headers)
@@ -208,21 +290,27 @@ class Upstream:
             ) from None
         except ConnectFailed as exc:
             raise AttemptFailed(Outcome.CONNECT_ERROR, f"connection failed: {exc}") from None
+        except BadResponse as exc:
+            raise AttemptFailed(Outcome.BAD_RESPONSE, f"bad response: {exc}") from None
         except UpstreamError as exc:
             raise AttemptFailed(Outcome.BROKEN_STREAM, f"upstream error: {exc}") from None
         if scope.cancelled_caught:
+            t = self.timeouts
+            limit = t.response_header if phase == "response_header" else t.total
             raise AttemptFailed(
-                Outcome.TIMEOUT, f"no response headers within {deadline:g}s", phase=phase
+                Outcome.TIMEOUT, f"no response headers within {limit:g}s", phase=phase
             )
-        if response.status_code >= 500 or response.status_code == 429:
+        status = response.status_code
+        if status >= 500 or status == 429:
+            text = b""
             with trio.move_on_after(1.0), contextlib.suppress(UpstreamError):
-                await response.aread()
-            await response.aclose()
-            text = response.content[:200].decode(errors="replace").strip()
+                text = await _read_prefix(response, _ERROR_BODY_BYTES)
+            await _close(response)
+            message = text[:200].decode(errors="replace").strip()
             raise AttemptFailed(
-                classify_status(response.status_code),
-                f"upstream answered {response.status_code}: {text}",
-                status=response.status_code,
+                classify_status(status),
+                f"upstream answered {status}: {message}",
+                status=status,
             )
         return response
 
@@ -236,14 +324,18 @@ class Upstream:
     ) -> Delivery:
         """A non-streaming request. Engines send headers only once the whole answer is
         ready, so the wait for them is bounded by the `total` deadline, not
-        `response_header`."""
+        `response_header`; the body must come by the same deadline, and be at most
+        `max_response_bytes`."""
         t = self.timeouts
-        response = await self._open(url, body, headers, "total", t.total)
-        scope = trio.CancelScope(deadline=trio.current_time() + t.total)
+        end = trio.current_time() + t.total
+        response = await self._open(url, body, headers, "total", end)
+        scope = trio.CancelScope(deadline=end)
         payload = b""
         try:
             with scope:
-                payload = await response.aread()
+                payload = await response.aread(self.max_response_bytes)
+        except BadResponse as exc:
+            raise AttemptFailed(Outcome.BAD_RESPONSE, self._bad_body(exc)) from None
         except UpstreamError as exc:
             raise AttemptFailed(Outcome.BROKEN_STREAM, f"upstream body broke: {exc}") from None
         finally:
@@ -258,15 +350,18 @@ class Upstream:
                 usage = Usage.from_openai(json.loads(payload).get("usage"))
             except (ValueError, AttributeError):
                 usage = None
-        out_headers = [
-            (k, v) for k, v in response.headers_raw if k.lower() in _RELAYED_HEADERS
-        ] + extra_headers
-        out_headers.append((b"content-length", str(len(payload)).encode()))
+        out_headers = _relayed(response.headers_raw) + extra_headers
+        out_headers.append((b"content-length", b"%d" % len(payload)))
         await send(
             {"type": "http.response.start", "status": response.status_code, "headers": out_headers}
         )
         await send({"type": "http.response.body", "body": payload, "more_body": False})
         return Delivery(response.status_code, usage)
+
+    def _bad_body(self, exc: BadResponse) -> str:
+        if isinstance(exc, BodyTooLarge):
+            return f"bad response: {exc} (router.max_response_bytes)"
+        return f"bad response: {exc}"
 
     async def stream(
         self,
@@ -285,28 +380,60 @@ class Upstream:
         The caller owns `outcome`, so what was relayed is still known when the
         client goes away and this is cancelled half-way."""
         t = self.timeouts
-        response = await self._open(url, body, headers, "response_header", t.response_header)
+        end = started + t.total
+        now = trio.current_time()
+        if now + t.response_header < end:
+            response = await self._open(
+                url, body, headers, "response_header", now + t.response_header
+            )
+        else:
+            response = await self._open(url, body, headers, "total", end)
         try:
             if response.status_code != 200:
-                # An engine's 4xx: the client's fault, passed on unchanged.
-                payload = await response.aread()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": response.status_code,
-                        "headers": [
-                            (k, v) for k, v in response.headers_raw if k.lower() in _RELAYED_HEADERS
-                        ]
-                        + extra_headers,
-                    }
-                )
-                await send({"type": "http.response.body", "body": payload})
-                return Delivery(response.status_code)
+                # An engine's 4xx: the client's fault, passed on unchanged once its body
+                # is in (by the first_token deadline, as the answer in a token's place).
+                return await self._pass_on(response, send, extra_headers, end)
             return await self._relay(
                 response, send, extra_headers, strip_usage, started, len(body), outcome
             )
         finally:
             await _close(response)
+
+    async def _pass_on(
+        self,
+        response: UpstreamResponse,
+        send: Send,
+        extra_headers: list[tuple[bytes, bytes]],
+        end: float,
+    ) -> Delivery:
+        t = self.timeouts
+        now = trio.current_time()
+        phase, deadline = "first_token", now + t.first_token
+        if end < deadline:
+            phase, deadline = "total", end
+        scope = trio.CancelScope(deadline=deadline)
+        payload = b""
+        try:
+            with scope:
+                payload = await response.aread(self.max_response_bytes)
+        except BadResponse as exc:
+            raise AttemptFailed(Outcome.BAD_RESPONSE, self._bad_body(exc)) from None
+        except UpstreamError as exc:
+            raise AttemptFailed(Outcome.BROKEN_STREAM, f"upstream body broke: {exc}") from None
+        if scope.cancelled_caught:
+            limit = t.first_token if phase == "first_token" else t.total
+            raise AttemptFailed(
+                Outcome.TIMEOUT,
+                f"the body of a {response.status_code} answer did not come within {limit:g}s",
+                phase=phase,
+            )
+        headers = _relayed(response.headers_raw) + extra_headers
+        headers.append((b"content-length", b"%d" % len(payload)))
+        await send(
+            {"type": "http.response.start", "status": response.status_code, "headers": headers}
+        )
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        return Delivery(response.status_code)
 
     async def _relay(
         self,
@@ -319,9 +446,9 @@ class Upstream:
         outcome: Delivery,
     ) -> Delivery:
         t = self.timeouts
-        chunks = response.aiter_raw()
-        buf = b""
+        events = _Events(self.max_event_bytes)
         done = False
+        expired = False
         phase, deadline = "first_token", float(t.first_token)
         last = started
         end = started + t.total
@@ -334,23 +461,30 @@ class Upstream:
                 now = trio.current_time()
                 remaining = end - now
                 if remaining < bound:
-                    bound, bound_phase = max(remaining, 0.0), "total"
+                    bound, bound_phase = remaining, "total"
+                    if remaining <= 0:  # checked here too: reads that never wait
+                        expired = True
+                        break
                 scope.deadline = now + bound
                 try:
-                    chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    break
+                    chunk = await response.read_some()
+                    if not chunk:
+                        break
+                    split = events.split(chunk)
                 except UpstreamError as exc:
                     scope.deadline = math.inf
-                    failure = AttemptFailed(Outcome.BROKEN_STREAM, f"upstream stream broke: {exc}")
+                    if isinstance(exc, BadResponse):
+                        failure = AttemptFailed(Outcome.BAD_RESPONSE, f"bad response: {exc}")
+                    else:
+                        failure = AttemptFailed(
+                            Outcome.BROKEN_STREAM, f"upstream stream broke: {exc}"
+                        )
                     return await self._broken(outcome, failure, send, extra_headers, body_size)
                 scope.deadline = math.inf
-                if b"\r" in chunk:
-                    chunk = chunk.replace(b"\r\n", b"\n")
-                buf = buf + chunk if buf else chunk
-                out: list[bytes] = []
-                while (i := buf.find(b"\n\n")) >= 0:
-                    event, buf = buf[: i + 2], buf[i + 2 :]
+                if len(split) > PIECES_PER_YIELD:  # much work for one read: let others run
+                    await trio.lowlevel.checkpoint()
+                out: list[bytes | bytearray] = []
+                for event in split:
                     if event.startswith(b"data: [DONE]"):
                         done = True
                         out.append(event)
@@ -387,7 +521,7 @@ class Upstream:
                         "more_body": not done,
                     }
                 )
-        if scope.cancelled_caught:
+        if expired or scope.cancelled_caught:
             what = (
                 f"stream exceeded {t.total:g}s"
                 if bound_phase == "total"
@@ -407,9 +541,10 @@ class Upstream:
             return await self._broken(outcome, failure, send, extra_headers, body_size)
         # Read the body's end (the chunked terminator) so the connection goes back to
         # the pool instead of being closed: a new TCP connection per stream costs CPU.
-        with trio.move_on_after(1.0):
-            async for _ in chunks:
-                pass
+        with trio.move_on_after(_DRAIN_SECONDS), contextlib.suppress(UpstreamError):
+            drained = 0
+            while drained < _DRAIN_BYTES and (rest := await response.read_some()):
+                drained += len(rest)
         if outcome.usage is None:
             outcome.usage = Usage(estimate_prompt_tokens(body_size), outcome.events, estimated=True)
         return outcome
@@ -432,3 +567,55 @@ class Upstream:
         if outcome.usage is None:
             outcome.usage = Usage(estimate_prompt_tokens(body_size), outcome.events, estimated=True)
         return outcome
+
+
+class _Events:
+    """SSE bytes split into events (each ending in a blank line), CRLF made LF.
+
+    Linear in the stream's size: a piece is appended to the unfinished event once and
+    each byte searched for the boundary once (a 48 MiB event without one took
+    quadratic time before). An event longer than `limit` is a BadResponse."""
+
+    __slots__ = ("_carry_cr", "_pending", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._pending = bytearray()  # the start of an event whose end has not come
+        self._carry_cr = False  # the last piece ended in CR: the next may start with LF
+
+    def split(self, chunk: bytes) -> list[bytes | bytearray]:
+        if self._carry_cr or b"\r" in chunk:
+            if self._carry_cr:
+                chunk = b"\r" + chunk
+            self._carry_cr = chunk.endswith(b"\r")
+            if self._carry_cr:
+                chunk = chunk[:-1]
+            chunk = chunk.replace(b"\r\n", b"\n")
+        pending = self._pending
+        data: bytes | bytearray
+        if pending:
+            scan = len(pending) - 1  # a boundary may straddle the two pieces
+            pending += chunk
+            data = pending
+        else:
+            scan = 0
+            data = chunk
+        limit = self.limit
+        events: list[bytes | bytearray] = []
+        pos = 0
+        while (i := data.find(b"\n\n", scan)) >= 0:
+            if i + 2 - pos > limit:
+                raise self._too_large()
+            events.append(data[pos : i + 2])
+            pos = scan = i + 2
+        if data is pending:
+            if pos:
+                del pending[:pos]
+        elif pos < len(data):
+            pending += data[pos:] if pos else data
+        if len(pending) > limit:
+            raise self._too_large()
+        return events
+
+    def _too_large(self) -> BadResponse:
+        return BadResponse(f"an SSE event over {self.limit} bytes (router.max_event_bytes)")
