@@ -9,7 +9,7 @@ the engine judges them. The upstream body is the client's bytes, or, when the mo
 name or ``stream_options`` must change, the members written back with those replaced
 (no member below them is parsed or re-encoded).
 
-Measured on an 8 KB chat body (benchmarks/README.md): ``json.loads`` + ``json.dumps``
+Measured on an 8 KB chat body that must be rewritten: ``json.loads`` + ``json.dumps``
 79 us, this 5 us.
 """
 
