@@ -25,12 +25,48 @@ def error_body(message: str, type_: str, code: str | None, param: str | None = N
     ).encode()
 
 
-def header(scope: Scope, name: bytes) -> bytes | None:
+def header(scope: Mapping[str, Any], name: bytes) -> bytes | None:
     """The first value of request header `name` (lower case)."""
     for key, value in scope["headers"]:
         if key == name:
             return bytes(value)
     return None
+
+
+class BodyTooLarge(Exception):
+    """The request body is over the app's limit; `declared` when Content-Length said so
+    before any of it was read."""
+
+    def __init__(self, limit: int, declared: int | None) -> None:
+        super().__init__(f"request body exceeds the limit of {limit} bytes")
+        self.limit = limit
+        self.declared = declared
+
+
+class ClientLeft(Exception):
+    """The client disconnected before its request body was all read."""
+
+
+async def read_body(scope: Mapping[str, Any], receive: Receive, limit: int) -> bytes:
+    """The whole request body, at most `limit` bytes: refused unread when its
+    Content-Length is over the limit (:class:`BodyTooLarge`), :class:`ClientLeft` when
+    the client goes first. The listener bounds how long it may take."""
+    declared = header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(limit, int(declared))
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientLeft
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit, None)
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 async def send_json(

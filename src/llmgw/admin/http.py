@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl
 
 import attrs
 
-from llmgw.asgi import Receive, Scope
+from llmgw.asgi import BodyTooLarge, ClientLeft, Receive, Scope, read_body
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -207,22 +207,14 @@ class Request:
 
     async def body(self) -> bytes:
         """The whole body; 413 past `max_body` (refused unread when Content-Length says so)."""
-        length = self.header(b"content-length")
-        if length is not None and length.strip().isdigit() and int(length) > self.max_body:
-            raise self._too_large()
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                raise ApiError(400, "the client went away before sending its body", "disconnected")
-            chunk = bytes(message.get("body", b""))
-            size += len(chunk)
-            if size > self.max_body:
-                raise self._too_large()
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        try:
+            return await read_body(self.scope, self.receive, self.max_body)
+        except ClientLeft:
+            raise ApiError(
+                400, "the client went away before sending its body", "disconnected"
+            ) from None
+        except BodyTooLarge:
+            raise self._too_large() from None
 
     def _too_large(self) -> ApiError:
         return ApiError(

@@ -15,7 +15,18 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from llmgw.asgi import Receive, Scope, Send, answer_non_http, error_body, header, send_json
+from llmgw.asgi import (
+    BodyTooLarge,
+    ClientLeft,
+    Receive,
+    Scope,
+    Send,
+    answer_non_http,
+    error_body,
+    header,
+    read_body,
+    send_json,
+)
 from llmgw.router.admission import AdmissionRejected, UnknownBand
 from llmgw.router.auth import AuthError
 from llmgw.router.body import BIG_BODY, BodyError, RequestBody, parse
@@ -122,27 +133,17 @@ class ClientApp:
             raise _auth_error(exc) from None
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        limit = self.router.config.router.max_body_bytes
-        declared = header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise HttpError(
-                413, f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes"
-            )
-        parts: list[bytes] = []
-        size = 0
-        # The body's deadline (router.timeouts.client_body) is the listener's: past it
+        # Its deadline (router.timeouts.client_body) is the listener's: past it
         # llmgw.http1 reports a disconnect here and answers the 408 itself.
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise HttpError(413, f"request body exceeds the limit of {limit} bytes")
-            parts.append(chunk)
-            if not message.get("more_body"):
-                return b"".join(parts)
+        try:
+            return await read_body(scope, receive, self.router.config.router.max_body_bytes)
+        except ClientLeft:
+            raise ClientGone from None
+        except BodyTooLarge as exc:
+            of = f" of {exc.declared} bytes" if exc.declared is not None else ""
+            raise HttpError(
+                413, f"request body{of} exceeds the limit of {exc.limit} bytes"
+            ) from None
 
     async def _inference(self, scope: Scope, receive: Receive, send: Send) -> None:
         router = self.router

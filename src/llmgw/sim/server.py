@@ -44,7 +44,7 @@ from typing import Any, NoReturn, cast
 import attrs
 import trio
 
-from llmgw import __version__
+from llmgw import __version__, asgi
 from llmgw.asgi import answer_non_http
 from llmgw.http1 import HttpServerConfig
 from llmgw.http1 import serve as http_serve
@@ -308,20 +308,13 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-async def read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise Disconnected
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise HTTPError(413, "request body too large")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+async def read_body(scope: Scope, receive: Receive) -> bytes:
+    try:
+        return await asgi.read_body(scope, receive, MAX_BODY)
+    except asgi.ClientLeft:
+        raise Disconnected from None
+    except asgi.BodyTooLarge:
+        raise HTTPError(413, "request body too large") from None
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -508,7 +501,7 @@ class SimApp:
         await send_json(send, 200, self.faults.to_json())
 
     async def _set_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
-        changes = parse_json(await read_body(receive))
+        changes = parse_json(await read_body(scope, receive))
         try:
             faults = self.faults.merged(changes)
         except (ValueError, TypeError) as e:
@@ -631,7 +624,7 @@ class SimApp:
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         """vLLM's /tokenize: a `prompt` or chat `messages` to token ids."""
-        body = parse_json(await read_body(receive))
+        body = parse_json(await read_body(scope, receive))
         self._check_model(body)
         ids = self._prompt(body, chat="messages" in body)
         await send_json(
@@ -645,11 +638,11 @@ class SimApp:
         )
 
     async def _chat_render(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = parse_json(await read_body(receive))
+        body = parse_json(await read_body(scope, receive))
         await send_json(send, 200, self._render(body, chat=True))
 
     async def _completions_render(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = parse_json(await read_body(receive))
+        body = parse_json(await read_body(scope, receive))
         await send_json(send, 200, [self._render(body, chat=False)])
 
     # -- faults ---------------------------------------------------------------------------
@@ -693,13 +686,13 @@ class SimApp:
     # -- generation -----------------------------------------------------------------------
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._generate(receive, send, chat=True)
+        await self._generate(scope, receive, send, chat=True)
 
     async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._generate(receive, send, chat=False)
+        await self._generate(scope, receive, send, chat=False)
 
-    async def _generate(self, receive: Receive, send: Send, chat: bool) -> None:
-        req = self._generation_request(parse_json(await read_body(receive)), chat)
+    async def _generate(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
+        req = self._generation_request(parse_json(await read_body(scope, receive)), chat)
         rid = self._next_id("chatcmpl" if chat else "cmpl")
 
         async def work() -> None:
@@ -852,7 +845,7 @@ class SimApp:
     # -- embeddings -----------------------------------------------------------------------
 
     async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = parse_json(await read_body(receive))
+        body = parse_json(await read_body(scope, receive))
         model = self._check_model(body)
         inputs = _embedding_inputs(body.get("input"))
         fmt = body.get("encoding_format", "float")
