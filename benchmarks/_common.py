@@ -88,11 +88,16 @@ class Fleet:
         return proc, proc.url()
 
     def router(
-        self, endpoints: Sequence[tuple[str, str, str]], config: str | None = None
+        self,
+        endpoints: Sequence[tuple[str, str, str]],
+        config: str | None = None,
+        name: str = "llmgw-server",
     ) -> RouterProc:
+        """An llmgw-server in front of `endpoints` (id, url, model); `name` names its
+        log, ready and config files (several routers in one fleet need their own)."""
         argv = ["--listen", f"{LOOPBACK}:0", "--admin-listen", f"{LOOPBACK}:0"]
         if config is not None:
-            path = self.logdir / "llmgw.toml"
+            path = self.logdir / f"{name}.toml"
             path.write_text(config)
             argv += ["--config", str(path)]
         for ident, url, model in endpoints:
@@ -100,8 +105,16 @@ class Fleet:
         # The router alone, unless `config` names a store: without this it would open the
         # default one (SQLite in the working directory) and record usage.
         env = None if config is not None and "[store]" in config else {"LLMGW_STORE__URL": ""}
-        proc = self.start("llmgw-server", *argv, name="llmgw-server", env=env, ready=True)
+        proc = self.start("llmgw-server", *argv, name=name, env=env, ready=True)
         return RouterProc(proc, proc.url("listen"), proc.url("admin_listen"))
+
+    def stop(self, procs: Sequence[Proc]) -> None:
+        """Stop these processes now, in the order given (routers before their engines),
+        and forget them."""
+        for proc in procs:
+            if proc in self.procs:
+                self.procs.remove(proc)
+                proc.stop(5.0)
 
     def close(self) -> None:
         if self._closed:
@@ -264,6 +277,20 @@ def scrape(url: str, names: Sequence[str]) -> dict[str, float]:
             if sample.name in totals:
                 totals[sample.name] += sample.value
     return totals
+
+
+def scrape_by_label(url: str, name: str, label: str) -> dict[str, float]:
+    """Sample `name` in `url`'s metrics summed per value of `label` (e.g. per endpoint)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    text = httpx.get(url, timeout=5, trust_env=False).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                key = sample.labels.get(label, "")
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
 
 
 # -- client-side round robin ----------------------------------------------------------------
