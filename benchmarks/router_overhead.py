@@ -1,40 +1,61 @@
-"""Router overhead: the same workload sent directly to simulators and through llmgw.
+"""Router overhead: the same workload sent directly to engines, through llmgw and
+through vllm-router, in one run.
 
-    python benchmarks/router_overhead.py [--quick] [--json]
+    benchmarks/setup_peers.sh                       # once: vllm-router, wrk
+    python benchmarks/router_overhead.py [--quick] [--json]      # ~9 min; --quick ~2 min
+                                         [--engine sim|timer|llamacpp]... [--phase NAME]...
+                                         [--tuned auto|yes|no] [--no-cache-aware]
 
-Setup (all on 127.0.0.1, started and stopped by this script): two fast `llmgw-sim`
-replicas (1 ms engine steps, 1 us/token prefill, 256 sequences each, prefix cache off
-so the second target of a round cannot profit from the first one's prompts) and one
-`llmgw-server` in front of both, configured with scoring targets that match the
-replicas' capacity (see ROUTER_CONFIG) and defaults otherwise. Two targets share the replicas:
+Everything runs on 127.0.0.1 and is started and stopped by this script. Two engine
+patterns, one after the other, each with its own two replicas and its own routers:
 
-* direct: the client round-robins requests over the two replicas itself;
-* router: the client sends everything to llmgw, which picks a replica.
+* sim: two fast `llmgw-sim` replicas (1 ms engine steps, 1 us/token prefill, 256
+  sequences each, prefix cache off so no target profits from another's prompts). Like
+  vLLM, one engine step emits one event for every running stream at once.
+* timer: two benchmarks/timer_engine.py replicas (stdlib asyncio, not llmgw's HTTP
+  stack), where every stream runs on its own timer: first token 5 ms after the
+  request, then one token every 5 ms, out of phase with the other streams.
+* (`--engine llamacpp` instead of sim: two llama.cpp servers of a tiny generated model.)
 
-Phases: non-streaming at concurrency 1, 32 and 128, then streaming (32 output tokens,
-one SSE event each) at 1, 32 and 128 (c=1 shows the added latency of an idle router;
-at 32 and 128 it includes queueing for CPU), and once more streaming at 32 on two
-more replicas whose decode steps take 10 ms, an engine's pace, at which the machine's
-cores are not all busy (see PACED_MODEL). Each phase runs the targets interleaved A, B, A, B
-(same prompts for both within a round) after a short unmeasured warm-up. Reported per
-phase: request throughput and the router/direct ratio; e2e (and for streams TTFT)
-distributions of both targets side by side; the added latency as the difference of
-means with a ~95% interval (percentile tails are shown, never subtracted); the router
-process's CPU time (utime+stime from /proc/<pid>/stat, sampled around each router
-turn) per request and per relayed SSE event; its RSS after the 128-stream phase.
+Targets in front of the same replicas, interleaved A, B, C, ... (each round starting
+one target later), same prompts for all within a round:
 
-The load generator, the simulators and the router share this machine's cores, so
-throughput ratios include CPU contention; CPU per request is the steadier number.
-Nothing is asserted: the targets are printed beside the measurements.
+* direct: the load generator spreads requests over the replicas itself;
+* llmgw: one `llmgw-server` with its DEFAULT configuration (no store);
+* llmgw tuned: a second llmgw-server with the scoring targets raised to the replicas'
+  capacity (ROUTER_CONFIG), run only when a probe at the start finds the default one
+  queueing in admission (`--tuned auto`; `yes` or `no` to force);
+* vllm-router rr and vllm-router cache_aware: PyPI's `vllm-router` (Rust) with its
+  round_robin and cache_aware policies, from benchmarks/.venv-peers
+  (benchmarks/setup_peers.sh; never a dependency of llmgw itself).
+
+Phases: non-streaming through **wrk** (Debian's package; 64 connections, 2 threads,
+a Lua script posting chat completions; for direct each wrk thread is pinned to one
+replica) on the sim replicas; streaming (32 output tokens, 36 SSE events) at 1, 32
+and 128 concurrent streams on sim and 32 and 128 on timer, through llmgw.bench's
+client; and routers-only streams of 128 tokens at 32, whose CPU per stream minus that
+of the 32-token streams, per extra event, is the marginal CPU per relayed event.
+
+Reported: throughput and its ratio to direct; latency distributions side by side
+(never subtracted; added latency is a difference of means with a ~95% interval, and
+the added TTFT p50 the targets ask for); each router process's CPU (utime+stime from
+/proc/<pid>/stat around its turns, all threads) per request and per relayed event;
+llmgw's admission queueing; RSS after the 128-stream phase. The load generator, the
+engines and the routers share this machine's cores, so throughput ratios include CPU
+contention; CPU per request is the steadier number. Nothing is asserted: the issue's
+targets are printed beside the measurements.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import functools
 import json
+import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -44,14 +65,13 @@ from llmgw import bench
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import _common as c
+import _wrk
+
+HERE = Path(__file__).resolve().parent
+PEERS_VENV = HERE / ".venv-peers"
 
 MODEL = "bench-model"
-# A second pair of replicas, with decode steps at an engine's pace (10 ms, where a GPU
-# engine's inter-token time lies) instead of 1 ms. With 1 ms steps, 32 streams keep the
-# load generator, the replicas and the router wanting more than this machine's two
-# cores, so the added TTFT there is mostly waiting for a core; at 10 ms steps the same
-# 32 streams leave cores idle and the difference is the router's own latency.
-PACED_MODEL = "bench-model-paced"
+TIMER_MODEL = "bench-model-timer"
 
 
 def sim_args(step_ms: str) -> tuple[str, ...]:
@@ -65,60 +85,79 @@ def sim_args(step_ms: str) -> tuple[str, ...]:
 
 
 SIM_ARGS = sim_args("1")
-# The replicas take 256 sequences each: the router's scoring targets say so, so that
-# admission (which queues requests once a pool looks saturated, against these
-# targets) and scoring see them as far from full. With the defaults (8 in flight per
-# replica) admission would hold requests back at c=32 already, and this benchmark would
-# measure that policy instead of the proxy's cost. Admission still runs on every request.
+# The same with decode steps at an engine's pace (10 ms); ttft_breakdown.py uses it.
 PACED_SIM_ARGS = sim_args("10")
+TIMER_ARGS = ("--ttft-ms", "5", "--itl-ms", "5", "--max-num-seqs", "256")
+# `--engine llamacpp`: 16 slots sharing the context, one thread each replica (the tiny
+# generated model makes thousands of tokens per second on one core).
+LLAMA_ARGS = ("-np", "16", "-c", "16384", "--metrics", "--no-webui", "-t", "1")
+
+# "llmgw tuned": the scoring targets raised to what the replicas take (256 sequences
+# each), so that admission, which queues requests once a pool looks saturated against
+# these targets, does not hold requests back. With the defaults (8 in flight per
+# replica) it queues at 32 streams already (measured before: throughput ratio 0.22).
+# Used only when the default configuration queues (see probe_admission).
 ROUTER_CONFIG = """\
 [router.scoring]
 target_inflight = 256
 target_waiting = 64
 """
-# `--engine llamacpp`: 16 slots sharing the context, one thread each replica (the tiny
-# generated model makes thousands of tokens per second on one core).
-LLAMA_ARGS = ("-np", "16", "-c", "16384", "--metrics", "--no-webui", "-t", "1")
 
 PROMPT_TOKENS = 64
 OUTPUT_TOKENS = 32
 LONG_TOKENS = 128
+WRK_CONNECTIONS = 64
+WRK_THREADS = 2
+# Distinct request bodies per wrk round (each thread starts at its own offset).
+WRK_BODIES = 16384
+WRK_START_INDEX = 10_000_000
 
-# Design targets (DESIGN.md §11 and the router issue).
-TARGET_CPU_PER_REQUEST = 0.5e-3  # s of router CPU per non-streaming request
-TARGET_CPU_PER_EVENT = 50e-6  # s of router CPU per relayed SSE event
-TARGET_ADDED_TTFT_P50 = 1e-3  # s, at 32 streams
-TARGET_RSS = 150 * 2**20  # bytes
+# Issue #15's targets, against vllm-router in the same run.
+TARGET_CPU_PER_REQUEST_RATIO = 2.0  # llmgw / vllm-router, non-streaming
+TARGET_CPU_PER_EVENT_RATIO = 1.0  # llmgw / vllm-router, per relayed SSE event
+TARGET_ADDED_TTFT_P50 = 2e-3  # s, at 32 streams, on both engine patterns
+TARGET_RSS = 150 * 2**20  # bytes, llmgw after 128 streams
+
+DIRECT = "direct"
+LLMGW = "llmgw"
+LLMGW_TUNED = "llmgw tuned"
+VLLM_RR = "vllm-router rr"
+VLLM_CA = "vllm-router cache_aware"
+REFERENCE = VLLM_RR  # the vllm-router row the ratios are taken against
+
+
+@attrs.frozen
+class Pattern:
+    name: str
+    model: str
+
+
+PATTERNS = {
+    "sim": Pattern("sim", MODEL),
+    "llamacpp": Pattern("llamacpp", MODEL),
+    "timer": Pattern("timer", TIMER_MODEL),
+}
 
 
 @attrs.frozen
 class Phase:
     name: str
-    stream: bool
+    wrk: bool
     concurrency: int
     output_tokens: int = OUTPUT_TOKENS
-    # False: llmgw only (used for the per-event slope, which needs no baseline).
+    # False: routers only (the per-event slope needs no baseline).
     direct: bool = True
-    # True: on the replicas with engine-speed steps (PACED_SIM_ARGS), which leave the
-    # machine's cores partly idle at this concurrency.
-    paced: bool = False
-    # True: llmgw's process gets the CPU before the simulators and the load generator
-    # (_common.cpu_first), as a gateway on cores of its own would; skipped when not
-    # permitted.
-    router_first: bool = False
+    patterns: tuple[str, ...] = ("sim", "llamacpp", "timer")
+    # False: skipped by --quick (context rows: one stream, the per-event slope).
+    quick: bool = True
 
 
 PHASES = (
-    Phase("unary c=1", False, 1),
-    Phase("unary c=32", False, 32),
-    Phase("unary c=128", False, 128),
-    Phase("stream c=1", True, 1),
-    Phase("stream c=32", True, 32),
-    Phase("stream c=128", True, 128),
-    Phase(f"stream c=32, {LONG_TOKENS} tok", True, 32, LONG_TOKENS, direct=False),
-    Phase("stream c=32, 10 ms steps", True, 32, paced=True),
-    Phase("stream c=32, llmgw's CPU first", True, 32, router_first=True),
-    Phase("stream c=32, 10 ms steps, llmgw's CPU first", True, 32, paced=True, router_first=True),
+    Phase(f"unary c={WRK_CONNECTIONS} (wrk)", True, WRK_CONNECTIONS, patterns=("sim", "llamacpp")),
+    Phase("stream c=1", False, 1, patterns=("sim", "llamacpp"), quick=False),
+    Phase("stream c=32", False, 32),
+    Phase("stream c=128", False, 128),
+    Phase(f"stream c=32, {LONG_TOKENS} tok", False, 32, LONG_TOKENS, direct=False, quick=False),
 )
 
 
@@ -128,358 +167,117 @@ class Settings:
     turn_seconds: float
     turn_requests: int
     warm_requests: int
+    wrk_rounds: int
+    wrk_seconds: float
+    wrk_warm_seconds: float
+    wrk_requests: int  # a bound on count per wrk turn, beside its duration
+    probe_seconds: float
+    all_phases: bool = True  # False: only the phases marked quick
 
 
-DEFAULT = Settings(rounds=3, turn_seconds=3.5, turn_requests=5000, warm_requests=64)
-QUICK = Settings(rounds=2, turn_seconds=1.0, turn_requests=1500, warm_requests=16)
+DEFAULT = Settings(
+    rounds=3,
+    turn_seconds=3.5,
+    turn_requests=5000,
+    warm_requests=64,
+    wrk_rounds=2,
+    wrk_seconds=10,
+    wrk_warm_seconds=1,
+    wrk_requests=100_000,
+    probe_seconds=2.0,
+)
+QUICK = Settings(
+    rounds=2,
+    turn_seconds=1.0,
+    turn_requests=1500,
+    warm_requests=16,
+    wrk_rounds=1,
+    wrk_seconds=3,
+    wrk_warm_seconds=0,
+    wrk_requests=30_000,
+    probe_seconds=1.0,
+    all_phases=False,
+)
+
+LLMGW_HIST = (
+    "llmgw_router_overhead_seconds_sum",
+    "llmgw_router_overhead_seconds_count",
+    "llmgw_admission_wait_seconds_sum",
+    "llmgw_admission_wait_seconds_count",
+    "llmgw_admission_rejected_total",
+)
 
 
-def count_events(router: c.RouterProc, tokens: int) -> int:
-    """SSE events (`data:` lines, [DONE] included) llmgw relays for one benchmark stream."""
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "count the events"}],
-        "max_tokens": tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": True,
-    }
-    n = 0
-    with httpx.stream(
-        "POST", f"{router.base}/v1/chat/completions", json=body, timeout=30, trust_env=False
-    ) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith("data:"):
-                n += 1
-    return n
+@attrs.define
+class Router:
+    """One router process under test."""
+
+    name: str
+    kind: str  # "llmgw" | "vllm-router"
+    base: str
+    proc: c.Proc
+    metrics_url: str
+    settings: str
+    events: dict[int, int] = attrs.field(factory=dict)
+    rss_start: int = 0
+    rss_after_128: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def split(self) -> dict[str, float]:
+        """Requests per replica so far, by the router's own counter."""
+        if self.kind == "llmgw":
+            return c.scrape_by_label(self.metrics_url, "llmgw_requests_total", "endpoint")
+        return c.scrape_by_label(self.metrics_url, "vllm_router_processed_requests_total", "worker")
 
 
-async def run_phase(
-    phase: Phase,
-    settings: Settings,
-    sims: list[str],
-    router: c.RouterProc,
-    model: str = MODEL,
-) -> dict[str, Any]:
-    config = bench.LoadConfig(
-        concurrency=phase.concurrency,
-        requests=settings.turn_requests,
-        duration=settings.turn_seconds,
-        stream=phase.stream,
-        workload=bench.WorkloadSpec(
-            prompt_tokens=PROMPT_TOKENS, output_tokens=phase.output_tokens, seed=1
-        ),
-        request_timeout=60.0,
+# -- processes ---------------------------------------------------------------------------
+
+
+def peer_binary(venv: Path, name: str) -> Path | None:
+    path = venv / "bin" / name
+    return path if path.exists() else None
+
+
+def peer_version(venv: Path, dist: str) -> str:
+    out = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            f"import importlib.metadata as m; print(m.version({dist!r}))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
-    direct = bench.Target(sims[0], model, name="direct")
-    via = bench.Target(router.base, model, name="router")
-    rr = c.RoundRobinTransport(sims, c.pooled_transport(phase.concurrency))
-    cpu: list[float] = []
-    overhead = {"sum": 0.0, "count": 0.0}
-    mark: dict[str, Any] = {}
-    hist = ("llmgw_router_overhead_seconds_sum", "llmgw_router_overhead_seconds_count")
-
-    busy: dict[str, list[float]] = {"direct": [], "router": []}
-
-    def before(_round: int, target: bench.Target) -> None:
-        mark["machine"] = c.machine_cpu()
-        if target.name == "router":
-            mark["metrics"] = c.scrape(f"{router.admin}/metrics", hist)
-            mark["cpu"] = c.cpu_seconds(router.pid)
-
-    def after(_round: int, target: bench.Target, _result: bench.BenchResult) -> None:
-        frac = c.busy_fraction(mark["machine"], c.machine_cpu())
-        if frac is not None:
-            busy[target.name].append(frac)
-        if target.name == "router":
-            cpu.append(c.cpu_seconds(router.pid) - mark["cpu"])
-            now = c.scrape(f"{router.admin}/metrics", hist)
-            overhead["sum"] += now[hist[0]] - mark["metrics"][hist[0]]
-            overhead["count"] += now[hist[1]] - mark["metrics"][hist[1]]
-
-    targets: list[tuple[bench.Target, Any]] = [(via, c.pooled_transport(phase.concurrency))]
-    if phase.direct:
-        targets.insert(0, (direct, rr))
-    turns = await c.interleave(
-        targets,
-        config,
-        rounds=settings.rounds,
-        warm_requests=settings.warm_requests,
-        before=before,
-        after=after,
-    )
-    merged = [bench.merge(t) for t in turns]
-    d, r = (merged[0], merged[1]) if phase.direct else (None, merged[0])
-    return {
-        "direct": d,
-        "router": r,
-        "router_cpu": sum(cpu),
-        "rr_sent": rr.sent,
-        "busy": {k: sum(v) / len(v) if v else None for k, v in busy.items()},
-        "decision_mean": overhead["sum"] / overhead["count"] if overhead["count"] else None,
-    }
+    return out.stdout.strip() or "?"
 
 
-def analyse(phase: Phase, out: dict[str, Any], events_per_stream: int) -> dict[str, Any]:
-    d: bench.BenchResult | None = out["direct"]
-    r: bench.BenchResult = out["router"]
-    ds, rs = (d.summary if d else None), r.summary
-    row: dict[str, Any] = {
-        "phase": phase.name,
-        "stream": phase.stream,
-        "concurrency": phase.concurrency,
-        "output_tokens": phase.output_tokens,
-        "paced": phase.paced,
-        "router_first": phase.router_first,
-        "direct": ds,
-        "router": rs,
-        "throughput_ratio": rs.request_throughput / ds.request_throughput
-        if ds and ds.request_throughput
-        else None,
-        "e2e_mean_diff": c.mean_diff(c.ok_values(d, "e2e"), c.ok_values(r, "e2e")) if d else None,
-        "router_cpu_seconds": out["router_cpu"],
-        "router_requests": rs.requests,
-        "router_ok": rs.ok,
-        "direct_split": out["rr_sent"] if d else None,
-        # Share of all cores busy (any process) during each target's turns.
-        "machine_busy": out["busy"],
-        # llmgw's own histogram: request start to the first upstream attempt.
-        "router_decision_mean": out["decision_mean"],
-        "ttft_p50_diff": None,
-        "ttft_mean_diff": None,
-        "cpu_per_event": None,
-    }
-    # All requests the router handled in its turns, failed ones included, cost CPU.
-    row["cpu_per_request"] = out["router_cpu"] / rs.requests if rs.requests else None
-    if phase.stream:
-        if ds is not None and d is not None and rs.ttft is not None and ds.ttft is not None:
-            row["ttft_p50_diff"] = rs.ttft.p50 - ds.ttft.p50
-            row["ttft_mean_diff"] = c.mean_diff(c.ok_values(d, "ttft"), c.ok_values(r, "ttft"))
-        events = events_per_stream * rs.ok
-        row["events_per_stream"] = events_per_stream
-        row["events_relayed"] = events
-        row["cpu_per_event"] = out["router_cpu"] / events if events else None
-    return row
+def start_engines(fleet: c.Fleet, pattern: Pattern) -> tuple[list[str], list[c.Proc]]:
+    bases: list[str] = []
+    procs: list[c.Proc] = []
+    for i in range(2):
+        if pattern.name == "llamacpp":
+            base, proc = start_llamacpp(fleet, i)
+        elif pattern.name == "timer":
+            ready = fleet.logdir / f"timer-{i}.ready.json"
+            argv = [sys.executable, str(HERE / "timer_engine.py"), "--host", c.LOOPBACK]
+            argv += ["--port", "0", "--model", pattern.model, *TIMER_ARGS]
+            argv += ["--ready-file", str(ready)]
+            proc = c.Proc(argv, fleet.logdir / f"timer-{i}.log")
+            fleet.procs.append(proc)
+            proc.wait_ready_file(ready, timeout=30.0)
+            base = proc.url()
+        else:
+            proc, base = fleet.sim(f"sim-{i}", *SIM_ARGS, "--seed", str(i), model=pattern.model)
+        bases.append(base)
+        procs.append(proc)
+    return bases, procs
 
 
-def event_slope(rows: list[dict[str, Any]]) -> float | None:
-    """Router CPU per extra relayed event: two stream lengths at concurrency 32.
-
-    (CPU per 128-token stream - CPU per 32-token stream) / (difference in events): the
-    per-request part (parsing, routing, connections) cancels out."""
-    pair = [
-        x
-        for x in rows
-        if x["stream"]
-        and x["concurrency"] == 32
-        and not x["paced"]
-        and not x["router_first"]
-        and x["cpu_per_request"]
-    ]
-    short = [x for x in pair if x["output_tokens"] == OUTPUT_TOKENS]
-    long = [x for x in pair if x["output_tokens"] == LONG_TOKENS]
-    if not short or not long:
-        return None
-    s, l_ = short[0], long[0]
-    extra = l_["events_per_stream"] - s["events_per_stream"]
-    return (l_["cpu_per_request"] - s["cpu_per_request"]) / extra if extra else None
-
-
-def fmt_diff(v: tuple[float, float] | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v[0] * 1e3:+.2f} ± {v[1] * 1e3:.2f}"
-
-
-def pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0%}"
-
-
-def verdict(value: float | None, target: float) -> str:
-    if value is None:
-        return "-"
-    return "within" if value <= target else "OVER"
-
-
-def worst(values: list[float | None]) -> float | None:
-    """The largest measured value (phases not run are None)."""
-    measured = [v for v in values if v is not None]
-    return max(measured) if measured else None
-
-
-def report(result: dict[str, Any]) -> None:
-    rows = result["phases"]
-    table = []
-    for x in rows:
-        ds, rs = x["direct"], x["router"]
-        if ds is None:
-            continue
-        table.append(
-            [
-                x["phase"],
-                f"{ds.request_throughput:.0f}",
-                f"{rs.request_throughput:.0f}",
-                f"{x['throughput_ratio']:.2f}" if x["throughput_ratio"] else "-",
-                c.dist_ms(ds.e2e),
-                c.dist_ms(rs.e2e),
-                fmt_diff(x["e2e_mean_diff"]),
-                f"{pct(x['machine_busy']['direct'])} / {pct(x['machine_busy']['router'])}",
-                f"{ds.failed}/{rs.failed}",
-            ]
-        )
-    c.print_table(
-        "Throughput and end-to-end latency, direct (client round robin over 2 sims) vs "
-        "through llmgw (ms; distributions are p50 / p90 / p99)",
-        [
-            "phase",
-            "direct req/s",
-            "router req/s",
-            "router/direct",
-            "direct e2e",
-            "router e2e",
-            "added e2e, mean ±95%",
-            "cores busy d / r",
-            "failed d/r",
-        ],
-        table,
-    )
-    table = []
-    for x in rows:
-        if not x["stream"] or x["direct"] is None:
-            continue
-        ds, rs = x["direct"], x["router"]
-        table.append(
-            [
-                x["phase"],
-                c.dist_ms(ds.ttft, 2),
-                c.dist_ms(rs.ttft, 2),
-                c.ms(x["ttft_p50_diff"], 2),
-                fmt_diff(x["ttft_mean_diff"]),
-                c.dist_ms(ds.itl, 2),
-                c.dist_ms(rs.itl, 2),
-            ]
-        )
-    c.print_table(
-        "Streaming: time to first token and inter-token gaps (ms; p50 / p90 / p99)",
-        [
-            "phase",
-            "direct TTFT",
-            "router TTFT",
-            "TTFT p50 router-direct",
-            "added TTFT, mean ±95%",
-            "direct ITL",
-            "router ITL",
-        ],
-        table,
-    )
-    table = []
-    for x in rows:
-        table.append(
-            [
-                x["phase"],
-                f"{x['router_cpu_seconds']:.2f}",
-                f"{x['router_requests']}",
-                f"{x['cpu_per_request'] * 1e3:.3f}" if x["cpu_per_request"] is not None else "-",
-                f"{x['events_per_stream']}" if x["stream"] else "-",
-                f"{x['cpu_per_event'] * 1e6:.1f}" if x["cpu_per_event"] is not None else "-",
-                c.ms(x["router_decision_mean"], 3),
-            ]
-        )
-    c.print_table(
-        f"llmgw process CPU (utime+stime, {c.clock_tick() * 1e3:.0f} ms ticks) during its "
-        "turns; per event = all of it / events relayed (per-request work included); "
-        "last column: llmgw's own histogram, request start to first upstream attempt",
-        [
-            "phase",
-            "CPU s",
-            "requests",
-            "CPU ms/request",
-            "events/stream",
-            "CPU us/event",
-            "decision mean ms",
-        ],
-        table,
-    )
-    by = {x["phase"]: x for x in rows}
-    unary = [
-        by.get(p, {}).get("cpu_per_request") for p in ("unary c=1", "unary c=32", "unary c=128")
-    ]
-    s32 = by.get("stream c=32", {})
-    s32_paced = by.get("stream c=32, 10 ms steps", {})
-    s32_first = by.get("stream c=32, llmgw's CPU first", {})
-    s32_paced_first = by.get("stream c=32, 10 ms steps, llmgw's CPU first", {})
-    s1 = by.get("stream c=1", {})
-    events = [by.get(p, {}).get("cpu_per_event") for p in ("stream c=32", "stream c=128")]
-    slope = result["event_slope"]
-    checks = [
-        [
-            "router CPU per non-streaming request",
-            " / ".join(c.ms(v, 2) for v in unary) + " ms  (c=1 / 32 / 128)",
-            f"<= {TARGET_CPU_PER_REQUEST * 1e3:.1f} ms",
-            verdict(worst(unary[1:]), TARGET_CPU_PER_REQUEST),
-        ],
-        [
-            "router CPU per relayed SSE event",
-            " / ".join("-" if v is None else f"{v * 1e6:.0f}" for v in events)
-            + " us  (c=32 / 128; all router CPU / events)",
-            f"<= {TARGET_CPU_PER_EVENT * 1e6:.0f} us",
-            verdict(worst(events), TARGET_CPU_PER_EVENT),
-        ],
-        [
-            "  same, marginal (slope 32 -> 128 tokens, c=32)",
-            "-" if slope is None else f"{slope * 1e6:.0f} us",
-            f"<= {TARGET_CPU_PER_EVENT * 1e6:.0f} us",
-            verdict(slope, TARGET_CPU_PER_EVENT),
-        ],
-        [
-            "added TTFT p50 at 32 streams",
-            c.ms(s32.get("ttft_p50_diff"), 2) + " ms",
-            f"<= {TARGET_ADDED_TTFT_P50 * 1e3:.0f} ms",
-            verdict(s32.get("ttft_p50_diff"), TARGET_ADDED_TTFT_P50),
-        ],
-        [
-            "  same, engine-pace replicas (10 ms steps)",
-            c.ms(s32_paced.get("ttft_p50_diff"), 2)
-            + f" ms  (cores busy {pct(s32_paced.get('machine_busy', {}).get('router'))})",
-            f"<= {TARGET_ADDED_TTFT_P50 * 1e3:.0f} ms",
-            verdict(s32_paced.get("ttft_p50_diff"), TARGET_ADDED_TTFT_P50),
-        ],
-        [
-            "  same, llmgw's CPU first: 1 / 10 ms steps",
-            " / ".join(c.ms(x.get("ttft_p50_diff"), 2) for x in (s32_first, s32_paced_first))
-            + " ms",
-            f"<= {TARGET_ADDED_TTFT_P50 * 1e3:.0f} ms",
-            verdict(
-                worst([s32_first.get("ttft_p50_diff"), s32_paced_first.get("ttft_p50_diff")]),
-                TARGET_ADDED_TTFT_P50,
-            ),
-        ],
-        [
-            "  (context) added TTFT p50 at 1 stream",
-            c.ms(s1.get("ttft_p50_diff"), 2) + " ms",
-            "",
-            "",
-        ],
-        [
-            "router RSS after the 128-stream phase",
-            f"{result['rss_after'] / 2**20:.0f} MB (at start {result['rss_start'] / 2**20:.0f} MB)",
-            f"<= {TARGET_RSS / 2**20:.0f} MB",
-            verdict(result["rss_after"], TARGET_RSS),
-        ],
-        [
-            "throughput router/direct",
-            ", ".join(
-                f"{x['phase']}: {x['throughput_ratio']:.2f}" for x in rows if x["throughput_ratio"]
-            ),
-            "(no target)",
-            "",
-        ],
-    ]
-    c.print_table("Against the targets", ["metric", "measured", "target", ""], checks)
-
-
-def start_llamacpp(fleet: c.Fleet, index: int) -> str:
+def start_llamacpp(fleet: c.Fleet, index: int) -> tuple[str, c.Proc]:
     """A real llama.cpp replica of the generated tiny model (``--engine llamacpp``)."""
     from llmgw.agent.adapters.llamacpp import find_llama_server
     from llmgw.testing_gguf import write_tiny_gguf
@@ -499,69 +297,766 @@ def start_llamacpp(fleet: c.Fleet, index: int) -> str:
     proc = c.Proc(argv, fleet.logdir / f"llama-{index}.log")
     fleet.procs.append(proc)
     proc.wait_http(f"{base}/health")
-    return base
+    return base, proc
+
+
+def start_llmgw(fleet: c.Fleet, pattern: Pattern, bases: Sequence[str], tuned: bool) -> Router:
+    name = f"llmgw-{pattern.name}" + ("-tuned" if tuned else "")
+    endpoints = [(f"{pattern.name}-{i}", base, pattern.model) for i, base in enumerate(bases)]
+    rp = fleet.router(endpoints, config=ROUTER_CONFIG if tuned else None, name=name)
+    rp.wait_scraped()
+    settings = (
+        ", ".join(line for line in ROUTER_CONFIG.splitlines() if "=" in line)
+        + " under [router.scoring]"
+        if tuned
+        else "default configuration"
+    )
+    return Router(
+        LLMGW_TUNED if tuned else LLMGW,
+        "llmgw",
+        rp.base,
+        rp.proc,
+        f"{rp.admin}/metrics",
+        settings + ', no store (store.url = "")',
+    )
+
+
+def vllm_router_argv(
+    binary: Path, port: int, metrics_port: int, bases: Sequence[str], policy: str
+) -> list[str]:
+    return [
+        str(binary),
+        "--host", c.LOOPBACK,
+        "--port", str(port),
+        "--worker-urls", *bases,
+        "--policy", policy,
+        "--prometheus-host", c.LOOPBACK,
+        "--prometheus-port", str(metrics_port),
+        "--log-level", "warning",
+        # Only how soon it looks at the replicas when starting (they are up already).
+        "--worker-startup-check-interval", "1",
+        "--worker-startup-timeout-secs", "60",
+    ]  # fmt: skip
+
+
+def start_vllm_router(
+    fleet: c.Fleet, binary: Path, pattern: Pattern, bases: Sequence[str], policy: str
+) -> Router:
+    # It cannot report a port it picked: it is given held ones (it binds with
+    # SO_REUSEADDR, as Rust's std does on Unix).
+    port, metrics_port = fleet.reserve_port(), fleet.reserve_port()
+    argv = vllm_router_argv(binary, port, metrics_port, bases, policy)
+    proc = c.Proc(argv, fleet.logdir / f"vllm-router-{policy}-{pattern.name}.log")
+    fleet.procs.append(proc)
+    base = f"http://{c.LOOPBACK}:{port}"
+    proc.wait_http(f"{base}/health", timeout=60.0)
+    # As printed: the ports this run happened to get are not part of the settings.
+    shown = {str(port): "PORT", str(metrics_port): "PORT2"}
+    flags = " ".join(shown.get(a, a) for a in argv[1:] if not a.startswith("http://")).replace(
+        "--worker-urls", "--worker-urls URL1 URL2"
+    )
+    return Router(
+        VLLM_RR if policy == "round_robin" else VLLM_CA,
+        "vllm-router",
+        base,
+        proc,
+        f"http://{c.LOOPBACK}:{metrics_port}/metrics",
+        flags,
+    )
+
+
+def count_events(base: str, model: str, tokens: int) -> int:
+    """SSE events (`data:` lines, [DONE] included) relayed for one benchmark stream."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "count the events"}],
+        "max_tokens": tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+    n = 0
+    with httpx.stream(
+        "POST", f"{base}/v1/chat/completions", json=body, timeout=30, trust_env=False
+    ) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                n += 1
+    return n
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+
+class Meter:
+    """Around each turn: machine CPU, and for a router its CPU, counters and split."""
+
+    def __init__(self, routers: dict[str, Router]) -> None:
+        self.routers = routers
+        self.mark: dict[str, Any] = {}
+        self.busy: dict[str, list[float]] = {}
+        self.cpu: dict[str, float] = {}
+        self.counters: dict[str, dict[str, float]] = {}
+        self.split: dict[str, dict[str, float]] = {}
+
+    def before(self, name: str) -> None:
+        self.mark = {"machine": c.machine_cpu()}
+        r = self.routers.get(name)
+        if r is not None:
+            self.mark["split"] = r.split()
+            if r.kind == "llmgw":
+                self.mark["counters"] = c.scrape(r.metrics_url, LLMGW_HIST)
+            self.mark["cpu"] = c.cpu_seconds(r.pid)
+
+    def after(self, name: str) -> None:
+        r = self.routers.get(name)
+        if r is not None:
+            self.cpu[name] = self.cpu.get(name, 0.0) + c.cpu_seconds(r.pid) - self.mark["cpu"]
+            frac = c.busy_fraction(self.mark["machine"], c.machine_cpu())
+            split = r.split()
+            acc = self.split.setdefault(name, {})
+            for k, v in split.items():
+                acc[k] = acc.get(k, 0.0) + v - self.mark["split"].get(k, 0.0)
+            if r.kind == "llmgw":
+                now = c.scrape(r.metrics_url, LLMGW_HIST)
+                acc2 = self.counters.setdefault(name, dict.fromkeys(LLMGW_HIST, 0.0))
+                for k in LLMGW_HIST:
+                    acc2[k] += now[k] - self.mark["counters"][k]
+        else:
+            frac = c.busy_fraction(self.mark["machine"], c.machine_cpu())
+        if frac is not None:
+            self.busy.setdefault(name, []).append(frac)
+
+    def record(self, name: str) -> dict[str, Any]:
+        busy = self.busy.get(name) or []
+        out: dict[str, Any] = {
+            "cpu_seconds": self.cpu.get(name),
+            "busy": sum(busy) / len(busy) if busy else None,
+            "split": self.split.get(name),
+        }
+        k = self.counters.get(name)
+        if k is not None:
+            out["admission_queued"] = k["llmgw_admission_wait_seconds_count"]
+            out["admission_wait_mean"] = (
+                k["llmgw_admission_wait_seconds_sum"] / k["llmgw_admission_wait_seconds_count"]
+                if k["llmgw_admission_wait_seconds_count"]
+                else None
+            )
+            out["admission_rejected"] = k["llmgw_admission_rejected_total"]
+            out["decision_mean"] = (
+                k["llmgw_router_overhead_seconds_sum"] / k["llmgw_router_overhead_seconds_count"]
+                if k["llmgw_router_overhead_seconds_count"]
+                else None
+            )
+        return out
+
+
+def load_config(settings: Settings, phase: Phase) -> bench.LoadConfig:
+    return bench.LoadConfig(
+        concurrency=phase.concurrency,
+        requests=settings.turn_requests,
+        duration=settings.turn_seconds,
+        stream=not phase.wrk,
+        workload=bench.WorkloadSpec(
+            prompt_tokens=PROMPT_TOKENS, output_tokens=phase.output_tokens, seed=1
+        ),
+        request_timeout=60.0,
+    )
+
+
+async def run_stream_phase(
+    phase: Phase, settings: Settings, pattern: Pattern, bases: list[str], routers: list[Router]
+) -> dict[str, Any]:
+    config = load_config(settings, phase)
+    by_name = {r.name: r for r in routers}
+    targets: list[tuple[bench.Target, Any]] = []
+    rr = c.RoundRobinTransport(bases, c.pooled_transport(phase.concurrency))
+    if phase.direct:
+        targets.append((bench.Target(bases[0], pattern.model, name=DIRECT), rr))
+    for r in routers:
+        targets.append(
+            (
+                bench.Target(r.base, pattern.model, name=r.name),
+                c.pooled_transport(phase.concurrency),
+            )
+        )
+    meter = Meter(by_name)
+    turns = await c.interleave(
+        targets,
+        config,
+        rounds=settings.rounds,
+        warm_requests=min(settings.warm_requests, max(8, 2 * phase.concurrency)),
+        before=lambda _r, t: meter.before(t.name),
+        after=lambda _r, t, _res: meter.after(t.name),
+        rotate=True,
+    )
+    out: dict[str, Any] = {}
+    for (target, _), results in zip(targets, turns, strict=True):
+        merged = bench.merge(results)
+        out[target.name] = {"result": merged, **meter.record(target.name)}
+    if phase.direct:
+        out[DIRECT]["split"] = dict(enumerate(rr.sent))
+    return out
+
+
+def wrk_bodies(path: Path, model: str, start: int, n: int) -> Path:
+    workload = bench.Workload(
+        bench.WorkloadSpec(prompt_tokens=PROMPT_TOKENS, output_tokens=OUTPUT_TOKENS, seed=1)
+    )
+    target = bench.Target("unused", model)
+    config = bench.LoadConfig(stream=False)
+    return _wrk.write_bodies(
+        path,
+        (
+            bench.runner.request_body(target, config, workload.prompt(i))
+            for i in range(start, start + n)
+        ),
+    )
+
+
+async def run_wrk_phase(
+    phase: Phase,
+    settings: Settings,
+    pattern: Pattern,
+    bases: list[str],
+    routers: list[Router],
+    wrk: str,
+    logdir: Path,
+) -> dict[str, Any]:
+    by_name = {r.name: r for r in routers}
+    names = ([DIRECT] if phase.direct else []) + [r.name for r in routers]
+    url_of = {DIRECT: bases[0], **{r.name: r.base for r in routers}}
+    path = "/v1/chat/completions"
+    log = logdir / f"wrk-{pattern.name}.log"
+    cap = max(1, settings.wrk_requests // WRK_THREADS)
+    spread = [b.removeprefix("http://") for b in bases]
+
+    def script(name: str, bodies: Path, tag: str) -> Path:
+        addrs = spread if name == DIRECT else []
+        return _wrk.write_script(
+            logdir / f"wrk-{pattern.name}-{tag}-{'direct' if name == DIRECT else 'router'}.lua",
+            bodies,
+            threads=WRK_THREADS,
+            cap=cap,
+            addrs=addrs,
+        )
+
+    async def one(name: str, bodies: Path, tag: str, seconds: float) -> _wrk.WrkResult:
+        return await _wrk.run(
+            wrk,
+            url_of[name] + path,
+            script(name, bodies, tag),
+            threads=WRK_THREADS,
+            connections=phase.concurrency,
+            seconds=seconds,
+            log=log,
+        )
+
+    if settings.wrk_warm_seconds > 0:
+        warm = wrk_bodies(
+            logdir / f"wrk-{pattern.name}-warm.jsonl", pattern.model, 50_000_000, 2048
+        )
+        for name in names:
+            await one(name, warm, "warm", settings.wrk_warm_seconds)
+        warm.unlink()
+    meter = Meter(by_name)
+    per: dict[str, list[_wrk.WrkResult]] = {n: [] for n in names}
+    for rnd in range(settings.wrk_rounds):
+        bodies = wrk_bodies(
+            logdir / f"wrk-{pattern.name}-round{rnd}.jsonl",
+            pattern.model,
+            WRK_START_INDEX + rnd * WRK_BODIES,
+            WRK_BODIES,
+        )
+        for j in range(len(names)):
+            name = names[(rnd + j) % len(names)]
+            meter.before(name)
+            res = await one(name, bodies, f"round{rnd}", settings.wrk_seconds)
+            meter.after(name)
+            per[name].append(res)
+        bodies.unlink()  # megabytes each
+    return {n: {"result": _wrk.merge(per[n]), **meter.record(n)} for n in names}
+
+
+async def probe_admission(settings: Settings, router: Router, model: str) -> dict[str, float]:
+    """A short burst of 128 streams through the default llmgw: did admission queue?"""
+    config = bench.LoadConfig(
+        concurrency=128,
+        requests=4000,
+        duration=settings.probe_seconds,
+        stream=True,
+        workload=bench.WorkloadSpec(
+            prompt_tokens=PROMPT_TOKENS, output_tokens=OUTPUT_TOKENS, seed=2
+        ),
+        request_timeout=60.0,
+        start_index=70_000_000,
+    )
+    before = c.scrape(router.metrics_url, LLMGW_HIST)
+    async with bench.runner.open_client(config, c.pooled_transport(128)) as client:
+        result = await bench.run_with_client(client, bench.Target(router.base, model), config)
+    after = c.scrape(router.metrics_url, LLMGW_HIST)
+    return {
+        "requests": result.summary.requests,
+        "queued": after["llmgw_admission_wait_seconds_count"]
+        - before["llmgw_admission_wait_seconds_count"],
+        "rejected": after["llmgw_admission_rejected_total"]
+        - before["llmgw_admission_rejected_total"],
+    }
+
+
+# -- analysis --------------------------------------------------------------------------------
+
+
+def analyse(
+    pattern: Pattern, phase: Phase, out: dict[str, Any], routers: dict[str, Router]
+) -> list[dict[str, Any]]:
+    rows = []
+    d = out.get(DIRECT)
+    for name, rec in out.items():
+        res = rec["result"]
+        router = routers.get(name)
+        row: dict[str, Any] = {
+            "pattern": pattern.name,
+            "phase": phase.name,
+            "wrk": phase.wrk,
+            "concurrency": phase.concurrency,
+            "output_tokens": phase.output_tokens,
+            "target": name,
+            **{k: v for k, v in rec.items() if k != "result"},
+            "throughput_ratio": None,
+            "e2e_mean_diff": None,
+            "ttft_p50_diff": None,
+            "ttft_mean_diff": None,
+            "cpu_per_request": None,
+            "cpu_per_event": None,
+            "events_per_stream": None,
+        }
+        if phase.wrk:
+            row["wrk_result"] = attrs.asdict(res)
+            row["requests"], row["ok"], row["failed"] = res.requests, res.ok, res.failed
+            row["request_throughput"] = res.request_throughput
+            if d is not None and name != DIRECT:
+                dr = d["result"]
+                if dr.request_throughput:
+                    row["throughput_ratio"] = res.request_throughput / dr.request_throughput
+                row["e2e_mean_diff"] = _wrk.mean_diff(dr, res)
+        else:
+            s = res.summary
+            row["summary"] = s
+            row["requests"], row["ok"], row["failed"] = s.requests, s.ok, s.failed
+            row["request_throughput"] = s.request_throughput
+            if d is not None and name != DIRECT:
+                dr = d["result"]
+                ds = dr.summary
+                if ds.request_throughput:
+                    row["throughput_ratio"] = s.request_throughput / ds.request_throughput
+                row["e2e_mean_diff"] = c.mean_diff(c.ok_values(dr, "e2e"), c.ok_values(res, "e2e"))
+                if s.ttft is not None and ds.ttft is not None:
+                    row["ttft_p50_diff"] = s.ttft.p50 - ds.ttft.p50
+                    row["ttft_mean_diff"] = c.mean_diff(
+                        c.ok_values(dr, "ttft"), c.ok_values(res, "ttft")
+                    )
+        if router is not None and row["cpu_seconds"] is not None and row["requests"]:
+            # All requests the router handled in its turns, failed ones included, cost CPU.
+            row["cpu_per_request"] = row["cpu_seconds"] / row["requests"]
+            if not phase.wrk:
+                per_stream = router.events[phase.output_tokens]
+                row["events_per_stream"] = per_stream
+                events = per_stream * row["ok"]
+                row["events_relayed"] = events
+                row["cpu_per_event"] = row["cpu_seconds"] / events if events else None
+        rows.append(row)
+    return rows
+
+
+def event_slope(rows: list[dict[str, Any]], pattern: str, target: str) -> float | None:
+    """Router CPU per extra relayed event: 128- against 32-token streams at c=32.
+
+    (CPU per long stream - CPU per short stream) / (difference in events): the
+    per-request part (parsing, routing, connections) cancels out."""
+    pick = {
+        x["output_tokens"]: x
+        for x in rows
+        if x["pattern"] == pattern
+        and x["target"] == target
+        and not x["wrk"]
+        and x["concurrency"] == 32
+        and x["cpu_per_request"] is not None
+    }
+    s, l_ = pick.get(OUTPUT_TOKENS), pick.get(LONG_TOKENS)
+    if s is None or l_ is None:
+        return None
+    extra = l_["events_per_stream"] - s["events_per_stream"]
+    return (l_["cpu_per_request"] - s["cpu_per_request"]) / extra if extra else None
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def fmt_diff(v: tuple[float, float] | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v[0] * 1e3:+.2f} ± {v[1] * 1e3:.2f}"
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def wrk_dist(r: _wrk.WrkResult) -> str:
+    return f"{r.p50 * 1e3:.1f} / {r.p90 * 1e3:.1f} / {r.p99 * 1e3:.1f}"
+
+
+def fmt_split(split: dict[Any, float] | None) -> str:
+    if not split:
+        return "-"
+    return " / ".join(f"{v:.0f}" for _, v in sorted(split.items(), key=lambda kv: str(kv[0])))
+
+
+def mb(x: float | None) -> str:
+    return "-" if x is None else f"{x / 2**20:.0f}"
+
+
+def ratio2(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def us(x: float | None, digits: int = 0) -> str:
+    return "-" if x is None else f"{x * 1e6:.{digits}f}"
+
+
+def report(result: dict[str, Any]) -> None:
+    rows = result["rows"]
+    for pname in result["patterns"]:
+        prow = [x for x in rows if x["pattern"] == pname]
+        if not prow:
+            continue
+        table = []
+        for x in prow:
+            if x["target"] != DIRECT and not any(
+                y["target"] == DIRECT and y["phase"] == x["phase"] for y in prow
+            ):
+                continue  # routers-only phases are in the CPU table
+            if x["wrk"]:
+                dist = wrk_dist(_wrk.WrkResult(**x["wrk_result"]))
+                if x["wrk_result"]["capped_threads"]:
+                    dist += " (capped)"
+            else:
+                dist = c.dist_ms(x["summary"].e2e)
+            table.append(
+                [
+                    x["phase"],
+                    x["target"],
+                    f"{x['request_throughput']:.0f}",
+                    "-" if x["throughput_ratio"] is None else f"{x['throughput_ratio']:.2f}",
+                    dist,
+                    fmt_diff(x["e2e_mean_diff"]),
+                    pct(x["busy"]),
+                    f"{x['failed']}/{x['requests']}",
+                ]
+            )
+        c.print_table(
+            f"{pname} engines: throughput and end-to-end latency (ms; p50 / p90 / p99; "
+            "wrk's for the wrk phase); added = mean minus direct's",
+            [
+                "phase",
+                "target",
+                "req/s",
+                "x direct",
+                "e2e",
+                "added e2e, mean ±95%",
+                "cores busy",
+                "failed/requests",
+            ],
+            table,
+        )
+        table = []
+        for x in prow:
+            if x["wrk"] or "summary" not in x or x["output_tokens"] != OUTPUT_TOKENS:
+                continue
+            s = x["summary"]
+            table.append(
+                [
+                    x["phase"],
+                    x["target"],
+                    c.dist_ms(s.ttft, 2),
+                    c.ms(x["ttft_p50_diff"], 2),
+                    fmt_diff(x["ttft_mean_diff"]),
+                    c.dist_ms(s.itl, 2),
+                ]
+            )
+        c.print_table(
+            f"{pname} engines, streaming: time to first token and inter-token gaps "
+            "(ms; p50 / p90 / p99)",
+            ["phase", "target", "TTFT", "TTFT p50 - direct", "added TTFT, mean ±95%", "ITL"],
+            table,
+        )
+    table = []
+    for x in rows:
+        if x["target"] == DIRECT:
+            continue
+        adm = "-"
+        if "admission_queued" in x:
+            adm = f"{x['admission_queued']:.0f}"
+            if x.get("admission_wait_mean") is not None:
+                adm += f", {x['admission_wait_mean'] * 1e3:.0f} ms"
+        table.append(
+            [
+                f"{x['pattern']}: {x['phase']}",
+                x["target"],
+                "-" if x["cpu_seconds"] is None else f"{x['cpu_seconds']:.2f}",
+                f"{x['requests']}",
+                c.ms(x["cpu_per_request"], 3),
+                "-" if x["events_per_stream"] is None else f"{x['events_per_stream']}",
+                us(x["cpu_per_event"], 1),
+                fmt_split(x["split"]),
+                adm,
+                c.ms(x.get("decision_mean"), 3),
+            ]
+        )
+    c.print_table(
+        f"Router process CPU (utime+stime, all threads, {c.clock_tick() * 1e3:.0f} ms ticks) "
+        "during its turns; per event = all of it / events relayed (per-request work "
+        "included); llmgw's admission: requests queued and their mean wait; decision: "
+        "llmgw's own histogram, request start to first upstream attempt",
+        [
+            "engines: phase",
+            "router",
+            "CPU s",
+            "requests",
+            "CPU ms/request",
+            "events/stream",
+            "CPU us/event",
+            "requests per replica",
+            "admission queued",
+            "decision ms",
+        ],
+        table,
+    )
+    report_targets(result)
+
+
+def report_targets(result: dict[str, Any]) -> None:
+    rows = result["rows"]
+    names = [
+        n for n in (LLMGW, LLMGW_TUNED, VLLM_RR, VLLM_CA) if any(x["target"] == n for x in rows)
+    ]
+    contenders = [n for n in (LLMGW, LLMGW_TUNED) if n in names]
+
+    def get(pattern: str, phase: str, target: str, key: str) -> Any:
+        for x in rows:
+            if x["pattern"] == pattern and x["phase"] == phase and x["target"] == target:
+                return x.get(key)
+        return None
+
+    def verdicts(values: dict[str, float | None], limit: float) -> str:
+        parts = []
+        for n in contenders:
+            v = values.get(n)
+            if v is not None:
+                label = "default" if n == LLMGW else "tuned"
+                parts.append(f"{label} {'within' if v <= limit else 'OVER'}")
+        return ", ".join(parts) or "-"
+
+    table: list[list[str]] = []
+
+    def add(
+        metric: str,
+        pattern: str,
+        values: dict[str, float | None],
+        fmt: Callable[[float | None], str],
+        target: str,
+        ratio_limit: float | None = None,
+        abs_limit: float | None = None,
+        ratio_column: bool = True,
+    ) -> None:
+        ref = values.get(REFERENCE)
+        ratios = {
+            n: (values[n] / ref if values.get(n) is not None and ref else None) for n in contenders
+        }
+        ratio = " / ".join("-" if ratios[n] is None else f"{ratios[n]:.2f}x" for n in contenders)
+        if not ratio_column:
+            ratio = "-"
+        if ratio_limit is not None:
+            verdict = verdicts(ratios, ratio_limit)
+        elif abs_limit is not None:
+            verdict = verdicts(values, abs_limit)
+        else:
+            verdict = ""
+        table.append(
+            [metric, pattern, *(fmt(values.get(n)) for n in names), ratio, target, verdict]
+        )
+
+    patterns = result["patterns"]
+    unary = f"unary c={WRK_CONNECTIONS} (wrk)"
+    per_request = f"<= {TARGET_CPU_PER_REQUEST_RATIO:g}x vllm-router"
+    per_event = f"<= {TARGET_CPU_PER_EVENT_RATIO:g}x vllm-router"
+    for p in patterns:
+        vals = {n: get(p, unary, n, "cpu_per_request") for n in names}
+        if any(v is not None for v in vals.values()):
+            metric = "CPU per non-streaming request, ms"
+            add(metric, p, vals, lambda v: c.ms(v, 3), per_request, TARGET_CPU_PER_REQUEST_RATIO)
+    for p in patterns:
+        for conc in (32, 128):
+            vals = {n: get(p, f"stream c={conc}", n, "cpu_per_event") for n in names}
+            if any(v is not None for v in vals.values()):
+                metric = f"CPU per relayed SSE event, us, c={conc}"
+                add(metric, p, vals, lambda v: us(v, 1), per_event, TARGET_CPU_PER_EVENT_RATIO)
+        vals = {n: event_slope(rows, p, n) for n in names}
+        if any(v is not None for v in vals.values()):
+            metric = "  same, marginal (128- vs 32-token streams)"
+            add(metric, p, vals, lambda v: us(v, 1), per_event, TARGET_CPU_PER_EVENT_RATIO)
+    for p in patterns:
+        for conc in (32, 128, 1):
+            vals = {n: get(p, f"stream c={conc}", n, "ttft_p50_diff") for n in names}
+            if not any(v is not None for v in vals.values()):
+                continue
+            if conc == 32:
+                limit = f"<= {TARGET_ADDED_TTFT_P50 * 1e3:g} ms"
+                metric = "added TTFT p50 at 32 streams, ms"
+                add(
+                    metric,
+                    p,
+                    vals,
+                    lambda v: c.ms(v, 2),
+                    limit,
+                    abs_limit=TARGET_ADDED_TTFT_P50,
+                    ratio_column=False,
+                )
+            else:
+                metric = f"  (context) at {conc} stream{'s' if conc > 1 else ''}, ms"
+                add(metric, p, vals, lambda v: c.ms(v, 2), "", ratio_column=False)
+    for p in patterns:
+        vals = {n: result["rss_after_128"].get(p, {}).get(n) for n in names}
+        if any(v is not None for v in vals.values()):
+            limit = f"<= {TARGET_RSS / 2**20:.0f} MB (llmgw)"
+            add("RSS after the 128-stream phase, MB", p, vals, mb, limit, abs_limit=TARGET_RSS)
+    for p in patterns:
+        for phase in PHASES:
+            vals = {n: get(p, phase.name, n, "throughput_ratio") for n in names}
+            if any(v is not None for v in vals.values()):
+                metric = f"throughput / direct, {phase.name}"
+                add(metric, p, vals, ratio2, "(no target)", ratio_column=False)
+    c.print_table(
+        "Against issue #15's targets (llmgw / vllm-router rr; ratios are llmgw default / "
+        "tuned over vllm-router rr; nothing asserted)",
+        ["metric", "engines", *names, "llmgw / vllm-router rr", "target", "verdict"],
+        table,
+    )
+
+
+# -- main ------------------------------------------------------------------------------------
 
 
 async def main_async(
-    settings: Settings, fleet: c.Fleet, engine: str = "sim", only: list[str] | None = None
+    settings: Settings,
+    fleet: c.Fleet,
+    *,
+    engines: list[str],
+    only: list[str] | None,
+    tuned_mode: str,
+    cache_aware: bool,
+    peers: bool,
+    peers_venv: Path,
+    wrk: str,
 ) -> dict[str, Any]:
-    sims = []
-    for i in range(2):
-        if engine == "llamacpp":
-            base = start_llamacpp(fleet, i)
-        else:
-            _, base = fleet.sim(f"sim-{i}", *SIM_ARGS, "--seed", str(i), model=MODEL)
-        sims.append(base)
-    paced: list[str] = []
-    if engine == "sim":
-        for i in range(2):
-            args = (*PACED_SIM_ARGS, "--seed", str(i))
-            paced.append(fleet.sim(f"paced-{i}", *args, model=PACED_MODEL)[1])
-    endpoints = [(f"sim-{i}", base, MODEL) for i, base in enumerate(sims)]
-    endpoints += [(f"paced-{i}", base, PACED_MODEL) for i, base in enumerate(paced)]
-    router = fleet.router(endpoints, config=ROUTER_CONFIG)
-    router.wait_scraped()
-    children = c.children_of(router.pid)
-    events = {n: count_events(router, n) for n in {p.output_tokens for p in PHASES}}
-    rss_start = c.rss_bytes(router.pid)
-    rows = []
-    rss_after = 0
-    for phase in PHASES:
-        if (phase.paced and not paced) or (only and phase.name not in only):
+    vllm_bin = peer_binary(peers_venv, "vllm-router") if peers else None
+    rows: list[dict[str, Any]] = []
+    probe: dict[str, Any] | None = None
+    tuned = tuned_mode == "yes"
+    rss_after_128: dict[str, dict[str, int]] = {}
+    router_info: dict[str, dict[str, Any]] = {}
+    child_processes: dict[str, list[int]] = {}
+    for pname in engines:
+        pattern = PATTERNS[pname]
+        phases = [
+            p
+            for p in PHASES
+            if pname in p.patterns and (p.name in only if only else settings.all_phases or p.quick)
+        ]
+        if not phases:
             continue
-        who = "(direct, router)" if phase.direct else "router only"
-        with c.cpu_first(router.pid) if phase.router_first else contextlib.nullcontext("") as how:
-            if how is None:
-                c.log(f"phase {phase.name}: not permitted to raise llmgw's priority; skipped")
-                continue
-            c.log(f"phase {phase.name}: {settings.rounds} rounds x {who} {how}".rstrip())
-            if phase.paced:
-                out = await run_phase(phase, settings, paced, router, PACED_MODEL)
+        c.log(f"[{pname}] starting 2 replicas and the routers")
+        bases, engine_procs = start_engines(fleet, pattern)
+        routers = [start_llmgw(fleet, pattern, bases, tuned=False)]
+        if probe is None and tuned_mode == "auto":
+            probe = await probe_admission(settings, routers[0], pattern.model)
+            tuned = probe["queued"] > 0 or probe["rejected"] > 0
+            c.log(
+                f"probe, 128 streams through default llmgw: {probe['queued']:.0f} of "
+                f"{probe['requests']} requests queued in admission, {probe['rejected']:.0f} "
+                f"refused -> {'adding' if tuned else 'no'} '{LLMGW_TUNED}' target"
+            )
+        if tuned:
+            routers.append(start_llmgw(fleet, pattern, bases, tuned=True))
+        if vllm_bin is not None:
+            routers.append(start_vllm_router(fleet, vllm_bin, pattern, bases, "round_robin"))
+            if cache_aware:
+                routers.append(start_vllm_router(fleet, vllm_bin, pattern, bases, "cache_aware"))
+        by_name = {r.name: r for r in routers}
+        for r in routers:
+            r.events = {
+                n: count_events(r.base, pattern.model, n) for n in {p.output_tokens for p in phases}
+            }
+            r.rss_start = c.rss_bytes(r.pid)
+            router_info.setdefault(r.name, {"kind": r.kind, "settings": r.settings})
+            router_info[r.name].setdefault("events_per_stream", {})[pname] = r.events
+            kids = c.children_of(r.pid)
+            if kids:
+                child_processes[f"{pname}/{r.name}"] = kids
+        for phase in phases:
+            who = ", ".join(([DIRECT] if phase.direct else []) + [r.name for r in routers])
+            rounds = settings.wrk_rounds if phase.wrk else settings.rounds
+            c.log(f"[{pname}] phase {phase.name}: {rounds} rounds x ({who})")
+            if phase.wrk:
+                out = await run_wrk_phase(
+                    phase, settings, pattern, bases, routers, wrk, fleet.logdir
+                )
             else:
-                out = await run_phase(phase, settings, sims, router)
-        if phase.stream and phase.concurrency == 128:
-            rss_after = c.rss_bytes(router.pid)
-        rows.append(analyse(phase, out, events[phase.output_tokens]))
+                out = await run_stream_phase(phase, settings, pattern, bases, routers)
+            if not phase.wrk and phase.concurrency == 128:
+                for r in routers:
+                    r.rss_after_128 = c.rss_bytes(r.pid)
+            rows += analyse(pattern, phase, out, by_name)
+        rss_after_128[pname] = {
+            r.name: r.rss_after_128 for r in routers if r.rss_after_128 is not None
+        }
+        for r in routers:
+            router_info[r.name].setdefault("rss_start", {})[pname] = r.rss_start
+        fleet.stop([r.proc for r in routers] + engine_procs)
     return {
         "benchmark": "router_overhead",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "machine": c.machine(),
         "revision": c.revision(),
         "settings": attrs.asdict(settings),
+        "patterns": [p for p in engines if any(x["pattern"] == p for x in rows)],
         "sim_args": list(SIM_ARGS),
-        "paced_sim_args": list(PACED_SIM_ARGS) if paced else None,
+        "timer_args": list(TIMER_ARGS),
+        "llama_args": list(LLAMA_ARGS),
         "prompt_tokens": PROMPT_TOKENS,
         "output_tokens": OUTPUT_TOKENS,
-        "router_pid": router.pid,
-        "router_child_processes": children,
-        "events_per_stream": events,
-        "rss_start": rss_start,
-        "rss_after": rss_after,
-        "phases": rows,
-        "event_slope": event_slope(rows),
+        "wrk": {
+            "binary": wrk,
+            "version": _wrk.version(wrk),
+            "connections": WRK_CONNECTIONS,
+            "threads": WRK_THREADS,
+        },
+        "vllm_router": (
+            {"version": peer_version(peers_venv, "vllm-router"), "binary": str(vllm_bin)}
+            if vllm_bin is not None
+            else None
+        ),
+        "probe": probe,
+        "tuned": tuned,
+        "routers": router_info,
+        "router_child_processes": child_processes,
+        "rss_after_128": rss_after_128,
+        "rows": rows,
         "targets": {
-            "cpu_per_request": TARGET_CPU_PER_REQUEST,
-            "cpu_per_event": TARGET_CPU_PER_EVENT,
+            "cpu_per_request_ratio": TARGET_CPU_PER_REQUEST_RATIO,
+            "cpu_per_event_ratio": TARGET_CPU_PER_EVENT_RATIO,
             "added_ttft_p50_at_32": TARGET_ADDED_TTFT_P50,
             "rss": TARGET_RSS,
         },
@@ -570,14 +1065,15 @@ async def main_async(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--quick", action="store_true", help="short turns (under ~40 s in all)")
+    p.add_argument("--quick", action="store_true", help="short turns (under ~2 min in all)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead")
     p.add_argument(
         "--engine",
-        choices=("sim", "llamacpp"),
-        default="sim",
-        help="what the two replicas are: llmgw-sim, or real llama.cpp servers of a tiny "
-        "generated model (needs scripts/llama_server.sh)",
+        action="append",
+        choices=sorted(PATTERNS),
+        help="engine patterns to run, in order (repeatable; default: sim, then timer); "
+        "llamacpp: real llama.cpp servers of a tiny generated model "
+        "(needs scripts/llama_server.sh)",
     )
     p.add_argument(
         "--phase",
@@ -585,17 +1081,64 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help="run only this phase (repeatable), e.g. 'stream c=32'",
     )
+    p.add_argument(
+        "--tuned",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="also run llmgw with raised scoring targets (ROUTER_CONFIG): auto = only if "
+        "a probe finds the default configuration queueing in admission",
+    )
+    p.add_argument(
+        "--no-cache-aware", action="store_true", help="skip vllm-router's cache_aware policy"
+    )
+    p.add_argument(
+        "--no-peers", action="store_true", help="no vllm-router targets (direct and llmgw only)"
+    )
+    p.add_argument(
+        "--peers-venv",
+        type=Path,
+        default=PEERS_VENV,
+        help=f"venv holding vllm-router (default {PEERS_VENV}; made by setup_peers.sh)",
+    )
     args = p.parse_args(argv)
     if args.phase:
         unknown = set(args.phase) - {x.name for x in PHASES}
         if unknown:
             p.error(f"no phase {sorted(unknown)}; phases: {', '.join(x.name for x in PHASES)}")
+    engines = args.engine or ["sim", "timer"]
+    wrk = _wrk.find()
+    if wrk is None:
+        print(
+            f"router_overhead: {_wrk.INSTALL_HINT}, or run benchmarks/setup_peers.sh",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.no_peers and peer_binary(args.peers_venv, "vllm-router") is None:
+        print(
+            f"router_overhead: no vllm-router in {args.peers_venv}: run benchmarks/setup_peers.sh "
+            "(or pass --no-peers to measure llmgw against direct only)",
+            file=sys.stderr,
+        )
+        return 2
     settings = QUICK if args.quick else DEFAULT
     started = time.monotonic()
     result = None
     try:
         with c.fleet() as fleet:
-            result = c.run_trio(main_async, settings, fleet, args.engine, args.phase)
+            result = c.run_trio(
+                functools.partial(
+                    main_async,
+                    settings,
+                    fleet,
+                    engines=engines,
+                    only=args.phase,
+                    tuned_mode=args.tuned,
+                    cache_aware=not args.no_cache_aware,
+                    peers=not args.no_peers,
+                    peers_venv=args.peers_venv,
+                    wrk=wrk,
+                )
+            )
     except* KeyboardInterrupt:
         pass  # trio may deliver it inside an exception group
     if result is None:
@@ -604,29 +1147,45 @@ def main(argv: list[str] | None = None) -> int:
     result["wall_seconds"] = time.monotonic() - started
     if args.json:
         print(json.dumps(bench.to_jsonable(result), indent=2, default=str))
-    else:
-        print(f"router_overhead  {result['date']}  llmgw {result['revision']}  {result['machine']}")
-        replicas = (
-            f"2 llama.cpp replicas of a tiny generated model ({' '.join(LLAMA_ARGS)})"
-            if args.engine == "llamacpp"
-            else f"2 llmgw-sim replicas ({' '.join(SIM_ARGS)})"
-        )
+        return 0
+    print(f"router_overhead  {result['date']}  llmgw {result['revision']}  {result['machine']}")
+    print(
+        f"prompt {PROMPT_TOKENS} tokens, output {OUTPUT_TOKENS} tokens; "
+        f"{settings.wrk_rounds} wrk rounds of {settings.wrk_seconds:g} s and "
+        f"{settings.rounds} rounds of <= {settings.turn_seconds:g} s per target and phase, "
+        f"interleaved; took {result['wall_seconds']:.0f} s"
+    )
+    for pname in result["patterns"]:
+        desc = {
+            "sim": f"2 llmgw-sim replicas ({' '.join(SIM_ARGS)}): "
+            "one burst of events per engine step",
+            "timer": f"2 timer_engine.py replicas ({' '.join(TIMER_ARGS)}): "
+            "each stream on its own timer",
+            "llamacpp": f"2 llama.cpp replicas of a tiny model ({' '.join(LLAMA_ARGS)})",
+        }[pname]
+        events = {
+            n: info["events_per_stream"][pname]
+            for n, info in result["routers"].items()
+            if pname in info.get("events_per_stream", {})
+        }
+        ev = ", ".join(f"{n} {e.get(OUTPUT_TOKENS, '-')}" for n, e in events.items())
+        print(f"engines {pname}: {desc}; SSE events per {OUTPUT_TOKENS}-token stream: {ev}")
+    print(f"wrk: {result['wrk']['version']}, -t {WRK_THREADS} -c {WRK_CONNECTIONS}")
+    for n, info in result["routers"].items():
+        version = ""
+        if info["kind"] == "vllm-router" and result["vllm_router"]:
+            version = f"vllm-router {result['vllm_router']['version']} "
+        print(f"{n}: {version}{info['settings']}")
+    if result["probe"] is not None:
+        pr = result["probe"]
         print(
-            f"{replicas}, prompt {PROMPT_TOKENS} tokens, "
-            f"output {OUTPUT_TOKENS} tokens (SSE events per stream incl. role, finish, usage "
-            f"and [DONE]: {result['events_per_stream'][OUTPUT_TOKENS]}); "
-            f"{settings.rounds} interleaved rounds of "
-            f"<= {settings.turn_seconds:g} s per target and phase; "
-            f"took {result['wall_seconds']:.0f} s"
+            f"admission probe (128 streams, default llmgw): {pr['queued']:.0f} of "
+            f"{pr['requests']} queued, {pr['rejected']:.0f} refused"
+            + (f" -> '{LLMGW_TUNED}' rows added" if result["tuned"] else "")
         )
-        print(
-            "llmgw-server: default configuration except "
-            + ", ".join(line for line in ROUTER_CONFIG.splitlines() if "=" in line)
-            + ' under [router.scoring], and no store (store.url = "")'
-        )
-        if result["router_child_processes"]:
-            print(f"note: llmgw-server has child processes {result['router_child_processes']}")
-        report(result)
+    if result["router_child_processes"]:
+        print(f"note: routers with child processes: {result['router_child_processes']}")
+    report(result)
     return 0
 
 
