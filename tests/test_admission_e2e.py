@@ -216,6 +216,9 @@ def test_silver_waits_while_gold_flows(fleet: Server) -> None:
     gold: list[Result] = []
     silver: list[Result] = []
     n_gold = 12
+    fast_before = fleet.metric("llmgw_router_overhead_seconds_bucket", le="0.1")
+    all_before = fleet.metric("llmgw_router_overhead_seconds_count")
+    waited_before = fleet.metric("llmgw_admission_wait_seconds_sum", band="silver")
 
     async def main(client: httpx.AsyncClient, admin: httpx.AsyncClient) -> None:
         async with trio.open_nursery() as nursery:
@@ -244,6 +247,11 @@ def test_silver_waits_while_gold_flows(fleet: Server) -> None:
     assert last_gold < first_silver, (last_gold, first_silver)
     assert fleet.metric("llmgw_admission_admitted_total", band="silver", queued="true") == 3
     assert fleet.metric("llmgw_admission_wait_seconds_count", band="silver") == 3
+    # Silver queued for gold's turns (each ~0.3 s); llmgw's own time excludes that.
+    waited = fleet.metric("llmgw_admission_wait_seconds_sum", band="silver") - waited_before
+    assert waited >= 3 * 0.2, waited
+    fast = fleet.metric("llmgw_router_overhead_seconds_bucket", le="0.1") - fast_before
+    assert fast == fleet.metric("llmgw_router_overhead_seconds_count") - all_before == 15
 
 
 def test_gold_flood_of_one_tenant_does_not_starve_another(fleet: Server) -> None:

@@ -238,6 +238,7 @@ class ClientApp:
         if pool is None:  # nothing to queue for: routing answers 503 at once
             await self._route(call)
             return
+        queued = trio.current_time()
         try:
             ticket = await admission.admit(pool, band, tenant, expected)
         except AdmissionRejected as exc:
@@ -250,6 +251,7 @@ class ClientApp:
                 code=exc.reason,
                 headers=[(b"retry-after", str(max(1, round(exc.retry_after))).encode())],
             ) from None
+        call.queued = trio.current_time() - queued
         with ticket:
             await self._route(call)
 
@@ -290,7 +292,10 @@ class ClientApp:
                         router.metrics.fallbacks.labels(chain[0].name, model.name).inc()
                     # Engines know canonical names: an alias or a fallback is renamed.
                     payload = call.body.payload(model.name, add_usage=self._add_usage(call))
-                    router.metrics.overhead.observe(trio.current_time() - call.started)
+                    # llmgw's own time: admission's queueing is its own histogram.
+                    router.metrics.overhead.observe(
+                        trio.current_time() - call.started - call.queued
+                    )
                     attempted = model
                 router.metrics.decisions.labels(model.name, decision.tier).inc()
                 for endpoint_id in decision.ranked:
@@ -438,6 +443,7 @@ class _Call:
         "caller",
         "chain",
         "key",
+        "queued",
         "scope",
         "send",
         "session_key",
@@ -463,6 +469,7 @@ class _Call:
         self.key = key
         self.send: Send = _unset_send
         self.caller = Caller()  # set by admission: the key, band and tenant
+        self.queued = 0.0  # seconds admission held it
         # Embeddings never stream, whatever the body says.
         self.stream = body.stream and not scope["path"].endswith("/embeddings")
         self.wants_usage = self.stream and body.include_usage
