@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from .procs import BIN, Server, free_port, running, server, sim, wait_for
+from .procs import BIN, Server, running, server, sim, wait_for
 
 CONFIG = """
 [store]
@@ -228,11 +228,11 @@ def test_admin_key_off_loopback(tmp_path: Path) -> None:
     with server("--config", str(config)) as loopback:
         created = json.loads(ok(loopback.admin, "--json", "keys", "create", "--name", "ops",
                                 "--admin"))  # fmt: skip
-    port = free_port()
-    admin = f"http://127.0.0.1:{port}"
-    argv = ("--config", str(config), "--listen", f"127.0.0.1:{free_port()}",
-            "--admin-listen", f"0.0.0.0:{port}")  # fmt: skip
-    with running("llmgw-server", *argv, health=f"{admin}/healthz"):
+    argv = ("--config", str(config), "--listen", "127.0.0.1:0", "--admin-listen", "0.0.0.0:0")
+    with running("llmgw-server", *argv, ready=True) as proc:
+        (bound,) = proc.ready["admin_listen"]
+        assert bound.startswith("0.0.0.0:")
+        admin = f"http://127.0.0.1:{bound.rsplit(':', 1)[1]}"
         err = failed(admin, "keys")
         assert "401" in err and "--admin-key" in err
         listed = json.loads(ok(admin, "--admin-key", created["secret"], "--json", "keys"))

@@ -25,7 +25,7 @@ from llmgw.router.usage import Usage, UsageRecord
 from llmgw.store import open_store
 from llmgw.store.base import KeyRecord
 from llmgw.store.keys import display_prefix
-from llmgw.testing_procs import Proc, free_port
+from llmgw.testing_procs import Proc
 
 from .procs import Server, server, sim, wait_for
 from .waiting import wait_until
@@ -327,22 +327,21 @@ def leaked(secret: str, text: str, window: int = 12) -> list[str]:
 
 
 def test_secrets_never_reach_the_logs_even_at_debug(tmp_path: Path) -> None:
-    port, admin_port = free_port(), free_port()
-    base, admin = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
     config = tmp_path / "llmgw.toml"
     config.write_text(CONFIG.format(path=tmp_path / "llmgw.db"))
     with sim(model="m") as (_, engine):
         proc = Proc(
             [
                 sys.executable, "-c", DEBUG_SERVER,
-                "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
+                "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+                "--ready-file", str(tmp_path / "ready.json"),
                 "--config", str(config), "--endpoint", f"s0={engine}=m,other",
             ],
             tmp_path / "server.log",
         )  # fmt: skip
         try:
-            proc.wait_http(f"{admin}/healthz")
-            secrets, ids = exercise_keys(base, admin)
+            proc.wait_ready_file(tmp_path / "ready.json")
+            secrets, ids = exercise_keys(proc.url("listen"), proc.url("admin_listen"))
             assert proc.stop() == 0
         finally:
             proc.stop()
