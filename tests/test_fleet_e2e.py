@@ -425,7 +425,13 @@ def test_a_server_restart_drains_streams_and_adopts_running_replicas() -> None:
             assert a.engines() == pids[a.node_id]
             assert all(alive(pid) for pid in pids[a.node_id].values())
             assert len(a.engine_logs()) == 1
-            assert "the server restarted" in a.proc.output()
+            # The agent logs the restart as it re-registers, which may come a moment
+            # after the server shows the replica adopted.
+            wait_for(
+                lambda a=a: "the server restarted" in a.proc.output(),
+                f"{a.node_id} logs that the server restarted",
+                context=a.proc.output,
+            )
         complete(srv2)
         # And nothing is stopped after the fact: the server looked again and decided
         # nothing, in its whole run (adopting needs no command).
@@ -526,7 +532,11 @@ def test_a_node_back_after_the_settle_window_with_no_replacement_has_its_replica
         (back,) = srv2.wait(lambda: srv2.ready_replicas("m", 1), "m adopted", logs=[a.proc])
         assert (back["id"], back["epoch"], back["url"]) == (old["id"], old["epoch"], old["url"])
         assert f"adopting replica {old['id']}" in srv2.proc.output()
-        assert "the server restarted" in a.proc.output()
+        wait_for(
+            lambda: "the server restarted" in a.proc.output(),
+            "the agent logs that the server restarted",
+            context=a.proc.output,
+        )
         complete(srv2)
         # Adopted for good: the server looked again and decided nothing, in its whole
         # run (no stop, and no launch: there was no other node to place it on).
