@@ -2,7 +2,7 @@
 view classes, and true to what the handlers accept and answer (schemathesis drives
 a real server with generated requests and checks every answer against it).
 
-The fuzzing server is llmgw.http1 on trio in a background thread, on a loopback port,
+The fuzzing server is llmgw.http.server on trio in a background thread, on a loopback port,
 over a real SQLite store, a router with static endpoints and a control plane
 (`tests.test_fleet_metrics.scenario`), with admin auth on.
 """
@@ -30,7 +30,7 @@ from llmgw.admin.api import AdminApp
 from llmgw.admin.usage import UsageReport
 from llmgw.config import ModelConfig, load
 from llmgw.control import views
-from llmgw.http1 import HttpServerConfig, serve_listeners
+from llmgw.http.server import HttpServerConfig, serve_listeners
 from llmgw.models import ModelRegistry
 from llmgw.router.core import Router
 from llmgw.router.scrape import EngineSample

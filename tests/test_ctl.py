@@ -3,7 +3,7 @@ simulator.
 
 The admin API is llmgw's own (`AdminApp`) over a SQLite store, a control plane with
 five nodes (`tests.test_fleet_metrics.scenario`) and a router with two endpoints,
-served by llmgw.http1 on a loopback port in the test's trio run, while llmgw-ctl runs
+served by llmgw.http.server on a loopback port in the test's trio run, while llmgw-ctl runs
 as it does from a shell, in a worker thread. Every answer the CLI gets is checked
 against the API's served OpenAPI document, as tests/test_admin_api.py checks the API's
 own answers: what the tests feed llmgw-ctl is what the admin API answers. Failures are
@@ -34,11 +34,11 @@ import trio
 from rich.console import Console, RenderableType
 
 from llmgw.admin.api import AdminApp
-from llmgw.asgi import Receive, Scope, Send
 from llmgw.config import load
 from llmgw.control import views as control_views
 from llmgw.control.controller import Controller
-from llmgw.http1 import HttpServerConfig, serve_listeners
+from llmgw.http.asgi import Receive, Scope, Send
+from llmgw.http.server import HttpServerConfig, serve_listeners
 from llmgw.models import ModelRegistry
 from llmgw.router.core import Router
 from llmgw.router.usage import Usage, UsageRecord

@@ -1,4 +1,4 @@
-"""The request-head deadline (`router.timeouts.client_header`, served by llmgw.http1).
+"""The request-head deadline (`router.timeouts.client_header`, served by llmgw.http.server).
 
 End to end: a real llmgw-server (head deadline 1s) and llmgw-sim on loopback, driven by
 raw sockets so that each test controls exactly which bytes arrive when. Every read has

@@ -12,12 +12,12 @@ import trio
 
 from llmgw import units
 from llmgw.admin.api import AdminApp
-from llmgw.asgi import split, under
 from llmgw.config import Config, ControlConfig
 from llmgw.control.controller import Controller
 from llmgw.control.fleet_metrics import register_fleet_metrics
 from llmgw.dashboard import DashboardApp, TrafficRing
-from llmgw.http1 import HttpServerConfig, serve_listeners
+from llmgw.http.asgi import split, under
+from llmgw.http.server import HttpServerConfig, serve_listeners
 from llmgw.models import ModelRegistry
 from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router

@@ -58,10 +58,10 @@ from llmgw.admin.views import (
     from_dict,
     unstructure,
 )
-from llmgw.asgi import Receive, Scope, Send, answer_non_http
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig
 from llmgw.control import views
+from llmgw.http.asgi import Receive, Scope, Send, answer_non_http
 from llmgw.router.core import Router
 from llmgw.store.base import Store, StoreError
 

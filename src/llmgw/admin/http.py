@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl
 
 import attrs
 
-from llmgw.asgi import BodyTooLarge, ClientLeft, Receive, Scope, read_body
+from llmgw.http.asgi import BodyTooLarge, ClientLeft, Receive, Scope, read_body
 
 __all__ = [
     "MAX_BODY_BYTES",

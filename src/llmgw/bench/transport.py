@@ -5,7 +5,7 @@ transport (httpcore and h11) a streamed request cost the generator about 2.2 ms 
 CPU, more than llmgw spent routing and relaying it (1.3 ms): on a shared machine
 the generator's CPU became queueing in the numbers. This transport sends plain
 ``http://`` POSTs, all the load generator sends, through the router's upstream client
-(`llmgw.router.upstream_http`: one write per request, O(1) keep-alive pool,
+(`llmgw.http.client`: one write per request, O(1) keep-alive pool,
 socket calls that skip trio's scheduler when they need not wait) and hands the answer
 back as an ``httpx.Response``, so everything above it stays httpx. Anything else
 (``https://``, other methods) goes to a regular httpx transport.
@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from llmgw.router.upstream_http import (
+from llmgw.http.client import (
     ConnectFailed,
     ConnectTimeout,
     Pool,
@@ -51,7 +51,7 @@ class _Body(httpx.AsyncByteStream):
 
 
 class FastTransport(httpx.AsyncBaseTransport):
-    """Plain-HTTP POSTs through :class:`~llmgw.router.upstream_http.Pool`; the rest
+    """Plain-HTTP POSTs through :class:`~llmgw.http.client.Pool`; the rest
     through httpx's own transport."""
 
     def __init__(self, connect_timeout: float = 10.0, concurrency: int = 256) -> None:

@@ -28,7 +28,6 @@ import jinja2
 import trio
 
 from llmgw.admin.http import Request
-from llmgw.asgi import Receive, Scope, Send, answer_non_http
 from llmgw.dashboard import charts, panels
 from llmgw.dashboard.traffic import TrafficRing
 from llmgw.dashboard.web import (
@@ -45,6 +44,7 @@ from llmgw.dashboard.web import (
     same_origin,
     tokens_match,
 )
+from llmgw.http.asgi import Receive, Scope, Send, answer_non_http
 from llmgw.store.base import Session, StoreError
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from llmgw.asgi import (
+from llmgw.http.asgi import (
     BodyTooLarge,
     ClientLeft,
     Receive,
@@ -134,7 +134,7 @@ class ClientApp:
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         # Its deadline (router.timeouts.client_body) is the listener's: past it
-        # llmgw.http1 reports a disconnect here and answers the 408 itself.
+        # llmgw.http.server reports a disconnect here and answers the 408 itself.
         try:
             return await read_body(scope, receive, self.router.config.router.max_body_bytes)
         except ClientLeft:

@@ -8,7 +8,7 @@ token can still be abandoned for another.
 
 What an engine sends is bounded on every path: the `total` deadline holds whether
 or not reads wait (a read delivers a due deadline before it reads, see
-upstream_http.Response.read_some, and the relay checks it per read), a non-streaming
+llmgw.http.client.Response.read_some, and the relay checks it per read), a non-streaming
 body is at most `router.max_response_bytes`, one SSE event at most
 `router.max_event_bytes`, buffered linearly. An answer over a limit or against
 HTTP/1.1 is a failure of the endpoint (Outcome.BAD_RESPONSE). Messages name no
@@ -28,10 +28,9 @@ import attrs
 import httpx
 import trio
 
-from llmgw.asgi import error_body
 from llmgw.config import Timeouts
-from llmgw.router.breaker import Outcome, classify_status
-from llmgw.router.upstream_http import (
+from llmgw.http.asgi import error_body
+from llmgw.http.client import (
     PIECES_PER_YIELD,
     BadResponse,
     BodyTooLarge,
@@ -40,6 +39,7 @@ from llmgw.router.upstream_http import (
     Pool,
     UpstreamError,
 )
+from llmgw.router.breaker import Outcome, classify_status
 from llmgw.router.usage import Usage, estimate_prompt_tokens
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -101,7 +101,7 @@ class Delivery:
 
 
 class UpstreamResponse(Protocol):
-    """What the proxy needs of a response (upstream_http.Response, or httpx's adapted)."""
+    """What the proxy needs of a response (llmgw.http.client.Response, or httpx's adapted)."""
 
     status_code: int
     headers_raw: list[tuple[bytes, bytes]]
@@ -221,7 +221,7 @@ class Upstream:
         self.max_response_bytes = max_response_bytes
         self.max_event_bytes = max_event_bytes
         # Plain http:// endpoints go through llmgw's own HTTP/1.1 client (see
-        # upstream_http); httpx serves anything else, and an injected client serves all.
+        # llmgw.http.client); httpx serves anything else, and an injected client serves all.
         self._injected = client
         self._client = client
         self.pool = Pool(timeouts.dial)

@@ -19,7 +19,7 @@ the primary one.
 Faults (flags or ``POST /sim/faults``; see ``Faults``) apply to the chat, completion and
 embedding routes only, so health checks and scrapes keep passing on a sick replica.
 
-Served by llmgw's own HTTP/1.1 server (:mod:`llmgw.http1`), like llmgw-server: the
+Served by llmgw's own HTTP/1.1 server (:mod:`llmgw.http.server`), like llmgw-server: the
 simulator shares the benchmark machine's cores with the router it is measured against,
 so its per-request cost is kept low too. TCP_NODELAY is on for every accepted
 connection, so the first SSE events are not held back by Nagle.
@@ -44,10 +44,11 @@ from typing import Any, NoReturn, cast
 import attrs
 import trio
 
-from llmgw import __version__, asgi
-from llmgw.asgi import answer_non_http
-from llmgw.http1 import HttpServerConfig
-from llmgw.http1 import serve as http_serve
+from llmgw import __version__
+from llmgw.http import asgi
+from llmgw.http.asgi import answer_non_http
+from llmgw.http.server import HttpServerConfig
+from llmgw.http.server import serve as http_serve
 from llmgw.sim import tokens
 from llmgw.sim.metrics import EngineCollector, Exposition, MetricsFormat, Recorder
 from llmgw.sim.model import Engine, EngineConfig, Finished, Request, Token

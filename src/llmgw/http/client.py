@@ -28,7 +28,7 @@ router's thread or memory:
   extensions, trailers) at most `MAX_FRAMING` bytes in a row.
 
 :class:`Response` and :class:`Pool` do the I/O on the non-blocking sockets of
-`llmgw.sockio`. Failures are :class:`UpstreamError`: :class:`BadResponse` for an
+`llmgw.http.sockio`. Failures are :class:`UpstreamError`: :class:`BadResponse` for an
 answer that broke the rules above, :class:`ConnectFailed` and
 :class:`ConnectTimeout` for the connect phase, the base class for a connection that
 broke or ended early. Their messages never name the engine's address (they reach
@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 import httptools
 import trio
 
-from llmgw import sockio
+from llmgw.http import sockio
 
 #: The response head at most, 1xx heads before it included (bytes).
 MAX_HEAD = 64 * 1024
@@ -353,7 +353,7 @@ class Response:
         """The body's next bytes, transfer coding removed: what one read from the engine
         made available; b"" at its end.
 
-        A read that need not wait is no checkpoint (see llmgw.sockio), so each read
+        A read that need not wait is no checkpoint (see llmgw.http.sockio), so each read
         first delivers a cancellation (a deadline) that is due: an engine sending
         faster than it is read cannot outlast its deadline."""
         parser = self._parser

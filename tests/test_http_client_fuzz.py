@@ -1,4 +1,4 @@
-"""The router's upstream HTTP client (llmgw.router.upstream_http) against generated
+"""The router's upstream HTTP client (llmgw.http.client) against generated
 answers (hypothesis), over real loopback sockets.
 
 * Any well-formed response (after 0-2 informational ones), framed by Content-Length,
@@ -23,7 +23,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.router.upstream_http import Pool, UpstreamError
+from llmgw.http.client import Pool, UpstreamError
 from tests.properties import examples
 
 SETTINGS = settings(max_examples=examples(60))

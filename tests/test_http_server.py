@@ -1,4 +1,4 @@
-"""llmgw.http1, the listeners' HTTP/1.1 server, driven over loopback with raw bytes.
+"""llmgw.http.server, the listeners' HTTP/1.1 server, driven over loopback with raw bytes.
 
 Each test serves a small ASGI app in-process on 127.0.0.1 (port 0) and talks to it
 through a trio socket, so that it controls exactly which bytes go out and when;
@@ -18,7 +18,7 @@ import h11
 import pytest
 import trio
 
-from llmgw.http1 import MAX_HEAD_BYTES, HttpServerConfig, serve
+from llmgw.http.server import MAX_HEAD_BYTES, HttpServerConfig, serve
 from llmgw.units import Address
 
 WAIT = 5.0  # any single wait in these tests; far above what each should take

@@ -1,4 +1,4 @@
-"""llmgw.sockio: socket calls that skip trio's scheduler when they need not wait."""
+"""llmgw.http.sockio: socket calls that skip trio's scheduler when they need not wait."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import socket
 
 import trio
 
-from llmgw import sockio
+from llmgw.http import sockio
 
 
 async def test_reads_that_never_wait_still_let_other_tasks_run() -> None:

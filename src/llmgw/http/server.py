@@ -65,13 +65,13 @@ import attrs
 import httptools
 import trio
 
-from llmgw import sockio
-from llmgw.asgi import App, error_body
+from llmgw.http import sockio
+from llmgw.http.asgi import App, error_body
 from llmgw.units import Address
 
 __all__ = ["ClientDisconnected", "HttpServerConfig", "serve", "serve_listeners"]
 
-log = logging.getLogger("llmgw.http1")
+log = logging.getLogger("llmgw.http.server")
 
 _RECV = 65536
 #: Largest request head (request line and headers) accepted; larger: 431.

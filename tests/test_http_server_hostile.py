@@ -1,4 +1,4 @@
-"""llmgw.http1 against clients that break the protocol or hold resources on purpose.
+"""llmgw.http.server against clients that break the protocol or hold resources on purpose.
 
 Each finding of issue #15 on the listener side, over real loopback sockets: bytes the
 parser must refuse (and what it must not serve after them), the exact head limit, a
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import trio
 
-from llmgw.http1 import MAX_HEAD_BYTES, ClientDisconnected
+from llmgw.http.server import MAX_HEAD_BYTES, ClientDisconnected
 
-from .test_http1 import WAIT, connect, request, running
+from .test_http_server import WAIT, connect, request, running
 
 CHUNKED = b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -203,7 +203,7 @@ async def test_a_body_that_stops_coming_is_a_408_after_body_timeout() -> None:
 async def test_a_half_closed_client_is_gone_and_no_error_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="llmgw.http1")
+    caplog.set_level(logging.DEBUG, logger="llmgw.http.server")
     async with running() as server, connect(server) as client:
         await client.send(request("POST", "/watch", b"{}"))
         client.stream.socket.shutdown(socket.SHUT_WR)

@@ -1,4 +1,4 @@
-"""llmgw.http1 against generated input (hypothesis), over real loopback sockets.
+"""llmgw.http.server against generated input (hypothesis), over real loopback sockets.
 
 * Any well-formed request, framed by Content-Length or chunked and cut into pieces
   at arbitrary points, reaches the app exactly: method, path, query, headers, body.
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from tests.properties import examples
 
-from .test_http1 import WAIT, connect, running
+from .test_http_server import WAIT, connect, running
 
 SETTINGS = settings(max_examples=examples(120))
 

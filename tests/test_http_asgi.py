@@ -1,10 +1,10 @@
-"""llmgw.asgi: what llmgw's apps do with scopes that are not HTTP requests."""
+"""llmgw.http.asgi: what llmgw's apps do with scopes that are not HTTP requests."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from llmgw.asgi import answer_non_http
+from llmgw.http.asgi import answer_non_http
 
 
 async def test_lifespan_events_are_acknowledged_and_other_scopes_ignored() -> None:

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from llmgw.router.upstream_http import (
+from llmgw.http.client import (
     MAX_FRAMING,
     MAX_HEAD,
     BadResponse,
@@ -186,7 +186,7 @@ async def test_a_body_cut_short_is_an_upstream_error() -> None:
 
 
 async def test_nothing_listening_is_a_connect_error() -> None:
-    from llmgw.router.upstream_http import ConnectFailed
+    from llmgw.http.client import ConnectFailed
 
     with reserve_port() as port, pytest.raises(ConnectFailed):  # held: nothing listens
         await post(Pool(dial_timeout=2), port)

@@ -89,7 +89,7 @@ async def answer_non_http(
 ) -> None:
     """What llmgw's apps do with a scope that is not an HTTP request: acknowledge the
     lifespan events (they own no lifespan state) and ignore anything else. llmgw's own
-    server (llmgw.http1) sends neither; other ASGI servers may."""
+    server (llmgw.http.server) sends neither; other ASGI servers may."""
     if scope["type"] != "lifespan":
         return
     while True:
