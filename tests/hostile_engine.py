@@ -83,7 +83,7 @@ def pieces(*parts: bytes, pause: float = 0.02, close: bool = False) -> Case:
     def case(sock: socket.socket) -> None:
         for part in parts:
             sock.sendall(part)
-            time.sleep(pause)
+            time.sleep(pause)  # the engine's pace: each part arrives on its own
         if close:
             raise Close
 
@@ -128,7 +128,7 @@ def dribble(first: bytes, every: float = 0.2) -> Case:
         sock.sendall(first)
         end = time.monotonic() + SAFETY
         while time.monotonic() < end:
-            time.sleep(every)
+            time.sleep(every)  # a dribbling engine: one byte per `every` is the case
             sock.sendall(b"x")
         raise Close
 
