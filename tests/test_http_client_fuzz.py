@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.http.client import Pool, UpstreamError
+from tests.mangling import mangle
 from tests.properties import examples
 
 SETTINGS = settings(max_examples=examples(60))
@@ -175,20 +176,9 @@ def test_a_well_formed_response_cut_anywhere_reaches_the_caller_exactly(
 @st.composite
 def mangled(draw: Any) -> bytes:
     """A well-formed response with a few bytes replaced, inserted or deleted, or junk."""
-    if draw(st.booleans()):
-        return bytes(draw(st.binary(min_size=1, max_size=400)))
-    data = bytearray(draw(responses())[0])
-    for _ in range(draw(st.integers(1, 3))):
-        at = draw(st.integers(0, len(data)))
-        op = draw(st.sampled_from(["replace", "insert", "delete"]))
-        byte = draw(st.sampled_from([0, 9, 10, 13, 32, 43, 45, 58, 59, 95, 127, 255, *b"0xaZ"]))
-        if op == "insert" or at == len(data):
-            data.insert(at, byte)
-        elif op == "replace":
-            data[at] = byte
-        else:
-            del data[at]
-    return bytes(data)
+    return mangle(
+        draw, draw(responses())[0], [0, 9, 10, 13, 32, 43, 45, 58, 59, 95, 127, 255, *b"0xaZ"]
+    )
 
 
 @SETTINGS

@@ -17,6 +17,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.mangling import mangle
 from tests.properties import examples
 
 from .test_http_server import WAIT, connect, running
@@ -128,20 +129,7 @@ def test_a_well_formed_request_cut_anywhere_reaches_the_app_exactly(
 @st.composite
 def mangled(draw: Any) -> bytes:
     """A well-formed request with a few bytes replaced, inserted or deleted, or junk."""
-    if draw(st.booleans()):
-        return bytes(draw(st.binary(min_size=1, max_size=400)))
-    data = bytearray(draw(requests())[0])
-    for _ in range(draw(st.integers(1, 3))):
-        at = draw(st.integers(0, len(data)))
-        op = draw(st.sampled_from(["replace", "insert", "delete"]))
-        byte = draw(st.sampled_from([0, 9, 10, 13, 32, 58, 59, 127, 255, *b"0aZ-~"]))
-        if op == "insert" or at == len(data):
-            data.insert(at, byte)
-        elif op == "replace":
-            data[at] = byte
-        else:
-            del data[at]
-    return bytes(data)
+    return mangle(draw, draw(requests())[0], [0, 9, 10, 13, 32, 58, 59, 127, 255, *b"0aZ-~"])
 
 
 @SETTINGS

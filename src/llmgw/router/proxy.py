@@ -329,18 +329,11 @@ class Upstream:
         t = self.timeouts
         end = trio.current_time() + t.total
         response = await self._open(url, body, headers, "total", end)
-        scope = trio.CancelScope(deadline=end)
-        payload = b""
         try:
-            with scope:
-                payload = await response.aread(self.max_response_bytes)
-        except BadResponse as exc:
-            raise AttemptFailed(Outcome.BAD_RESPONSE, self._bad_body(exc)) from None
-        except UpstreamError as exc:
-            raise AttemptFailed(Outcome.BROKEN_STREAM, f"upstream body broke: {exc}") from None
+            payload = await self._whole_body(response, end)
         finally:
             await _close(response)
-        if scope.cancelled_caught:
+        if payload is None:
             raise AttemptFailed(
                 Outcome.TIMEOUT, f"body not complete within {t.total:g}s", phase="total"
             )
@@ -411,16 +404,8 @@ class Upstream:
         phase, deadline = "first_token", now + t.first_token
         if end < deadline:
             phase, deadline = "total", end
-        scope = trio.CancelScope(deadline=deadline)
-        payload = b""
-        try:
-            with scope:
-                payload = await response.aread(self.max_response_bytes)
-        except BadResponse as exc:
-            raise AttemptFailed(Outcome.BAD_RESPONSE, self._bad_body(exc)) from None
-        except UpstreamError as exc:
-            raise AttemptFailed(Outcome.BROKEN_STREAM, f"upstream body broke: {exc}") from None
-        if scope.cancelled_caught:
+        payload = await self._whole_body(response, deadline)
+        if payload is None:
             limit = t.first_token if phase == "first_token" else t.total
             raise AttemptFailed(
                 Outcome.TIMEOUT,
@@ -434,6 +419,18 @@ class Upstream:
         )
         await send({"type": "http.response.body", "body": payload, "more_body": False})
         return Delivery(response.status_code)
+
+    async def _whole_body(self, response: UpstreamResponse, deadline: float) -> bytes | None:
+        """The whole body, at most `max_response_bytes`, by `deadline` (None once it has
+        passed); a body refused or cut short is an AttemptFailed."""
+        with trio.CancelScope(deadline=deadline):
+            try:
+                return await response.aread(self.max_response_bytes)
+            except BadResponse as exc:
+                raise AttemptFailed(Outcome.BAD_RESPONSE, self._bad_body(exc)) from None
+            except UpstreamError as exc:
+                raise AttemptFailed(Outcome.BROKEN_STREAM, f"upstream body broke: {exc}") from None
+        return None
 
     async def _relay(
         self,
