@@ -39,6 +39,30 @@ class Counts(list[int]):
     closed = 0
 
 
+async def read_request(stream: trio.SocketStream, buf: bytes) -> tuple[bytes | None, bytes]:
+    """For the test servers: the next request (head and Content-Length body) from
+    `stream` after `buf`, and the bytes past it; None when the client closed first."""
+    while b"\r\n\r\n" not in buf:
+        data = await stream.receive_some(65536)
+        if not data:
+            return None, buf
+        buf += data
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    length = int(
+        next(
+            (
+                line.split(b":")[1]
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            ),
+            b"0",
+        )
+    )
+    while len(rest) < length:
+        rest += await stream.receive_some(65536)
+    return head + b"\r\n\r\n" + rest[:length], rest[length:]
+
+
 @asynccontextmanager
 async def scripted(script: Script, *, close_after: bool = False) -> AsyncIterator[Counts]:
     """A server answering each request with `script(connection)`'s pieces, sent one
@@ -52,22 +76,9 @@ async def scripted(script: Script, *, close_after: bool = False) -> AsyncIterato
         buf = b""
         async with stream:
             while True:
-                while b"\r\n\r\n" not in buf:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, _, rest = buf.partition(b"\r\n\r\n")
-                length = int(
-                    next(
-                        line.split(b":")[1]
-                        for line in head.split(b"\r\n")
-                        if line.lower().startswith(b"content-length")
-                    )
-                )
-                while len(rest) < length:
-                    rest += await stream.receive_some(65536)
-                buf = rest[length:]
+                request, buf = await read_request(stream, buf)
+                if request is None:
+                    return
                 counts[index] += 1
                 for piece in script(index):
                     await stream.send_all(piece)

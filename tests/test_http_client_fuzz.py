@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from llmgw.http.client import Pool, UpstreamError
 from tests.mangling import mangle
 from tests.properties import examples
+from tests.test_http_client import read_request
 
 SETTINGS = settings(max_examples=examples(60))
 WAIT = 5.0
@@ -111,16 +112,9 @@ async def serving(first: bytes, cuts: list[int], *, close: bool) -> AsyncIterato
         async with stream:
             try:
                 while True:
-                    while b"\r\n\r\n" not in buf:
-                        data = await stream.receive_some(65536)
-                        if not data:
-                            return
-                        buf += data
-                    head, _, rest = buf.partition(b"\r\n\r\n")
-                    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                    while len(rest) < length:
-                        rest += await stream.receive_some(65536)
-                    buf = rest[length:]
+                    request, buf = await read_request(stream, buf)
+                    if request is None:
+                        return
                     seen[index] += 1
                     if answered:
                         await stream.send_all(GOOD)
