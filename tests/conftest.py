@@ -8,10 +8,36 @@ from pathlib import Path
 from typing import cast
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
-import tests.properties  # noqa: F401  (registers and loads the hypothesis profiles)
 from tests import procs
 from tests.pg_cluster import PostgresNotAvailable, TempCluster
+
+# Hypothesis profiles (tests/properties.py says what each is for). `ci`, the default:
+# derandomized, no example database, nothing timed. `fuzz` (`make fuzz`): random
+# draws, 20x the examples, failures kept and replayed from .hypothesis/.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "fuzz",
+    derandomize=False,
+    database=DirectoryBasedExampleDatabase(
+        Path(__file__).resolve().parent.parent / ".hypothesis" / "examples"
+    ),
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+    max_examples=settings.default.max_examples * 20,
+)
+# `pytest --hypothesis-profile=fuzz` loads the other one after this (pytest_configure).
+settings.load_profile("ci")
 
 
 @pytest.fixture

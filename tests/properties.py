@@ -1,4 +1,6 @@
-"""Hypothesis profiles for the property tests, and their example budgets.
+"""Example budgets of the property tests under the loaded hypothesis profile.
+
+The profiles are registered in tests/conftest.py:
 
 ``ci`` (the default, what ``make test`` and CI run): derandomized, so every run draws
 the same examples and a property cannot pass on one machine and fail on another; no
@@ -6,7 +8,7 @@ example database, so nothing a local run saved changes what CI sees; no deadline
 no too-slow health check, which measure wall time and so fail at random on a loaded
 machine.
 
-``fuzz`` (``make fuzz``): random draws, :data:`FUZZ_SCALE` times each test's budget,
+``fuzz`` (``make fuzz``): random draws, 20 times each test's budget,
 and a database under the checkout's ``.hypothesis/`` that replays what failed before.
 A counterexample it finds is printed with a reproduction blob; commit it as an
 ``@example`` next to its property (or, where the property draws interactively, as a
@@ -15,33 +17,7 @@ regression test beside it) so the ``ci`` profile runs it from then on.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from hypothesis import HealthCheck, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
-
-FUZZ_SCALE = 20
-_CHECKOUT = Path(__file__).resolve().parent.parent
-
-settings.register_profile(
-    "ci",
-    derandomize=True,
-    database=None,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "fuzz",
-    derandomize=False,
-    database=DirectoryBasedExampleDatabase(_CHECKOUT / ".hypothesis" / "examples"),
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow],
-    max_examples=settings.default.max_examples * FUZZ_SCALE,
-)
-# `pytest --hypothesis-profile=fuzz` loads the other one after this (in pytest_configure).
-settings.load_profile("ci")
+from hypothesis import settings
 
 
 def examples(n: int) -> int:
