@@ -165,11 +165,6 @@ class ClientApp:
                 code="model_not_found",
                 param="model",
             )
-        session = header(scope, router.session_header)
-        call = _Call(
-            scope, body, chain, started, key, session.decode(errors="replace") if session else None
-        )
-
         # The client may go away at any point; the watcher cancels the upstream
         # request at once, which frees the engine's slot.
         # Once the last byte is handed over, a disconnect no longer matters.
@@ -180,7 +175,16 @@ class ClientApp:
                 watch.complete = True
             await send(message)
 
-        call.send = tracked_send
+        session = header(scope, router.session_header)
+        call = _Call(
+            scope,
+            tracked_send,
+            body,
+            chain,
+            started,
+            key,
+            session.decode(errors="replace") if session else None,
+        )
         refused: HttpError | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch.run, receive, nursery.cancel_scope)
@@ -455,6 +459,7 @@ class _Call:
     def __init__(
         self,
         scope: Scope,
+        send: Send,
         body: RequestBody,
         chain: list[ModelConfig],
         started: float,
@@ -467,17 +472,13 @@ class _Call:
         self.chain = chain
         self.started = started
         self.key = key
-        self.send: Send = _unset_send
+        self.send = send
         self.caller = Caller()  # set by admission: the key, band and tenant
         self.queued = 0.0  # seconds admission held it
         # Embeddings never stream, whatever the body says.
         self.stream = body.stream and not scope["path"].endswith("/embeddings")
         self.wants_usage = self.stream and body.include_usage
         self.session_key = session_key
-
-
-async def _unset_send(message: MutableMapping[str, Any]) -> None:
-    raise RuntimeError("the call's send is set by _inference before it is used")
 
 
 class _DisconnectWatch:

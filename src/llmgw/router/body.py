@@ -72,8 +72,9 @@ class RequestBody:
             raise BodyError("stream_options: must be an object", "stream_options")
         usage = options.get("include_usage") if options else None
         self.include_usage = _boolean(usage, "stream_options.include_usage")
+        integers: dict[str, int | None] = {}
         for name, low, high in _INTEGERS:
-            value = self.member(name)
+            value = integers[name] = self.member(name)
             if value is not None and (
                 type(value) is not int or not low <= value <= high  # bool is no integer here
             ):
@@ -88,9 +89,9 @@ class RequestBody:
                 raise BodyError(
                     f"{name}: must be a number from {lo:g} to {hi:g}, got {_show(value)}", name
                 )
-        limit = self.member("max_tokens")
+        limit = integers["max_tokens"]
         if limit is None:
-            limit = self.member("max_completion_tokens")
+            limit = integers["max_completion_tokens"]
         #: The output token limit the client set, if any (checked above).
         self.max_tokens: int | None = limit
 
