@@ -206,6 +206,7 @@ def test_replicas_view_shape_and_model_counts() -> None:
             "draining": 0,
             "unplaced": 1,
             "backoff_seconds": None,
+            "failed_starts": 0,
             "idle_seconds": None,
             "requests_per_second": 0.0,
             "tokens_per_second": 0.0,
@@ -218,6 +219,7 @@ def test_replicas_view_shape_and_model_counts() -> None:
             "draining": 0,
             "unplaced": 0,
             "backoff_seconds": None,
+            "failed_starts": 0,
             "idle_seconds": None,
             "requests_per_second": 0.0,
             "tokens_per_second": 0.0,
@@ -283,8 +285,20 @@ def test_placement_view_lists_a_model_backing_off() -> None:
     assert llama["model"] == "llama"
     assert (llama["active"], llama["unplaced"]) == (1, 0)
     assert llama["backoff_seconds"] == 8.0
-    assert "backing off after failed starts, next try in 8s" in llama["summary"]
+    assert llama["failed_starts"] == 1
+    assert "backing off after 1 failed start, next try in 8s" in llama["summary"]
     assert llama["explanations"] == []
+    # The next attempt is under way: the model is still failing to start, and says so
+    # (it is not a problem only between attempts).
+    s.clock.now = 80.0
+    s.controller.reconcile()
+    (llama,) = views.placement_json(s.controller, now=80.0)["models"]
+    assert (llama["active"], llama["backoff_seconds"]) == (2, None)
+    assert "starting again after 1 failed start" in llama["summary"]
+    # A replica reaching ready ends it.
+    for rid in sorted(s.controller.reconciler.replicas):
+        report(s, rid, ShardState.READY, endpoint_url="http://10.0.0.1:20000")
+    assert views.placement_json(s.controller, now=81.0) == {"models": []}
 
 
 # -- routes --------------------------------------------------------------------------

@@ -678,7 +678,7 @@ def test_readable_keys_and_models() -> None:
              "replicas": 2, "profiles": [], "source": "config",
              "status": {"model": "llama", "desired": 2, "starting": 0, "ready": 1,
                         "draining": 0, "unplaced": 1, "backoff_seconds": None,
-                        "idle_seconds": None, "requests_per_second": 0.0,
+                        "failed_starts": 0, "idle_seconds": None, "requests_per_second": 0.0,
                         "tokens_per_second": 0.0},
              "routing": {"endpoints": ["r1"], "available": 1}},
             {"name": "rt", "aliases": [], "fallbacks": ["llama"], "routing_profile": None,

@@ -157,6 +157,11 @@ class Reconciler:
         b = self._backoff.get(model)
         return b.until if b and b.failures else None
 
+    def failed_starts(self, model: str) -> int:
+        """Starts of `model` that failed since one of its replicas was last ready."""
+        b = self._backoff.get(model)
+        return b.failures if b else 0
+
     # -- the pass -------------------------------------------------------------------
 
     def step(self, now: float, models: Sequence[ModelConfig], nodes: Sequence[NodeView]) -> Actions:

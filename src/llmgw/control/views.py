@@ -129,6 +129,9 @@ class ModelCounts:
     # Replicas the last reconciler pass could not place, at most as many as missing.
     unplaced: int
     backoff_seconds: float | None  # until the next attempt; None when not backing off
+    # Starts that failed since a replica was last ready: a crash-looping model is one
+    # between attempts (backing off) and during them (starting) alike.
+    failed_starts: int = 0
     # Traffic as the router saw it (decayed rates): a model holding GPUs that nobody
     # asks for shows here. idle_seconds is None before its first request.
     idle_seconds: float | None = None
@@ -170,6 +173,7 @@ def model_counts(controller: Controller, now: float) -> list[ModelCounts]:
                 draining=per.get(ReplicaState.DRAINING, 0),
                 unplaced=unplaced,
                 backoff_seconds=backoff,
+                failed_starts=reconciler.failed_starts(name),
                 idle_seconds=activity.idle_seconds,
                 requests_per_second=activity.requests_per_second,
                 tokens_per_second=activity.tokens_per_second,
@@ -419,6 +423,7 @@ class ModelPlacementView:
     active: int
     unplaced: int
     backoff_seconds: float | None
+    failed_starts: int
     summary: str  # one line for the model
     explanations: tuple[ExplanationView, ...]
 
@@ -444,13 +449,22 @@ def _explanations(unplaced: Iterable[Unplaceable]) -> tuple[ExplanationView, ...
     )
 
 
+def _starts(n: int) -> str:
+    return "1 failed start" if n == 1 else f"{n} failed starts in a row"
+
+
 def _model_summary(counts: ModelCounts, explanations: tuple[ExplanationView, ...]) -> str:
     missing = max(0, counts.desired - counts.active)
     parts = [f"{counts.model}: {counts.active} of {counts.desired} replicas placed"]
     if counts.unplaced:
         parts.append(f"{counts.unplaced} cannot be placed")
     if counts.backoff_seconds is not None:
-        parts.append(f"backing off after failed starts, next try in {counts.backoff_seconds:.0f}s")
+        parts.append(
+            f"backing off after {_starts(counts.failed_starts)}, "
+            f"next try in {counts.backoff_seconds:.0f}s"
+        )
+    elif counts.failed_starts:
+        parts.append(f"starting again after {_starts(counts.failed_starts)}")
     elif missing and not counts.unplaced:
         parts.append(f"{missing} waiting for the next reconcile pass")
     line = "; ".join(parts)
@@ -460,14 +474,14 @@ def _model_summary(counts: ModelCounts, explanations: tuple[ExplanationView, ...
 
 
 def placement_json(controller: Controller, *, now: float | None = None) -> dict[str, Any]:
-    """``GET /api/v1/placement``: every model missing replicas that cannot be placed or
-    whose model is backing off, with the reasons per profile, node and fabric."""
+    """``GET /api/v1/placement``: every model missing replicas that cannot be placed,
+    and every model short of ready replicas whose starts keep failing (backing off or
+    trying again), with the reasons per profile, node and fabric."""
     now = controller.clock() if now is None else now
     views = []
     for counts in model_counts(controller, now):
-        if not counts.unplaced and counts.backoff_seconds is None:
-            continue
-        if counts.active >= counts.desired:
+        failing = counts.failed_starts > 0 and counts.ready < counts.desired
+        if not failing and (not counts.unplaced or counts.active >= counts.desired):
             continue
         unplaced = controller.reconciler.unplaced.get(counts.model, ())[: counts.unplaced]
         explanations = _explanations(unplaced)
@@ -478,6 +492,7 @@ def placement_json(controller: Controller, *, now: float | None = None) -> dict[
                 active=counts.active,
                 unplaced=counts.unplaced,
                 backoff_seconds=counts.backoff_seconds,
+                failed_starts=counts.failed_starts,
                 summary=_model_summary(counts, explanations),
                 explanations=explanations,
             )
