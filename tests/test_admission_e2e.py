@@ -1,6 +1,6 @@
 """Priority bands and tenant fairness through a real llmgw-server in front of a simulator.
 
-One simulator with ``--max-num-seqs 4`` and ``[router.scoring] target_inflight = 4``:
+One simulator with ``--max-num-seqs 4``, configured as an endpoint of ``capacity = 4``:
 the pool's saturation is about "requests in flight / 4", so a handful of requests
 saturates it. With the default ceilings a band gets in while fewer than this many
 requests are in flight: bronze 2 (0.30), silver 3 (0.60), gold and platinum 4. A
@@ -31,10 +31,15 @@ BASE_CONFIG = """
 [router]
 scrape_interval = "100ms"
 scrape_timeout = "80ms"
-[router.scoring]
-target_inflight = 4.0
 [router.admission]
 """
+
+
+def endpoint(url: str) -> str:
+    """The simulator as a static endpoint that says how many sequences it runs."""
+    return f'\n[[endpoints]]\nid = "s0"\nurl = "{url}"\nmodels = ["m"]\ncapacity = 4\n'
+
+
 SHORT = 25  # tokens: about 0.3 s on the simulator
 LONG = 3000  # tokens: far longer than any test; held streams are cut by the test
 DEADLINE = 30.0  # seconds per test body: a hang fails instead of blocking CI
@@ -159,7 +164,7 @@ def fleet(request: pytest.FixtureRequest) -> Iterator[Server]:
     extra = getattr(request, "param", "")
     with (
         sim(*SIM_ARGS, model="m") as (_, engine),
-        server("--endpoint", f"s0={engine}=m", config=BASE_CONFIG + extra) as srv,
+        server(config=BASE_CONFIG + extra + endpoint(engine)) as srv,
     ):
         srv.wait_scraped()
         yield srv
@@ -372,9 +377,7 @@ def test_admission_disabled_exports_no_admission_gauges() -> None:
     with (
         sim(*SIM_ARGS, model="m") as (_, engine),
         server(
-            "--endpoint",
-            f"s0={engine}=m",
-            config=BASE_CONFIG,
+            config=BASE_CONFIG + endpoint(engine),
             env={"LLMGW_ROUTER__ADMISSION__ENABLED": "false"},
         ) as srv,
     ):

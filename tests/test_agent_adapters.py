@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from llmgw.agent.adapters import SglangAdapter, SimAdapter, VllmAdapter
-from llmgw.agent.adapters.base import flag_name
+from llmgw.agent.adapters.base import flag_int, flag_name
 from llmgw.agent.discovery import fake_gpus
 from llmgw.config import DeploymentProfile
 from llmgw.control.fleet import EngineInfo, NodeInfo
@@ -414,3 +414,28 @@ def test_flag_name() -> None:
     assert flag_name("-1.5e3") is None
     assert flag_name("value") is None
     assert flag_name("-") is None
+
+
+def test_flag_int() -> None:
+    assert flag_int(["--max-num-seqs", "8"], "--max-num-seqs") == 8
+    assert flag_int(["--max_num_seqs=16"], "--max-num-seqs") == 16
+    # The last one counts, as argparse reads it.
+    assert flag_int(["--max-num-seqs", "8", "--max-num-seqs=32"], "--max-num-seqs") == 32
+    assert flag_int(["--max-model-len", "8"], "--max-num-seqs") is None
+    for bad in (["--max-num-seqs"], ["--max-num-seqs", "x"], ["--max-num-seqs=0"]):
+        assert flag_int(bad, "--max-num-seqs") is None
+
+
+def test_capacity_is_what_the_engine_was_launched_with() -> None:
+    """The router counts a replica full at its slots, when the launch flags say."""
+    assert VLLM.command(start("vllm", args=["--max-num-seqs", "128"]), NODE).capacity == 128
+    # vLLM chooses its own default (by version and GPU): unknown, its queue tells.
+    assert VLLM.command(start("vllm"), NODE).capacity is None
+    sglang = start("sglang", args=["--max-running-requests=48"])
+    assert SGLANG.command(sglang, NODE).capacity == 48
+    assert SGLANG.command(start("sglang"), NODE).capacity is None
+    assert (
+        SIM.command(start("sim", weights="sim", args=["--max-num-seqs", "8"]), NODE).capacity == 8
+    )
+    # The simulator ships with llmgw, so its default is known.
+    assert SIM.command(start("sim", weights="sim"), NODE).capacity == 64

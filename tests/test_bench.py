@@ -470,7 +470,7 @@ async def test_sweep_suggests_targets() -> None:
     assert conc == [1, 2, 4], "stops after the first step that misses"
     assert [s.passed for s in result.steps] == [True, True, False]
     s = result.suggestion
-    assert s is not None and s.target_inflight == 2 and s.concurrency == 2
+    assert s is not None and s.capacity == 2 and s.concurrency == 2
     assert s.target_waiting == 1  # nothing queued at concurrency 2; floor of 1
     assert result.steps[2].engine is not None and result.steps[2].engine.waiting_max >= 1
     # every step starts at fresh workload indices
@@ -492,16 +492,16 @@ def test_suggest_rule() -> None:
     steps = [_step(2, 0.1, 0.0), _step(4, 0.2, 1.4), _step(8, 0.3, 5.0), _step(16, 0.2, 9.0)]
     s = suggest(steps, target_ttft=0.25, percentile="p90", replicas=2)
     # 16 passes again, but the walk stops at the first miss (8)
-    assert (s.target_inflight, s.target_waiting, s.concurrency) == (2, 2, 4)
+    assert (s.capacity, s.target_waiting, s.concurrency) == (2, 2, 4)
     assert "concurrency 8 missed" in s.note
     # too many errors is a miss even with a good TTFT
     s = suggest([_step(2, 0.1, 0.0), _step(4, 0.1, 1.0, failed=2)], target_ttft=0.25,
                 percentile="p90", replicas=1)  # fmt: skip
     assert s.concurrency == 2
     s = suggest([_step(1, 0.5, 0.0)], target_ttft=0.25, percentile="p90", replicas=1)
-    assert s.target_inflight is None and "already misses" in s.note
+    assert s.capacity is None and "already misses" in s.note
     s = suggest([_step(1, 0.1, None)], target_ttft=0.25, percentile="p50", replicas=1)
-    assert s.target_inflight == 1 and s.target_waiting is None and "extend" in s.note
+    assert s.capacity == 1 and s.target_waiting is None and "extend" in s.note
 
 
 def test_gauge_parsing() -> None:

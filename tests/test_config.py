@@ -40,12 +40,7 @@ def test_defaults_match_the_design_table() -> None:
     assert (t.dial, t.response_header, t.first_token, t.idle, t.total) == (5, 60, 120, 60, 1800)
     assert (t.client_header, t.client_body) == (10, 30)
     s = r.scoring
-    assert (s.target_waiting, s.target_inflight, s.kv_ceiling, s.session_load_factor) == (
-        4,
-        8,
-        0.9,
-        1.25,
-    )
+    assert (s.target_waiting, s.kv_ceiling, s.session_load_factor) == (4, 0.9, 1.25)
     a = r.admission
     assert (a.enabled, a.band_header, a.default_band) == (True, "x-llmgw-band", "gold")
     assert (a.queue_ttl, a.queue_capacity_per_band, a.interval) == (30, 2000, 0.01)
@@ -174,7 +169,16 @@ RULES: list[tuple[str, str]] = [
     ),
     *(
         (f"router.scoring.{key} = 0", f"router.scoring.{key}: must be greater than 0, got 0")
-        for key in ("target_waiting", "target_inflight")
+        for key in ("target_waiting",)
+    ),
+    (
+        "router.scoring.target_inflight = 8",
+        "router.scoring.target_inflight: unknown key (removed: a replica is full when its "
+        "engine says so",
+    ),
+    (
+        "[[endpoints]]\nid='a'\nurl='http://a'\nmodels=['m']\ncapacity=0",
+        "endpoints[0].capacity: must be at least 1, got 0",
     ),
     ("router.scoring.kv_ceiling = 0", "router.scoring.kv_ceiling: must be in (0, 1], got 0"),
     (

@@ -818,7 +818,7 @@ def test_bench_against_simulator() -> None:
         report = json.loads(done.stdout)
         assert [st["concurrency"] for st in report["steps"]] == [1, 2]
         assert all(st["passed"] and st["engine"] is not None for st in report["steps"])
-        assert report["suggestion"]["target_inflight"] == 2
+        assert report["suggestion"]["capacity"] == 2
         assert report["suggestion"]["target_waiting"] >= 1
 
         # a wrong model is a runtime failure, reported in one line

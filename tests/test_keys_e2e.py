@@ -170,11 +170,14 @@ async def test_per_key_counters_are_registered_only_when_enabled() -> None:
 # -- the key decides the band and is the tenant ------------------------------------------
 
 ADMISSION_SIM = ("--max-num-seqs", "4")
-# Saturation is about "requests in flight / 4": four long streams fill the pool (as in
-# test_admission_e2e.py).
-ADMISSION_CONFIG = """
-[router.scoring]
-target_inflight = 4.0
+# Saturation is about "requests in flight / 4" (the endpoint's capacity): four long
+# streams fill the pool (as in test_admission_e2e.py).
+ADMISSION_ENDPOINT = """
+[[endpoints]]
+id = "s0"
+url = "{url}"
+models = ["m"]
+capacity = 4
 """
 LONG = 3000  # tokens: far longer than the test; the streams are cut when it ends
 
@@ -223,9 +226,7 @@ def admission_fleet(tmp_path: Path) -> Iterator[tuple[Server, dict[str, tuple[Ke
     keys = create_keys(db, holder={}, one={"band": "bronze"}, two={"band": "bronze"})
     with (
         sim(*ADMISSION_SIM, model="m") as (_, engine),
-        server(
-            "--endpoint", f"s0={engine}=m", config=CONFIG.format(path=db) + ADMISSION_CONFIG
-        ) as srv,
+        server(config=CONFIG.format(path=db) + ADMISSION_ENDPOINT.format(url=engine)) as srv,
     ):
         srv.wait_scraped()
         yield srv, keys

@@ -103,6 +103,7 @@ def test_golden_argv_on_a_cpu_node(weights: str) -> None:
     assert spec.health_url == "http://10.0.0.8:8200/health"
     assert spec.endpoint_url == "http://10.0.0.8:8200"
     assert spec.metrics_url == "http://10.0.0.8:8200/metrics"
+    assert spec.capacity == 4  # the adapter's default slots
 
 
 def test_slots_context_and_threads_from_the_profile_take_their_place(weights: str) -> None:
@@ -110,8 +111,10 @@ def test_slots_context_and_threads_from_the_profile_take_their_place(weights: st
     cmd = start(weights, args=args, gpu_indices=(1,))
     a = adapter()
     assert a.validate(cmd, GPUS) == []
-    argv = a.command(cmd, NODE).argv
+    spec = a.command(cmd, NODE)
+    argv = spec.argv
     assert argv[argv.index("-np") + 1] == "2"
+    assert spec.capacity == 2  # what the router counts it full at
     assert argv[argv.index("-c") + 1] == "8192"
     assert argv[argv.index("-t") + 1] == "3"
     assert argv[-3:] == ("-ngl", "0", "--embeddings")

@@ -63,13 +63,16 @@ def stops(actions: Actions) -> list[tuple[str, str, int, int]]:
     ]
 
 
-def ready(cmd: StartShard, *, url: str | None = "http://e") -> ShardStatus:
+def ready(
+    cmd: StartShard, *, url: str | None = "http://e", capacity: int | None = None
+) -> ShardStatus:
     return ShardStatus(
         cmd.replica_id,
         cmd.rank,
         cmd.epoch,
         ShardState.READY,
         endpoint_url=url if cmd.rank == 0 else None,
+        capacity=capacity if cmd.rank == 0 else None,
     )
 
 
@@ -85,6 +88,10 @@ def test_places_starts_and_publishes_when_every_shard_is_ready() -> None:
     out = r.shard_reported(node_id, ready(cmd), 2.0)
     assert out.router == (Publish(cmd.replica_id, "m", "http://e"),)
     assert r.replicas[cmd.replica_id].state is ReplicaState.READY
+    # The capacity its agent launched it with goes to the router with it.
+    node_id, cmd = started[1]
+    out = r.shard_reported(node_id, ready(cmd, capacity=48), 2.0)
+    assert out.router == (Publish(cmd.replica_id, "m", "http://e", 48),)
 
 
 def test_multi_node_shards_agree_on_master_and_ranks() -> None:

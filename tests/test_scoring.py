@@ -3,6 +3,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import attrs
 import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
@@ -16,7 +17,7 @@ from llmgw.router.scoring import (
 )
 from tests.properties import examples
 
-SCORING = ScoringConfig(target_waiting=4.0, target_inflight=8.0, kv_ceiling=0.9)
+SCORING = ScoringConfig(target_waiting=4.0, kv_ceiling=0.9)
 PROFILE = RoutingProfile(queue=1.0, inflight=1.0, kv=0.5, prefix=0.5, staleness=1.0)
 SCORER = Scorer(SCORING, PROFILE, stale_after=10.0)
 
@@ -32,8 +33,9 @@ def cand(
     weight: float = 1.0,
     priority: int = 0,
     throttled: bool = False,
+    capacity: float | None = None,
 ) -> Candidate:
-    return Candidate(ep, waiting, running, kv, inflight, age, weight, priority, throttled)
+    return Candidate(ep, waiting, running, kv, inflight, age, weight, priority, throttled, capacity)
 
 
 def pick(
@@ -86,11 +88,20 @@ def test_unknown_metrics_take_the_peer_mean() -> None:
 def test_saturated_each_dimension() -> None:
     assert not SCORER.saturated(cand("a", running=3, waiting=3, kv=0.89))
     assert SCORER.saturated(cand("a", waiting=4))
-    assert SCORER.saturated(cand("a", running=8))
-    assert SCORER.saturated(cand("a", running=4, waiting=3, inflight=8))
     assert SCORER.saturated(cand("a", kv=0.9))
     assert SCORER.saturated(cand("a", throttled=True))
-    # Weight is capacity: a weight-2 endpoint has twice the targets.
+    # A big batch is not full while the engine queues nothing: no count caps it.
+    assert not SCORER.saturated(cand("a", running=300, inflight=300, kv=0.5))
+    assert not SCORER.saturated(cand("a", running=None, waiting=None, kv=None, inflight=500))
+    # A known capacity is: every slot taken, the next request would queue.
+    assert not SCORER.saturated(cand("a", running=7, capacity=8))
+    assert SCORER.saturated(cand("a", running=8, capacity=8))
+    # Own requests count against it before a scrape shows them, and past it they are
+    # queued at the engine.
+    assert SCORER.saturated(cand("a", running=4, inflight=8, capacity=8))
+    past = SCORER.estimate(cand("a", running=8, inflight=14, capacity=8))
+    assert (past.load, past.waiting) == (14.0, 6.0)
+    # Weight scales the queue an engine may hold.
     assert not SCORER.saturated(cand("a", running=10, waiting=5, weight=2.0))
     assert SCORER.saturated(cand("a", running=10, waiting=5, kv=0.95, weight=2.0))
 
@@ -132,12 +143,13 @@ def test_priority_tiers() -> None:
     p0 = cand("p0", running=6)
     p1 = cand("p1", priority=1)
     assert pick([p0, p1])[0] == "p0"  # busier but unsaturated: tier 0 first
-    p0_full = cand("p0", running=8)
+    p0_full = cand("p0", running=8, capacity=8)
     assert pick([p0_full, p1])[0] == "p1"
-    p1_full = cand("p1", running=9, priority=1)
+    assert pick([cand("p0", running=6, waiting=4), p1])[0] == "p1"  # queueing: full too
+    p1_full = cand("p1", running=9, priority=1, capacity=8)
     # Everyone saturated: everyone competes on score.
     assert pick([p0_full, p1_full])[0] == "p0"
-    assert pick([cand("p0", running=12), p1_full])[0] == "p1"
+    assert pick([cand("p0", running=12, capacity=8), p1_full])[0] == "p1"
 
 
 def test_saturated_endpoint_skipped_even_if_score_lower() -> None:
@@ -222,18 +234,24 @@ def test_prefix_best_match_wins_within_guard() -> None:
     assert pick(cands, prefix={"a": 0.9, "b": 0.5})[1] == "score"
 
 
-def test_prefix_home_full_by_request_count_is_still_chosen() -> None:
-    # a is at target_inflight (saturated by count) but holds the whole prefix: queueing
-    # one more there beats a cold prefill on b (6 in flight, guard 7.5 + 8).
-    cands = [cand("a", running=8, waiting=1), cand("b", running=6)]
+def test_prefix_stays_home_until_its_engine_is_full() -> None:
+    # A big engine with 40 running and nothing queued has room: the prefix stays, also
+    # with a less loaded peer within the guard (1.25 * 34 + 8).
+    cands = [cand("a", running=40), cand("b", running=34)]
     assert pick(cands, prefix={"a": 1.0}) == ("a", "prefix")
-    # Without the prefix, b (unsaturated) is the only eligible one.
-    assert pick(cands) == ("b", "score")
+    # Every slot of a taken: it is full, and the prefix goes to its second holder.
+    full = [cand("a", running=8, capacity=8), cand("b", running=6), cand("c", running=5)]
+    assert pick(full, prefix={"a": 1.0, "b": 0.5}) == ("b", "prefix")
+    # Its engine queueing says the same without a known capacity.
+    queued = [cand("a", running=8, waiting=4), cand("b", running=6), cand("c", running=5)]
+    assert pick(queued, prefix={"a": 1.0, "b": 0.5}) == ("b", "prefix")
+    # Nobody else holds it: the lowest score among those with room.
+    assert pick(queued, prefix={"a": 1.0}) == ("c", "score")
 
 
 def test_prefix_affinity_holds_when_every_replica_is_saturated() -> None:
-    # Both at or past target_inflight (8): the prefix still decides, within the guard.
-    cands = [cand("a", running=9), cand("b", running=8)]
+    # Both at their capacity (8): the prefix still decides, within the guard.
+    cands = [cand("a", running=9, capacity=8), cand("b", running=8, capacity=8)]
     assert pick(cands, prefix={"a": 1.0}) == ("a", "prefix")
 
 
@@ -322,21 +340,25 @@ def test_random_ties_spread() -> None:
 def test_pool_saturation() -> None:
     assert SCORER.pool_saturation([]) == 1.0
     assert SCORER.pool_saturation([cand("a")]) == 0.0
-    # max(2/4, 4/8, 0.45/0.9) = 0.5 and max(0, 6/8, 0) = 0.75
-    two = [cand("a", running=2, waiting=2, kv=0.45), cand("b", running=6)]
+    # max(2/4, 0.45/0.9) = 0.5 and max(0, 0, 6/8) = 0.75 (b runs 6 of its 8 slots)
+    two = [cand("a", running=2, waiting=2, kv=0.45), cand("b", running=6, capacity=8)]
     assert SCORER.pool_saturation(two) == pytest.approx(0.625)
+    # Without a capacity, running sequences fill nothing: the engine's queue and KV do.
+    assert SCORER.pool_saturation([cand("b", running=6)]) == 0.0
     # Clipped at 1; throttled counts as full.
     assert SCORER.pool_saturation([cand("a", waiting=40), cand("b", throttled=True)]) == 1.0
     # Capacity-weighted: the weight-3 replica counts three times.
-    weighted = [cand("a", running=8, weight=3.0), cand("b")]
+    weighted = [cand("a", running=8, weight=3.0, capacity=24), cand("b")]
     assert SCORER.pool_saturation(weighted) == pytest.approx((3 * (8 / 24) + 0) / 4)
 
 
 def test_pool_saturation_absent_metrics_not_empty() -> None:
-    blind = cand("a", running=None, waiting=None, kv=None, inflight=6)
+    blind = cand("a", running=None, waiting=None, kv=None, inflight=6, capacity=8)
     assert SCORER.pool_saturation([blind]) == pytest.approx(0.75)
-    stale = cand("a", running=0, waiting=0, kv=0, inflight=4, age=60.0)
+    stale = cand("a", running=0, waiting=0, kv=0, inflight=4, age=60.0, capacity=8)
     assert SCORER.pool_saturation([stale]) == pytest.approx(0.5)
+    # Nothing says how much it holds: own requests order it, they never fill it.
+    assert SCORER.pool_saturation([attrs.evolve(blind, capacity=None)]) == 0.0
     # A blind replica next to a busy one is assumed as busy, not idle.
     busy = cand("b", running=6, waiting=1)
     assert SCORER.pool_saturation([busy, cand("a", running=None, waiting=None)]) == (
@@ -371,6 +393,7 @@ def candidates(draw: st.DrawFn, fresh_only: bool = False) -> list[Candidate]:
                 weight=draw(st.sampled_from([0.5, 1.0, 2.0])),
                 priority=draw(st.integers(min_value=0, max_value=2)),
                 throttled=draw(st.booleans()),
+                capacity=draw(st.one_of(st.none(), st.integers(min_value=1, max_value=20))),
             )
         )
     return out
@@ -422,16 +445,23 @@ def blind(ep: str, inflight: int, weight: float = 1.0) -> Candidate:
 
 @settings(max_examples=examples(150))
 @given(scenarios(fresh_only=True))
-# Found by hypothesis (issue #14): the prefix tier chose e1, full by request count only
-# (4 in flight at weight 0.5), over two idle peers. The module docstring allows that.
+# Found by hypothesis (issue #14): the prefix tier chose e1, then full by request count
+# (4 in flight at weight 0.5, under the old target_inflight), over two idle peers.
 @example(([blind("e0", 0), blind("e1", 4, weight=0.5), blind("e2", 0)], None, {"e1": 1.0}))
-def test_saturated_choice_only_by_prefix_and_only_by_count(
+# The same full only by its capacity: now the prefix tier leaves it too.
+@example(
+    (
+        [blind("e0", 0), attrs.evolve(blind("e1", 4, weight=0.5), capacity=4), blind("e2", 0)],
+        None,
+        {"e1": 1.0},
+    )
+)
+def test_saturated_never_chosen_over_room_in_its_tier(
     scenario: tuple[list[Candidate], str | None, dict[str, float]],
 ) -> None:
-    """A saturated replica is chosen over one with room in a better or equal tier only
-    by the prefix tier, only when it is full by request count alone (not by KV or a
-    429), and only within the best tier that has room: queueing behind a cached prefix
-    beats a cold prefill, a full KV cache or a throttling engine does not."""
+    """No tier (session, prefix or score) chooses a replica full by its engine's
+    account while one with room exists, and the choice is in the best priority tier
+    that has room."""
     cands, session, prefix = scenario
     d = SCORER.pick(cands, session_endpoint=session, prefix_matches=prefix, rng=random.Random(0))
     assert d is not None
@@ -442,12 +472,7 @@ def test_saturated_choice_only_by_prefix_and_only_by_count(
         return
     best_tier = min(c.priority for c in room)
     assert chosen.priority == best_tier, (chosen, room)
-    if SCORER.saturated(chosen, prior):
-        assert d.tier == "prefix", (chosen, room)
-        kv = SCORER.estimate(chosen, prior).kv_usage
-        assert not chosen.throttled
-        assert kv is None or kv < SCORING.kv_ceiling, (chosen, kv)
-        assert prefix.get(chosen.endpoint_id, 0.0) > 0
+    assert not SCORER.saturated(chosen, prior), (chosen, d.tier, room)
 
 
 @settings(max_examples=examples(150))

@@ -58,6 +58,15 @@ __all__ = [
 
 ENV_PREFIX = "LLMGW_"
 
+# Keys that no longer exist, and what replaced them (named in the unknown-key error).
+REMOVED_KEYS = {
+    "router.scoring.target_inflight": (
+        "removed: a replica is full when its engine says so (its queue, KV cache, a "
+        "429) or at its capacity: launch flags under the control plane, or "
+        "`capacity` on a static endpoint"
+    ),
+}
+
 # Marker types: a float field typed `Seconds` is written as a duration, an int
 # field typed `Bytes` as a size. Plain aliases keep mypy's view simple while the
 # converter dispatches on the alias object itself.
@@ -82,10 +91,10 @@ class Timeouts:
 
 @attrs.frozen
 class ScoringConfig:
-    """Normalisation points of the scorers: the load at which a replica counts as full."""
+    """When a replica counts as full by its engine's account (llmgw.router.scoring)."""
 
+    # Requests queued at the engine (per unit of weight).
     target_waiting: float = 4.0
-    target_inflight: float = 8.0
     kv_ceiling: float = 0.9
     session_load_factor: float = 1.25
 
@@ -205,6 +214,9 @@ class EndpointConfig:
     # Lower tiers are used only while every higher tier is saturated or unusable;
     # 0 is the highest.
     priority: int = 0
+    # Sequences the engine runs at once (vLLM --max-num-seqs, SGLang
+    # --max-running-requests, llama.cpp -np), when known: past it, requests queue.
+    capacity: int | None = None
 
 
 @attrs.frozen
@@ -481,6 +493,8 @@ def _structure_problems(exc: BaseException, path: str) -> list[str]:
             key = f"{path}.{extra}" if path else extra
             close = difflib.get_close_matches(extra, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
+            if key in REMOVED_KEYS:
+                hint = f" ({REMOVED_KEYS[key]})"
             problems.append(f"{key}: unknown key{hint}")
         return problems
     if isinstance(exc, KeyError):
@@ -636,7 +650,6 @@ def check(config: Config) -> list[str]:
         _positive(problems, f"router.timeouts.{f.name}", getattr(r.timeouts, f.name))
     s = r.scoring
     _positive(problems, "router.scoring.target_waiting", s.target_waiting)
-    _positive(problems, "router.scoring.target_inflight", s.target_inflight)
     _between(problems, "router.scoring.kv_ceiling", s.kv_ceiling, 0, 1, lo_open=True)
     if s.session_load_factor < 1:
         problems.append(
@@ -733,6 +746,8 @@ def check(config: Config) -> list[str]:
         _positive(problems, f"{key}.weight", ep.weight)
         if ep.priority < 0:
             problems.append(f"{key}.priority: must be 0 or more, got {ep.priority}")
+        if ep.capacity is not None and ep.capacity < 1:
+            problems.append(f"{key}.capacity: must be at least 1, got {ep.capacity}")
 
     problems.extend(catalog.check_models(config.models, set(r.profiles), "models"))
     if config.agent_tls is not None:

@@ -1171,14 +1171,14 @@ def _print_sweep(console: Console, result: bench.SweepResult) -> None:
     if s is None:
         return
     target = "-" if result.target_ttft is None else f"{result.target_ttft * 1000:g}ms"
-    if s.target_inflight is None:
+    if s.capacity is None:
         console.print(f"no suggestion for TTFT {result.percentile} <= {target}: {s.note}")
     else:
         waiting = "unknown" if s.target_waiting is None else str(s.target_waiting)
         console.print(
             f"suggested for TTFT {result.percentile} <= {target}: "
-            f"router.scoring.target_inflight = {s.target_inflight}, "
-            f"target_waiting = {waiting}  (measured at concurrency {s.concurrency})"
+            f"capacity = {s.capacity} on each endpoint, router.scoring.target_waiting = "
+            f"{waiting}  (measured at concurrency {s.concurrency})"
         )
         if s.note:
             console.print(f"note: {escape(s.note)}")

@@ -70,6 +70,8 @@ class EndpointView:
     pool: str
     weight: float
     priority: int
+    # Sequences its engine runs at once, when known (launch flags, configuration).
+    capacity: int | None
     draining: bool
     engine: str | None
     waiting: float | None
@@ -81,6 +83,8 @@ class EndpointView:
     stale: bool
     scrape_error: str | None
     breaker: BreakerState
+    # How full it is by its engine's account, 0..1 (1: saturated; see router.scoring).
+    saturation: float
     # Routing profile name -> this endpoint's score for a request without affinity.
     scores: dict[str, float]
 

@@ -262,6 +262,8 @@ class Supervisor:
             extra.setdefault("output_tail", tuple(shard.tail))
         if state in (ShardState.READY, ShardState.DRAINING) and shard.spec is not None:
             extra.setdefault("endpoint_url", shard.spec.endpoint_url)
+            if shard.spec.endpoint_url is not None:
+                extra.setdefault("capacity", shard.spec.capacity)
         shard.status = _status(shard.command, state, pid=shard.pid, **extra)
         log.info(
             "shard %s: %s%s",

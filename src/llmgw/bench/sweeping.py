@@ -1,4 +1,4 @@
-"""Step concurrency up and turn the measured TTFT curve into router scoring targets.
+"""Step concurrency up and turn the measured TTFT curve into a replica's capacity.
 
 The rule (also in `RULE`, printed with every suggestion):
 
@@ -8,9 +8,11 @@ The rule (also in `RULE`, printed with every suggestion):
   last step before it has concurrency C. Stopping at the first miss (rather than
   taking the largest passing step anywhere) keeps one lucky noisy step from
   pushing the suggestion past a real knee.
-* ``router.scoring.target_inflight = max(1, floor(C / replicas))``: in a closed
-  loop every client request is in flight at some replica, so C / replicas is the
-  per-replica in-flight count that still met the target.
+* ``capacity = max(1, floor(C / replicas))`` on each endpoint (or the engine's own
+  limit, e.g. vLLM ``--max-num-seqs``, set to it): in a closed loop every client
+  request is in flight at some replica, so C / replicas is the per-replica in-flight
+  count that still met the target. Past its capacity a replica counts as full and
+  admission holds requests in the router instead of the engine's queue.
 * ``router.scoring.target_waiting = max(1, ceil(W))`` where W is the mean
   waiting-queue length per replica that the engines' /metrics reported during
   step C (``vllm:num_requests_waiting``, ``sglang:num_queue_reqs``). It is at
@@ -33,7 +35,7 @@ from llmgw.bench.runner import run_with_client as _run_with_client
 from llmgw.bench.stats import Summary
 
 RULE = (
-    "target_inflight = max(1, floor(C / replicas)) where C is the last concurrency, "
+    "capacity = max(1, floor(C / replicas)) where C is the last concurrency, "
     "walking up, whose TTFT {pct} stayed <= {target} with <= {errors} errors; "
     "target_waiting = max(1, ceil(mean engine waiting queue per replica at C))"
 )
@@ -81,7 +83,7 @@ class SweepStep:
 
 @attrs.frozen
 class Suggestion:
-    target_inflight: int | None
+    capacity: int | None  # per replica
     target_waiting: int | None
     # The concurrency the suggestion was read at.
     concurrency: int | None

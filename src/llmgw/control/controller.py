@@ -323,7 +323,11 @@ class Controller:
                 log.info(
                     "replica %s of %s ready at %s", change.replica_id, change.model, change.url
                 )
-                self.sink.upsert(Endpoint(change.replica_id, change.url, (change.model,)))
+                self.sink.upsert(
+                    Endpoint(
+                        change.replica_id, change.url, (change.model,), capacity=change.capacity
+                    )
+                )
             elif isinstance(change, Unpublish):
                 if change.drain:
                     self.sink.drain(change.replica_id)

@@ -58,6 +58,8 @@ class Publish:
     replica_id: str
     model: str
     url: str
+    # Sequences the engine runs at once, as its agent launched it (None: unknown).
+    capacity: int | None = None
 
 
 @attrs.frozen
@@ -371,7 +373,8 @@ class Reconciler:
             replica.since = now
             replica.url = url
             self._backoff.pop(replica.model, None)
-            return Actions(router=(Publish(replica.replica_id, replica.model, url),))
+            capacity = head.capacity if head else None
+            return Actions(router=(Publish(replica.replica_id, replica.model, url, capacity),))
         if (
             replica.state is ReplicaState.DRAINING
             and states

@@ -67,7 +67,7 @@ def catalog_for(config: Config) -> Catalog:
 
 
 def endpoint_from_config(e: EndpointConfig) -> Endpoint:
-    return Endpoint(e.id, e.url, e.models, e.pool, e.weight, e.priority)
+    return Endpoint(e.id, e.url, e.models, e.pool, e.weight, e.priority, e.capacity)
 
 
 #: The usage of a request that ended without the engine reporting any.
@@ -303,6 +303,7 @@ class Router:
                     "pool": state.endpoint.pool,
                     "weight": state.endpoint.weight,
                     "priority": state.endpoint.priority,
+                    "capacity": state.endpoint.capacity,
                     "draining": state.draining,
                     "engine": None if s is None else s.engine,
                     "waiting": None if s is None else s.waiting,
@@ -315,6 +316,9 @@ class Router:
                     or candidate.age > self.config.router.stale_after,
                     "scrape_error": state.last_error,
                     "breaker": state.breaker.state(now).value,
+                    "saturation": self.scorers[self.config.router.default_profile].saturation(
+                        candidate
+                    ),
                     "scores": {
                         name: scorer.score(candidate, 0.0) for name, scorer in self.scorers.items()
                     },

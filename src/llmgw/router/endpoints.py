@@ -28,6 +28,8 @@ class Endpoint:
     pool: str = "default"
     weight: float = 1.0
     priority: int = 0
+    # Sequences the engine runs at once, when known (see Candidate.capacity).
+    capacity: int | None = None
 
 
 class EndpointSink(Protocol):
@@ -88,6 +90,7 @@ class EndpointState:
             weight=e.weight,
             priority=e.priority,
             throttled=self.breaker.throttled(now),
+            capacity=e.capacity,
         )
 
     def _since_scrape(self, waiting: float, running: float) -> tuple[float, float]:

@@ -12,32 +12,41 @@ the candidate is *fresh* (``age <= stale_after``); an absent or stale value is
 it (the :class:`Prior`), or by nothing when none does, and the candidate pays a
 small uncertainty penalty per unknown metric. Then::
 
-    w    = waiting                               (queued at the engine)
-    busy = max(running, inflight - w)            (own requests not seen queued run)
-    load = busy + w  = max(running + w, inflight)
+    load = max(running + waiting, inflight)
+    w    = waiting, or max(waiting, load - capacity) when the capacity is known
     kv   = kv_usage                              (None when unknown with no prior)
 
-With nothing scraped and no prior, ``load = inflight``: own in-flight requests stand
-in for both running and waiting.
+``capacity`` is how many sequences the engine runs at once, when something says so:
+the control plane (from the flags it launched the engine with) or the endpoint's
+configuration. Nothing guesses it: with no capacity the engine's own queue says when
+it is full.
 
-Weight is relative capacity: a weight-2 endpoint has twice the targets, so it takes
-about twice the share among equals. KV usage is already a fraction, so it is not
-scaled.
+Saturation (:meth:`Scorer.saturated`, :meth:`Scorer.saturation`)
+-----------------------------------------------------------------
+A replica is full when the engine says so::
 
-Saturation (:meth:`Scorer.saturated`)::
+    throttled (a recent 429)
+    or w >= target_waiting * weight              (its queue)
+    or kv >= kv_ceiling                          (its KV cache)
+    or load >= capacity                          (every slot taken; known capacity only)
 
-    throttled (a recent 429) or w >= target_waiting*weight
-    or load >= target_inflight*weight or kv >= kv_ceiling
+and its saturation level, in [0, 1], is the fullest of those dimensions
+(``w / (target_waiting * weight)``, ``kv / kv_ceiling``, ``load / capacity``). A
+replica that reports nothing and has no known capacity is full only when it
+throttles: its in-flight count orders it among its peers, it never caps it.
 
 Score (:meth:`Scorer.score`, lower is better)::
 
-    (queue*w/target_waiting + inflight*load/target_inflight) / weight
+    (queue * w / target_waiting + inflight * load / LOAD_UNIT) / weight
     + kv_w * kv/kv_ceiling                        (0 when kv is unknown with no prior)
     + UNKNOWN_PENALTY * (number of unknown metrics among waiting, running, kv)
     + staleness * max(0, age - h)/h, h = stale_after/2  (fresh: 0 .. 1)
     + STALE_PENALTY                               (stale or never scraped)
     + THROTTLE_PENALTY                            (throttled)
     - prefix * prefix_match
+
+``LOAD_UNIT`` only scales the load term against the others (a replica ``LOAD_UNIT``
+requests busier scores one unit worse); it limits nothing.
 
 Pick (:meth:`Scorer.pick`)
 --------------------------
@@ -50,14 +59,15 @@ Pick (:meth:`Scorer.pick`)
    is ``rel_load <= session_load_factor * best_rel_load + 1``; the ``+ 1`` (one
    request) keeps an idle peer from pulling every session off its warm cache.
 4. Prefix: the highest prefix match ``m`` wins (ties: lower score) among the
-   candidates within the prefix guard ``rel_load <= session_load_factor *
-   best_rel_load + max(1, target_inflight * m)``: a replica holding the whole prefix
-   is worth up to one replica's target load of extra requests, because a long
-   prompt's prefill costs far more than a queued turn. Candidates are the eligible
-   ones plus those saturated only by their request count (not by KV, a 429 or
-   another priority tier). A hot prefix cannot pile onto one replica: once it is
-   more than the guard above the least loaded, scoring takes over and the prefix
-   spreads.
+   eligible candidates within the prefix guard ``rel_load <= session_load_factor *
+   best_rel_load + max(1, PREFIX_WORTH * m)``: a replica holding the whole prefix is
+   worth up to ``PREFIX_WORTH`` extra requests, because a long prompt's prefill costs
+   far more than a turn in a running batch. So a prefix stays on its home until the
+   home is full by the engine's account (then it is not eligible) or that far above
+   the least loaded; it then goes to the replica that holds it next best, which is
+   the one it spilled to before (:class:`~llmgw.router.affinity.PrefixTable` ranks a
+   second holder at half or more), so spilled traffic warms one more cache instead of
+   all of them. When every replica is saturated, affinity still decides among them.
 5. Score: the lowest score wins; exact ties (within ``TIE``) are broken at random in
    proportion to weight.
 """
@@ -73,6 +83,8 @@ import attrs
 from llmgw.config import RoutingProfile, ScoringConfig
 
 __all__ = [
+    "LOAD_UNIT",
+    "PREFIX_WORTH",
     "STALE_PENALTY",
     "THROTTLE_PENALTY",
     "UNKNOWN_PENALTY",
@@ -91,6 +103,11 @@ THROTTLE_PENALTY = 1.0
 # outright, so this only orders them among themselves and in standalone scores.
 STALE_PENALTY = 1000.0
 TIE = 1e-9
+# Requests of load worth one normalised score term; a scale, not a limit.
+LOAD_UNIT = 8.0
+# Extra requests a replica holding a request's whole prefix may carry over the least
+# loaded before the prefix moves on (pick, step 4).
+PREFIX_WORTH = 8.0
 
 Tier = Literal["session", "prefix", "score"]
 
@@ -112,6 +129,8 @@ class Candidate:
     priority: int = 0
     # It answered 429 recently (Breaker.throttled): saturated and scored down.
     throttled: bool = False
+    # Sequences the engine runs at once, when known (launch flags, configuration).
+    capacity: float | None = None
 
 
 @attrs.frozen
@@ -189,6 +208,9 @@ class Scorer:
             unknown += 1
             k = prior.kv_usage if prior is not None else None
         load = max(r + w, float(c.inflight))
+        if c.capacity is not None:
+            # Past its slots, what we sent queues at the engine, seen or not.
+            w = max(w, load - c.capacity)
         return Estimate(waiting=w, load=load, kv_usage=k, unknown=unknown, stale=stale)
 
     def load(self, c: Candidate, prior: Prior | None = None) -> float:
@@ -203,11 +225,11 @@ class Scorer:
             return 1.0
         s = self.scoring
         e = self.estimate(c, prior)
-        level = max(
-            e.waiting / (s.target_waiting * c.weight), e.load / (s.target_inflight * c.weight)
-        )
+        level = e.waiting / (s.target_waiting * c.weight)
         if e.kv_usage is not None:
             level = max(level, e.kv_usage / s.kv_ceiling)
+        if c.capacity is not None:
+            level = max(level, e.load / c.capacity)
         return min(1.0, max(0.0, level))
 
     def score(self, c: Candidate, prefix_match: float = 0.0, prior: Prior | None = None) -> float:
@@ -245,9 +267,7 @@ class Scorer:
         factor = self.scoring.session_load_factor
         n = len(candidates)
         ests = [self.estimate(c, prior) for c in candidates]
-        # Saturated: full by a hard limit (a 429, the KV cache) or by request count.
-        hard = [self._hard_full(c, e) for c, e in zip(candidates, ests, strict=True)]
-        sats = [hard[i] or self._count_full(candidates[i], ests[i]) for i in range(len(candidates))]
+        sats = [self._saturated(c, e) for c, e in zip(candidates, ests, strict=True)]
         scores = [
             self._score(c, e, prefix_matches.get(c.endpoint_id, 0.0))
             for c, e in zip(candidates, ests, strict=True)
@@ -279,33 +299,14 @@ class Scorer:
 
         if chosen is None and prefix_matches:
             # A cached prefix saves its prefill, the expensive part of a long prompt, and
-            # keeps the prefix from being cached (and evicting another) elsewhere: a
-            # replica holding all of it is worth up to one replica's target load of
-            # extra requests (`target_inflight`), a partial or occasional holder that
-            # share of it. So the prefix guard is looser than the session one, and a
-            # replica full only by its request count stays a candidate (queueing there
-            # beats a cold prefill). It still caps the pile-up: a hot prefix spreads
-            # once its home is that far above the least loaded. A full KV cache, a 429
-            # or another priority tier disqualify. When every replica is saturated,
-            # affinity still decides among them.
+            # keeps the prefix from being cached (and evicting another) elsewhere: so the
+            # prefix guard is looser than the session one. It still caps the pile-up: a
+            # hot prefix spreads once its home is PREFIX_WORTH * m above the least loaded.
             base = factor * min(rel[i] for i in eligible)
-            worth = self.scoring.target_inflight
             best_match = 0.0
-            # Eligible ones, plus those of the same tier left out only by request count.
-            prefix_eligible = (
-                eligible
-                if tier is None  # every candidate is saturated: all are eligible already
-                else [
-                    i
-                    for i in range(n)
-                    if not hard[i]
-                    and candidates[i].priority == tier
-                    and not (any_fresh and ests[i].stale)
-                ]
-            )
-            for i in prefix_eligible:
+            for i in eligible:
                 m = prefix_matches.get(candidates[i].endpoint_id, 0.0)
-                if m <= 0.0 or rel[i] > base + max(1.0, worth * m):
+                if m <= 0.0 or rel[i] > base + max(1.0, PREFIX_WORTH * m):
                     continue
                 if (
                     chosen is None
@@ -338,21 +339,19 @@ class Scorer:
     # -- internals --------------------------------------------------------------
 
     def _saturated(self, c: Candidate, e: Estimate) -> bool:
-        return self._hard_full(c, e) or self._count_full(c, e)
-
-    def _hard_full(self, c: Candidate, e: Estimate) -> bool:
-        """Full whatever its queue: throttled (a recent 429) or its KV cache at the ceiling."""
-        return c.throttled or (e.kv_usage is not None and e.kv_usage >= self.scoring.kv_ceiling)
-
-    def _count_full(self, c: Candidate, e: Estimate) -> bool:
-        """Full by request count: its queue or its load at the target."""
+        """Full by the engine's account: a 429, its queue, its KV cache, or its slots."""
         s = self.scoring
-        return e.waiting >= s.target_waiting * c.weight or e.load >= s.target_inflight * c.weight
+        return (
+            c.throttled
+            or e.waiting >= s.target_waiting * c.weight
+            or (e.kv_usage is not None and e.kv_usage >= s.kv_ceiling)
+            or (c.capacity is not None and e.load >= c.capacity)
+        )
 
     def _score(self, c: Candidate, e: Estimate, prefix_match: float) -> float:
         s, p = self.scoring, self.profile
         total = (
-            p.queue * e.waiting / s.target_waiting + p.inflight * e.load / s.target_inflight
+            p.queue * e.waiting / s.target_waiting + p.inflight * e.load / LOAD_UNIT
         ) / c.weight
         if e.kv_usage is not None:
             total += p.kv * e.kv_usage / s.kv_ceiling

@@ -34,6 +34,8 @@ class ShardStatus:
     gpu_indices: tuple[int, ...] = ()
     port: int | None = None
     dist_port: int | None = None
+    # Rank 0, once launched: sequences the engine runs at once (LaunchSpec.capacity).
+    capacity: int | None = None
 
 
 @attrs.frozen

@@ -42,6 +42,7 @@ __all__ = [
     "EngineAdapter",
     "LaunchSpec",
     "base_url",
+    "flag_int",
     "flag_name",
     "probe_version",
 ]
@@ -65,6 +66,9 @@ class LaunchSpec:
     endpoint_url: str | None
     # Prometheus page read while draining (running + waiting requests).
     metrics_url: str | None = None
+    # Sequences the engine was launched to run at once (vLLM --max-num-seqs, ...);
+    # None when its flags leave that to the engine. The router's saturation uses it.
+    capacity: int | None = None
 
 
 class EngineAdapter(Protocol):
@@ -96,7 +100,13 @@ def base_url(host: str, port: int) -> str:
 
 
 def multinode_spec(
-    argv: Sequence[str], env: dict[str, str], host: str, port: int, rank: int
+    argv: Sequence[str],
+    env: dict[str, str],
+    host: str,
+    port: int,
+    rank: int,
+    *,
+    capacity: int | None = None,
 ) -> LaunchSpec:
     """A shard of an engine whose rank 0 serves HTTP (health, the API, metrics) and
     whose other ranks only compute: they are ready once launched."""
@@ -108,6 +118,7 @@ def multinode_spec(
         health_url=f"{url}/health" if serves else None,
         endpoint_url=url if serves else None,
         metrics_url=f"{url}/metrics" if serves else None,
+        capacity=capacity,
     )
 
 
@@ -120,6 +131,26 @@ def flag_name(arg: str) -> str | None:
     name = arg.split("=", 1)[0]
     dashes = len(name) - len(name.lstrip("-"))
     return name[:dashes] + name[dashes:].replace("_", "-")
+
+
+def flag_int(args: Sequence[str], *names: str) -> int | None:
+    """The positive integer the last of `names` is given in `args` (``--flag N`` or
+    ``--flag=N``), or None when absent or not a positive integer (the engine itself
+    refuses a bad value)."""
+    value: str | None = None
+    for i, arg in enumerate(args):
+        name = flag_name(arg)
+        if name not in names:
+            continue
+        if "=" in arg:
+            value = arg.split("=", 1)[1]
+        elif i + 1 < len(args):
+            value = args[i + 1]
+    try:
+        n = int(value) if value is not None else None
+    except ValueError:
+        return None
+    return n if n is not None and n >= 1 else None
 
 
 def _is_number(text: str) -> bool:

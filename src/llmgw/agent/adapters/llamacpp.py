@@ -228,6 +228,7 @@ class LlamaCppAdapter(BaseAdapter):
             health_url=f"{url}/health",
             endpoint_url=url,
             metrics_url=f"{url}/metrics",
+            capacity=settings["slots"],
         )
 
 

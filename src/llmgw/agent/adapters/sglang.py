@@ -18,6 +18,7 @@ import sys
 from llmgw.agent.adapters.base import (
     BaseAdapter,
     LaunchSpec,
+    flag_int,
     multinode_spec,
     probe_version,
 )
@@ -97,4 +98,11 @@ class SglangAdapter(BaseAdapter):
                 f"{master}:{cmd.master_port}",
             ]
         argv += p.args
-        return multinode_spec(argv, self.environment(cmd, node), host, cmd.port, cmd.rank)
+        return multinode_spec(
+            argv,
+            self.environment(cmd, node),
+            host,
+            cmd.port,
+            cmd.rank,
+            capacity=flag_int(p.args, "--max-running-requests"),
+        )

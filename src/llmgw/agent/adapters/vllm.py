@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from llmgw.agent.adapters.base import (
     BaseAdapter,
     LaunchSpec,
+    flag_int,
     multinode_spec,
     probe_version,
 )
@@ -108,7 +109,14 @@ class VllmAdapter(BaseAdapter):
             if cmd.rank > 0:
                 argv.append("--headless")
         argv += p.args
-        return multinode_spec(argv, self.environment(cmd, node), host, cmd.port, cmd.rank)
+        return multinode_spec(
+            argv,
+            self.environment(cmd, node),
+            host,
+            cmd.port,
+            cmd.rank,
+            capacity=flag_int(p.args, "--max-num-seqs"),
+        )
 
     def engine_environment(self, cmd: StartShard, node: NodeInfo) -> dict[str, str]:
         # The address vLLM advertises to the other nodes' workers; without it vLLM
