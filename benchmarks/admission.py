@@ -4,9 +4,10 @@
     python benchmarks/admission.py --quick    # about 40 seconds
     python benchmarks/admission.py --json     # the numbers as JSON on stdout
 
-Starts two simulators (``--max-num-seqs 4``) behind one llmgw-server with
-``[router.scoring] target_inflight = 4``, so the pool's saturation is "requests in
-flight / 8". Then, once with admission enabled and once with it disabled
+Starts two simulators (``--max-num-seqs 4``) behind one llmgw-server whose two
+``[[endpoints]]`` say so (``capacity = 4``, what the control plane would report for
+them), so the pool's saturation is "requests in flight / 8". Then, once with
+admission enabled and once with it disabled
 (``LLMGW_ROUTER__ADMISSION__ENABLED=false``, a fresh router on the same simulators):
 
 1. **unloaded**: platinum requests one at a time; their TTFT is the reference;
@@ -79,14 +80,18 @@ class Fleet(c.Fleet):
         return super().sim(name, *args, model=MODEL)[1]
 
     def router(
-        self, name: str, sims: Sequence[str], config: str, env: dict[str, str]
+        self, name: str, sims: Sequence[str], config: str, env: dict[str, str], capacity: int
     ) -> tuple[c.Proc, str, str]:
         path = self.logdir / f"{name}.toml"
-        path.write_text(config)
+        # The engines' own slot count, as the control plane would report it.
+        endpoints = "".join(
+            f'\n[[endpoints]]\nid = "s{i}"\nurl = "{base}"\nmodels = ["{MODEL}"]\n'
+            f"capacity = {capacity}\n"
+            for i, base in enumerate(sims)
+        )
+        path.write_text(config + endpoints)
         argv = ["--listen", f"{LOOPBACK}:0", "--admin-listen", f"{LOOPBACK}:0"]
         argv += ["--config", str(path)]
-        for i, base in enumerate(sims):
-            argv += ["--endpoint", f"s{i}={base}={MODEL}"]
         proc = self.start("llmgw-server", *argv, name=name, env=env, ready=True)
         admin = proc.url("admin_listen")
         deadline = time.monotonic() + 15
@@ -298,9 +303,6 @@ def config(scrape: float, ttl: float) -> str:
 scrape_interval = "{scrape * 1000:.0f}ms"
 scrape_timeout = "{min(1.0, scrape) * 800:.0f}ms"
 
-[router.scoring]
-target_inflight = 4.0
-
 [router.admission]
 queue_ttl = "{ttl:g}s"
 
@@ -314,7 +316,9 @@ def measure(
 ) -> dict[str, Any]:
     mode = "on" if enabled else "off"
     env = {"LLMGW_ROUTER__ADMISSION__ENABLED": "true" if enabled else "false"}
-    proc, base, admin = f.router(f"router-{mode}", sims, config(args.scrape, args.ttl), env)
+    proc, base, admin = f.router(
+        f"router-{mode}", sims, config(args.scrape, args.ttl), env, args.seqs
+    )
     try:
         # TTFT does not depend on the output length: short requests keep this phase short.
         idle = trio.run(unloaded, base, args.unloaded, 2)

@@ -16,12 +16,11 @@ replicas (the flags of router_overhead.py) and, in front of the same two replica
   tests/pg_cluster.py (durable defaults: fsync and synchronous_commit on), when one can
   be started (`--no-postgres` skips it).
 
-Every server runs the default configuration except ``[router.scoring] target_inflight
-= 256, target_waiting = 64`` (the replicas' real capacity, so admission does not hold
-requests back; see router_overhead.py). Non-streaming chat requests (prompt 64 tokens,
-output 32) in a closed loop at concurrency 32; the targets take turns, each round
-starting one target later (A B C, B C A, C A B, ...), with the same prompts within a
-round, after an unmeasured warm-up each.
+Every server runs the default configuration (a replica counts as full when its engine
+says so, so admission does not hold these 256-sequence replicas back). Non-streaming
+chat requests (prompt 64 tokens, output 32) in a closed loop at concurrency 32; the
+targets take turns, each round starting one target later (A B C, B C A, C A B, ...),
+with the same prompts within a round, after an unmeasured warm-up each.
 
 Reported per target: requests/s, e2e p50 / p99, the router process's CPU (utime +
 stime from /proc/<pid>/stat around each of its turns) per 1,000 requests, and the
@@ -68,11 +67,6 @@ SIM_ARGS = (
     "--max-num-seqs", "256",
     "--no-prefix-caching",
 )  # fmt: skip
-SCORING = """\
-[router.scoring]
-target_inflight = 256
-target_waiting = 64
-"""
 CONCURRENCY = 32
 PROMPT_TOKENS = 64
 OUTPUT_TOKENS = 32
@@ -122,7 +116,7 @@ async def stored_requests(url: str) -> int:
 def start_server(fleet: c.Fleet, name: str, sims: list[str], store_url: str | None) -> c.RouterProc:
     """An llmgw-server with its own config file (Fleet.router shares one path)."""
     # Plain: no store at all (the default would be SQLite in the working directory).
-    config = SCORING + f'[store]\nurl = "{store_url or ""}"\n'
+    config = f'[store]\nurl = "{store_url or ""}"\n'
     path = fleet.logdir / f"{name}.toml"
     path.write_text(config)
     argv = [
@@ -437,9 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{settings.warm_requests} warm-up requests each; took {result['wall_seconds']:.0f} s"
     )
     print(
-        "each llmgw-server: default configuration except "
-        + ", ".join(line for line in SCORING.splitlines() if "=" in line)
-        + ' under [router.scoring]; plain: store.url = ""; auth+usage ones: [store] url, '
+        'each llmgw-server: default configuration; plain: store.url = ""; '
+        "auth+usage ones: [store] url, "
         "one API key sent with "
         "every request" + ("" if pg_url else f"; no PostgreSQL row ({pg_missing})")
     )

@@ -4,7 +4,7 @@ through vllm-router, in one run.
     benchmarks/setup_peers.sh                       # once: vllm-router, wrk
     python benchmarks/router_overhead.py [--quick] [--json]      # ~9 min; --quick ~2 min
                                          [--engine sim|timer|llamacpp]... [--phase NAME]...
-                                         [--tuned auto|yes|no] [--no-cache-aware]
+                                         [--no-cache-aware]
 
 Everything runs on 127.0.0.1 and is started and stopped by this script. Two engine
 patterns, one after the other, each with its own two replicas and its own routers:
@@ -22,9 +22,8 @@ one target later), same prompts for all within a round:
 
 * direct: the load generator spreads requests over the replicas itself;
 * llmgw: one `llmgw-server` with its DEFAULT configuration (no store);
-* llmgw tuned: a second llmgw-server with the scoring targets raised to the replicas'
-  capacity (ROUTER_CONFIG), run only when a probe at the start finds the default one
-  queueing in admission (`--tuned auto`; `yes` or `no` to force);
+  A probe at the start sends 128 streams through it and reports how many queued in
+  admission (none should: the replicas run 256 sequences each);
 * vllm-router rr and vllm-router cache_aware: PyPI's `vllm-router` (Rust) with its
   round_robin and cache_aware policies, from benchmarks/.venv-peers
   (benchmarks/setup_peers.sh; never a dependency of llmgw itself).
@@ -92,17 +91,6 @@ TIMER_ARGS = ("--ttft-ms", "5", "--itl-ms", "5", "--max-num-seqs", "256")
 # generated model makes thousands of tokens per second on one core).
 LLAMA_ARGS = ("-np", "16", "-c", "16384", "--metrics", "--no-webui", "-t", "1")
 
-# "llmgw tuned": the scoring targets raised to what the replicas take (256 sequences
-# each), so that admission, which queues requests once a pool looks saturated against
-# these targets, does not hold requests back. With the defaults (8 in flight per
-# replica) it queues at 32 streams already (measured before: throughput ratio 0.22).
-# Used only when the default configuration queues (see probe_admission).
-ROUTER_CONFIG = """\
-[router.scoring]
-target_inflight = 256
-target_waiting = 64
-"""
-
 PROMPT_TOKENS = 64
 OUTPUT_TOKENS = 32
 LONG_TOKENS = 128
@@ -120,7 +108,6 @@ TARGET_RSS = 150 * 2**20  # bytes, llmgw after 128 streams
 
 DIRECT = "direct"
 LLMGW = "llmgw"
-LLMGW_TUNED = "llmgw tuned"
 VLLM_RR = "vllm-router rr"
 VLLM_CA = "vllm-router cache_aware"
 REFERENCE = VLLM_RR  # the vllm-router row the ratios are taken against
@@ -300,19 +287,14 @@ def start_llamacpp(fleet: c.Fleet, index: int) -> tuple[str, c.Proc]:
     return base, proc
 
 
-def start_llmgw(fleet: c.Fleet, pattern: Pattern, bases: Sequence[str], tuned: bool) -> Router:
-    name = f"llmgw-{pattern.name}" + ("-tuned" if tuned else "")
+def start_llmgw(fleet: c.Fleet, pattern: Pattern, bases: Sequence[str]) -> Router:
+    name = f"llmgw-{pattern.name}"
     endpoints = [(f"{pattern.name}-{i}", base, pattern.model) for i, base in enumerate(bases)]
-    rp = fleet.router(endpoints, config=ROUTER_CONFIG if tuned else None, name=name)
+    rp = fleet.router(endpoints, config=None, name=name)
     rp.wait_scraped()
-    settings = (
-        ", ".join(line for line in ROUTER_CONFIG.splitlines() if "=" in line)
-        + " under [router.scoring]"
-        if tuned
-        else "default configuration"
-    )
+    settings = "default configuration"
     return Router(
-        LLMGW_TUNED if tuned else LLMGW,
+        LLMGW,
         "llmgw",
         rp.base,
         rp.proc,
@@ -839,10 +821,8 @@ def report(result: dict[str, Any]) -> None:
 
 def report_targets(result: dict[str, Any]) -> None:
     rows = result["rows"]
-    names = [
-        n for n in (LLMGW, LLMGW_TUNED, VLLM_RR, VLLM_CA) if any(x["target"] == n for x in rows)
-    ]
-    contenders = [n for n in (LLMGW, LLMGW_TUNED) if n in names]
+    names = [n for n in (LLMGW, VLLM_RR, VLLM_CA) if any(x["target"] == n for x in rows)]
+    contenders = [n for n in (LLMGW,) if n in names]
 
     def get(pattern: str, phase: str, target: str, key: str) -> Any:
         for x in rows:
@@ -855,7 +835,7 @@ def report_targets(result: dict[str, Any]) -> None:
         for n in contenders:
             v = values.get(n)
             if v is not None:
-                label = "default" if n == LLMGW else "tuned"
+                label = "default"
                 parts.append(f"{label} {'within' if v <= limit else 'OVER'}")
         return ", ".join(parts) or "-"
 
@@ -939,8 +919,8 @@ def report_targets(result: dict[str, Any]) -> None:
                 metric = f"throughput / direct, {phase.name}"
                 add(metric, p, vals, ratio2, "(no target)", ratio_column=False)
     c.print_table(
-        "Against issue #15's targets (llmgw / vllm-router rr; ratios are llmgw default / "
-        "tuned over vllm-router rr; nothing asserted)",
+        "Against issue #15's targets (llmgw / vllm-router rr; ratios are llmgw with its "
+        "default configuration over vllm-router rr; nothing asserted)",
         ["metric", "engines", *names, "llmgw / vllm-router rr", "target", "verdict"],
         table,
     )
@@ -955,7 +935,6 @@ async def main_async(
     *,
     engines: list[str],
     only: list[str] | None,
-    tuned_mode: str,
     cache_aware: bool,
     peers: bool,
     peers_venv: Path,
@@ -964,7 +943,6 @@ async def main_async(
     vllm_bin = peer_binary(peers_venv, "vllm-router") if peers else None
     rows: list[dict[str, Any]] = []
     probe: dict[str, Any] | None = None
-    tuned = tuned_mode == "yes"
     rss_after_128: dict[str, dict[str, int]] = {}
     router_info: dict[str, dict[str, Any]] = {}
     child_processes: dict[str, list[int]] = {}
@@ -979,17 +957,14 @@ async def main_async(
             continue
         c.log(f"[{pname}] starting 2 replicas and the routers")
         bases, engine_procs = start_engines(fleet, pattern)
-        routers = [start_llmgw(fleet, pattern, bases, tuned=False)]
-        if probe is None and tuned_mode == "auto":
+        routers = [start_llmgw(fleet, pattern, bases)]
+        if probe is None:
             probe = await probe_admission(settings, routers[0], pattern.model)
-            tuned = probe["queued"] > 0 or probe["rejected"] > 0
             c.log(
                 f"probe, 128 streams through default llmgw: {probe['queued']:.0f} of "
                 f"{probe['requests']} requests queued in admission, {probe['rejected']:.0f} "
-                f"refused -> {'adding' if tuned else 'no'} '{LLMGW_TUNED}' target"
+                "refused"
             )
-        if tuned:
-            routers.append(start_llmgw(fleet, pattern, bases, tuned=True))
         if vllm_bin is not None:
             routers.append(start_vllm_router(fleet, vllm_bin, pattern, bases, "round_robin"))
             if cache_aware:
@@ -1049,7 +1024,6 @@ async def main_async(
             else None
         ),
         "probe": probe,
-        "tuned": tuned,
         "routers": router_info,
         "router_child_processes": child_processes,
         "rss_after_128": rss_after_128,
@@ -1080,13 +1054,6 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         metavar="NAME",
         help="run only this phase (repeatable), e.g. 'stream c=32'",
-    )
-    p.add_argument(
-        "--tuned",
-        choices=("auto", "yes", "no"),
-        default="auto",
-        help="also run llmgw with raised scoring targets (ROUTER_CONFIG): auto = only if "
-        "a probe finds the default configuration queueing in admission",
     )
     p.add_argument(
         "--no-cache-aware", action="store_true", help="skip vllm-router's cache_aware policy"
@@ -1132,7 +1099,6 @@ def main(argv: list[str] | None = None) -> int:
                     fleet,
                     engines=engines,
                     only=args.phase,
-                    tuned_mode=args.tuned,
                     cache_aware=not args.no_cache_aware,
                     peers=not args.no_peers,
                     peers_venv=args.peers_venv,
@@ -1181,7 +1147,6 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"admission probe (128 streams, default llmgw): {pr['queued']:.0f} of "
             f"{pr['requests']} queued, {pr['rejected']:.0f} refused"
-            + (f" -> '{LLMGW_TUNED}' rows added" if result["tuned"] else "")
         )
     if result["router_child_processes"]:
         print(f"note: routers with child processes: {result['router_child_processes']}")

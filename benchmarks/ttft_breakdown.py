@@ -161,9 +161,7 @@ async def main_async(
     for i in range(2):
         args = (*ro.PACED_SIM_ARGS, "--seed", str(i))
         sims.append(fleet.sim(f"sim-{i}", *args, model=MODEL)[1])
-    router = fleet.router(
-        [(f"sim-{i}", base, MODEL) for i, base in enumerate(sims)], config=ro.ROUTER_CONFIG
-    )
+    router = fleet.router([(f"sim-{i}", base, MODEL) for i, base in enumerate(sims)])
     router.wait_scraped()
     results = {}
     for concurrency in levels:
