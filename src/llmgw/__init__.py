@@ -10,7 +10,7 @@ from llmgw.control.inventory import Inventory
 from llmgw.control.reconciler import Reconciler
 from llmgw.router.core import Router
 from llmgw.router.endpoints import Endpoint, EndpointSink
-from llmgw.router.scoring import Candidate, Decision, Scorer
+from llmgw.router.scheduling import Candidate, Decision, Scheduler
 from llmgw.router.usage import Usage, UsageRecord, UsageSink
 from llmgw.transport.base import AgentConnection, AgentConnector, AgentListener
 
@@ -37,7 +37,7 @@ __all__ = [
     "Inventory",
     "Reconciler",
     "Router",
-    "Scorer",
+    "Scheduler",
     "Usage",
     "UsageRecord",
     "UsageSink",

@@ -91,7 +91,7 @@ class Timeouts:
 
 @attrs.frozen
 class ScoringConfig:
-    """When a replica counts as full by its engine's account (llmgw.router.scoring)."""
+    """When a replica counts as full by its engine's account (llmgw.router.scheduling)."""
 
     # Requests queued at the engine (per unit of weight).
     target_waiting: float = 4.0

@@ -9,7 +9,7 @@ an ASGI app (:attr:`Router.app`); :meth:`Router.run` drives its background work.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -30,7 +30,8 @@ from llmgw.router.breaker import Outcome, Ticket
 from llmgw.router.endpoints import Endpoint, EndpointRegistry, EndpointState
 from llmgw.router.metrics import KeyMetrics, RouterMetrics
 from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
-from llmgw.router.scoring import Candidate, Decision, Scorer
+from llmgw.router.scheduling import Candidate, Decision, Saturation, Scheduler
+from llmgw.router.scheduling.plugins import default_schedulers
 from llmgw.router.scraper import Scraper
 from llmgw.router.usage import Caller, Usage, UsageRecord, UsageSink
 
@@ -85,7 +86,11 @@ class Router:
         usage_sinks: Sequence[UsageSink] = (),
         rng: random.Random | None = None,
         upstream: httpx.AsyncClient | None = None,
+        schedulers: Mapping[str, Scheduler] | None = None,
     ) -> None:
+        """`schedulers` adds routing profiles, or replaces built-in ones, by name:
+        compositions of filters, scorers and a picker (llmgw.router.scheduling) that a
+        model selects with its ``routing_profile`` (docs/router.md)."""
         r = config.router
         self.config = config
         self.catalog = catalog or catalog_for(config)
@@ -105,9 +110,10 @@ class Router:
         self.scraper = Scraper(
             self.endpoints, self.metrics, interval=r.scrape_interval, timeout=r.scrape_timeout
         )
-        self.scorers = {
-            name: Scorer(r.scoring, profile, r.stale_after) for name, profile in r.profiles.items()
-        }
+        # How full replicas are by their engines' account: admission and the views.
+        self.saturation = Saturation(r.scoring, r.stale_after)
+        self.schedulers = default_schedulers(r.scoring, r.profiles, r.stale_after)
+        self.schedulers.update(schedulers or {})
         a = r.affinity
         self.sessions = SessionTable(a.session_table_size, a.session_ttl)
         self.prefixes = (
@@ -174,19 +180,18 @@ class Router:
     # -- decisions (called by the client app) -----------------------------------
 
     def pool_saturation(self, pool: str) -> float:
-        """How full a model's usable replicas are, 0..1 (see Scorer.pool_saturation)."""
+        """How full a model's usable replicas are, 0..1 (see Saturation.pool)."""
         now = trio.current_time()
-        scorer = self.scorers[self.config.router.default_profile]
-        return scorer.pool_saturation(
+        return self.saturation.pool(
             [s.candidate(now) for s in self.endpoints.serving(pool) if s.breaker.allows(now)]
         )
 
     def _observe_wait(self, pool: str, band: str, outcome: str, seconds: float) -> None:
         self.metrics.queue_wait.labels(band, outcome).observe(seconds)
 
-    def scorer_for(self, model: ModelConfig) -> Scorer:
+    def scheduler_for(self, model: ModelConfig) -> Scheduler:
         profile = model.routing_profile or self.config.router.default_profile
-        return self.scorers[profile]
+        return self.schedulers[profile]
 
     def choose(
         self,
@@ -199,7 +204,7 @@ class Router:
         candidates = [s.candidate(now) for s in usable]
         sticky = self.sessions.lookup(session_key, now) if session_key else None
         matches = self.prefixes.table.match(prefix, now) if self.prefixes and prefix else {}
-        decision = self.scorer_for(model).pick(
+        decision = self.scheduler_for(model).pick(
             candidates, session_endpoint=sticky, prefix_matches=matches, rng=self.rng
         )
         if decision is not None:
@@ -316,11 +321,9 @@ class Router:
                     or candidate.age > self.config.router.stale_after,
                     "scrape_error": state.last_error,
                     "breaker": state.breaker.state(now).value,
-                    "saturation": self.scorers[self.config.router.default_profile].saturation(
-                        candidate
-                    ),
+                    "saturation": self.saturation.level(candidate),
                     "scores": {
-                        name: scorer.score(candidate, 0.0) for name, scorer in self.scorers.items()
+                        name: sched.score(candidate) for name, sched in self.schedulers.items()
                     },
                 }
             )

@@ -14,7 +14,7 @@ from typing import Protocol
 import attrs
 
 from llmgw.router.breaker import Breaker
-from llmgw.router.scoring import Candidate
+from llmgw.router.scheduling import Candidate
 from llmgw.router.scrape import EngineSample
 
 
@@ -91,6 +91,7 @@ class EndpointState:
             priority=e.priority,
             throttled=self.breaker.throttled(now),
             capacity=e.capacity,
+            pool=e.pool,
         )
 
     def _since_scrape(self, waiting: float, running: float) -> tuple[float, float]:

@@ -9,17 +9,14 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from llmgw.config import RoutingProfile, ScoringConfig
-from llmgw.router.scoring import (
-    STALE_PENALTY,
-    UNKNOWN_PENALTY,
-    Candidate,
-    Scorer,
-)
+from llmgw.router.scheduling import Candidate, Saturation
+from llmgw.router.scheduling.plugins import STALE_PENALTY, UNKNOWN_PENALTY, default_scheduler
 from tests.properties import examples
 
 SCORING = ScoringConfig(target_waiting=4.0, kv_ceiling=0.9)
 PROFILE = RoutingProfile(queue=1.0, inflight=1.0, kv=0.5, prefix=0.5, staleness=1.0)
-SCORER = Scorer(SCORING, PROFILE, stale_after=10.0)
+SAT = Saturation(SCORING, stale_after=10.0)
+SCORER = default_scheduler(SCORING, PROFILE, stale_after=10.0)
 
 
 def cand(
@@ -55,19 +52,19 @@ def pick(
 
 
 def test_load_combines_scraped_and_own_inflight() -> None:
-    assert SCORER.load(cand("a", running=3, waiting=2, inflight=1)) == 5.0
+    assert SAT.load(cand("a", running=3, waiting=2, inflight=1)) == 5.0
     # Scrapes lag: our own in-flight count is a floor.
-    assert SCORER.load(cand("a", running=3, waiting=2, inflight=9)) == 9.0
+    assert SAT.load(cand("a", running=3, waiting=2, inflight=9)) == 9.0
     # Nothing scraped, no peers: own in-flight stands in for everything.
-    assert SCORER.load(cand("a", running=None, waiting=None, kv=None, inflight=4)) == 4.0
+    assert SAT.load(cand("a", running=None, waiting=None, kv=None, inflight=4)) == 4.0
 
 
 def test_stale_metrics_are_not_trusted() -> None:
     stale = cand("a", running=50, waiting=50, inflight=2, age=11.0)
-    assert SCORER.load(stale) == 2.0
-    assert SCORER.estimate(stale).stale
-    assert SCORER.estimate(cand("a", age=None)).stale
-    assert not SCORER.estimate(cand("a", age=10.0)).stale
+    assert SAT.load(stale) == 2.0
+    assert SAT.estimate(stale).stale
+    assert SAT.estimate(cand("a", age=None)).stale
+    assert not SAT.estimate(cand("a", age=10.0)).stale
 
 
 def test_unknown_metrics_take_the_peer_mean() -> None:
@@ -76,34 +73,34 @@ def test_unknown_metrics_take_the_peer_mean() -> None:
         cand("c", running=2, waiting=0, kv=0.2),
         cand("x", running=None, waiting=None, kv=None, inflight=1),
     ]
-    prior = SCORER.prior(peers)
+    prior = SAT.prior(peers)
     assert (prior.running, prior.waiting) == (4.0, 1.0)
     assert prior.kv_usage == pytest.approx(0.3)
-    e = SCORER.estimate(peers[2], prior)
+    e = SAT.estimate(peers[2], prior)
     assert e.load == 5.0
     assert e.kv_usage == pytest.approx(0.3)
     assert e.unknown == 3
 
 
 def test_saturated_each_dimension() -> None:
-    assert not SCORER.saturated(cand("a", running=3, waiting=3, kv=0.89))
-    assert SCORER.saturated(cand("a", waiting=4))
-    assert SCORER.saturated(cand("a", kv=0.9))
-    assert SCORER.saturated(cand("a", throttled=True))
+    assert not SAT.saturated(cand("a", running=3, waiting=3, kv=0.89))
+    assert SAT.saturated(cand("a", waiting=4))
+    assert SAT.saturated(cand("a", kv=0.9))
+    assert SAT.saturated(cand("a", throttled=True))
     # A big batch is not full while the engine queues nothing: no count caps it.
-    assert not SCORER.saturated(cand("a", running=300, inflight=300, kv=0.5))
-    assert not SCORER.saturated(cand("a", running=None, waiting=None, kv=None, inflight=500))
+    assert not SAT.saturated(cand("a", running=300, inflight=300, kv=0.5))
+    assert not SAT.saturated(cand("a", running=None, waiting=None, kv=None, inflight=500))
     # A known capacity is: every slot taken, the next request would queue.
-    assert not SCORER.saturated(cand("a", running=7, capacity=8))
-    assert SCORER.saturated(cand("a", running=8, capacity=8))
+    assert not SAT.saturated(cand("a", running=7, capacity=8))
+    assert SAT.saturated(cand("a", running=8, capacity=8))
     # Own requests count against it before a scrape shows them, and past it they are
     # queued at the engine.
-    assert SCORER.saturated(cand("a", running=4, inflight=8, capacity=8))
-    past = SCORER.estimate(cand("a", running=8, inflight=14, capacity=8))
+    assert SAT.saturated(cand("a", running=4, inflight=8, capacity=8))
+    past = SAT.estimate(cand("a", running=8, inflight=14, capacity=8))
     assert (past.load, past.waiting) == (14.0, 6.0)
     # Weight scales the queue an engine may hold.
-    assert not SCORER.saturated(cand("a", running=10, waiting=5, weight=2.0))
-    assert SCORER.saturated(cand("a", running=10, waiting=5, kv=0.95, weight=2.0))
+    assert not SAT.saturated(cand("a", running=10, waiting=5, weight=2.0))
+    assert SAT.saturated(cand("a", running=10, waiting=5, kv=0.95, weight=2.0))
 
 
 def test_score_terms() -> None:
@@ -338,31 +335,31 @@ def test_random_ties_spread() -> None:
 
 
 def test_pool_saturation() -> None:
-    assert SCORER.pool_saturation([]) == 1.0
-    assert SCORER.pool_saturation([cand("a")]) == 0.0
+    assert SAT.pool([]) == 1.0
+    assert SAT.pool([cand("a")]) == 0.0
     # max(2/4, 0.45/0.9) = 0.5 and max(0, 0, 6/8) = 0.75 (b runs 6 of its 8 slots)
     two = [cand("a", running=2, waiting=2, kv=0.45), cand("b", running=6, capacity=8)]
-    assert SCORER.pool_saturation(two) == pytest.approx(0.625)
+    assert SAT.pool(two) == pytest.approx(0.625)
     # Without a capacity, running sequences fill nothing: the engine's queue and KV do.
-    assert SCORER.pool_saturation([cand("b", running=6)]) == 0.0
+    assert SAT.pool([cand("b", running=6)]) == 0.0
     # Clipped at 1; throttled counts as full.
-    assert SCORER.pool_saturation([cand("a", waiting=40), cand("b", throttled=True)]) == 1.0
+    assert SAT.pool([cand("a", waiting=40), cand("b", throttled=True)]) == 1.0
     # Capacity-weighted: the weight-3 replica counts three times.
     weighted = [cand("a", running=8, weight=3.0, capacity=24), cand("b")]
-    assert SCORER.pool_saturation(weighted) == pytest.approx((3 * (8 / 24) + 0) / 4)
+    assert SAT.pool(weighted) == pytest.approx((3 * (8 / 24) + 0) / 4)
 
 
 def test_pool_saturation_absent_metrics_not_empty() -> None:
     blind = cand("a", running=None, waiting=None, kv=None, inflight=6, capacity=8)
-    assert SCORER.pool_saturation([blind]) == pytest.approx(0.75)
+    assert SAT.pool([blind]) == pytest.approx(0.75)
     stale = cand("a", running=0, waiting=0, kv=0, inflight=4, age=60.0, capacity=8)
-    assert SCORER.pool_saturation([stale]) == pytest.approx(0.5)
+    assert SAT.pool([stale]) == pytest.approx(0.5)
     # Nothing says how much it holds: own requests order it, they never fill it.
-    assert SCORER.pool_saturation([attrs.evolve(blind, capacity=None)]) == 0.0
+    assert SAT.pool([attrs.evolve(blind, capacity=None)]) == 0.0
     # A blind replica next to a busy one is assumed as busy, not idle.
     busy = cand("b", running=6, waiting=1)
-    assert SCORER.pool_saturation([busy, cand("a", running=None, waiting=None)]) == (
-        pytest.approx(SCORER.pool_saturation([busy]))
+    assert SAT.pool([busy, cand("a", running=None, waiting=None)]) == (
+        pytest.approx(SAT.pool([busy]))
     )
 
 
@@ -465,14 +462,14 @@ def test_saturated_never_chosen_over_room_in_its_tier(
     cands, session, prefix = scenario
     d = SCORER.pick(cands, session_endpoint=session, prefix_matches=prefix, rng=random.Random(0))
     assert d is not None
-    prior = SCORER.prior(cands)
+    prior = SAT.prior(cands)
     chosen = next(c for c in cands if c.endpoint_id == d.endpoint_id)
-    room = [c for c in cands if not SCORER.saturated(c, prior)]
+    room = [c for c in cands if not SAT.saturated(c, prior)]
     if not room:
         return
     best_tier = min(c.priority for c in room)
     assert chosen.priority == best_tier, (chosen, room)
-    assert not SCORER.saturated(chosen, prior), (chosen, d.tier, room)
+    assert not SAT.saturated(chosen, prior), (chosen, d.tier, room)
 
 
 @settings(max_examples=examples(150))
@@ -483,8 +480,8 @@ def test_stale_only_when_all_stale(data: st.DataObject) -> None:
     d = SCORER.pick(cands, session_endpoint=session, prefix_matches=prefix, rng=random.Random(0))
     assert d is not None
     chosen = next(c for c in cands if c.endpoint_id == d.endpoint_id)
-    if SCORER.is_stale(chosen):
-        assert all(SCORER.is_stale(c) for c in cands)
+    if SAT.is_stale(chosen):
+        assert all(SAT.is_stale(c) for c in cands)
 
 
 @settings(max_examples=examples(150))
@@ -515,8 +512,8 @@ def test_absent_metrics_never_look_emptier(
         inflight=inflight,
     )
     cands = [blind, reporting] if order else [reporting, blind]
-    prior = SCORER.prior(cands)
-    assert SCORER.load(blind, prior) >= SCORER.load(reporting, prior)
+    prior = SAT.prior(cands)
+    assert SAT.load(blind, prior) >= SAT.load(reporting, prior)
     assert SCORER.score(blind, 0.0, prior) > SCORER.score(reporting, 0.0, prior)
     d = SCORER.pick(cands, session_endpoint=None, prefix_matches={}, rng=random.Random(seed))
     assert d is not None
@@ -529,10 +526,10 @@ def test_blind_load_at_least_mean_of_reporters_and_own_inflight(data: st.DataObj
     cands = data.draw(candidates(fresh_only=True))
     inflight = data.draw(st.integers(min_value=0, max_value=20))
     blind = cand("blind", waiting=None, running=None, kv=None, inflight=inflight)
-    prior = SCORER.prior([*cands, blind])
+    prior = SAT.prior([*cands, blind])
     reporters = [c for c in cands if c.waiting is not None and c.running is not None]
     assume(reporters)
-    load = SCORER.load(blind, prior)
+    load = SAT.load(blind, prior)
     assert load >= inflight
     assert prior.running is not None and prior.waiting is not None
     assert load >= prior.running + prior.waiting - 1e-9
@@ -542,5 +539,60 @@ def test_blind_load_at_least_mean_of_reporters_and_own_inflight(data: st.DataObj
 @given(st.data())
 def test_pool_saturation_in_unit_interval(data: st.DataObject) -> None:
     cands = data.draw(candidates())
-    s = SCORER.pool_saturation(cands)
+    s = SAT.pool(cands)
     assert 0.0 <= s <= 1.0
+
+
+# -- the pipeline -------------------------------------------------------------------------
+
+
+def test_a_custom_filter_runs_after_the_built_in_ones_and_cannot_leave_nothing() -> None:
+    from llmgw.router.scheduling import Context
+
+    seen: list[list[str]] = []
+
+    class OnlyPool:
+        def __init__(self, pool: str) -> None:
+            self.pool = pool
+
+        def filter(self, ctx: Context, survivors: list[int]) -> list[int]:
+            seen.append([ctx.candidates[i].endpoint_id for i in survivors])
+            return [i for i in survivors if ctx.candidates[i].pool == self.pool]
+
+    sched = default_scheduler(SCORING, PROFILE, 10.0, filters=(OnlyPool("eu"),))
+    cands = [
+        attrs.evolve(cand("us"), pool="us"),
+        attrs.evolve(cand("eu", running=3), pool="eu"),
+        attrs.evolve(cand("eu-full", waiting=4), pool="eu"),
+    ]
+    d = sched.pick(cands, session_endpoint=None, prefix_matches={}, rng=random.Random(0))
+    assert d is not None and d.endpoint_id == "eu"
+    assert seen == [["us", "eu"]]  # Room had left the saturated one out already
+    # Ranked: the one the custom filter dropped, then the saturated one.
+    assert d.ranked == ("eu", "us", "eu-full")
+    # Nothing in the pool: the filter's empty answer keeps what it was given.
+    d = sched.pick(cands[:1], session_endpoint=None, prefix_matches={}, rng=random.Random(0))
+    assert d is not None and d.endpoint_id == "us"
+
+
+def test_a_custom_scorer_and_picker() -> None:
+    from llmgw.router.scheduling import Context
+
+    class Cheap:
+        def cost(self, ctx: Context, i: int) -> float:
+            return 0.0 if ctx.candidates[i].pool == "spot" else 1.0
+
+    class Last:
+        def pick(self, ctx: Context, survivors: list[int], costs: list[float]) -> int:
+            return survivors[-1]
+
+    cands = [cand("a", running=2), attrs.evolve(cand("b", running=4), pool="spot")]
+    weighted = default_scheduler(SCORING, PROFILE, 10.0, scorers=((Cheap(), 1.0),))
+    d = weighted.pick(cands, session_endpoint=None, prefix_matches={}, rng=random.Random(0))
+    # b's extra 2 requests cost 2/8 = 0.25: less than a's 1.0 for not being spot.
+    assert d is not None and (d.endpoint_id, d.tier) == ("b", "score")
+    assert weighted.score(cands[0]) == pytest.approx(SCORER.score(cands[0]) + 1.0)
+    last = default_scheduler(SCORING, PROFILE, 10.0, picker=Last())
+    d = last.pick([cand("a"), cand("b", running=5)], session_endpoint=None, prefix_matches={},
+                  rng=random.Random(0))  # fmt: skip
+    assert d is not None and d.endpoint_id == "b"

@@ -1,0 +1,166 @@
+"""The scheduler: filters narrow the candidates, scorers rank the survivors, a picker
+chooses. Pure and synchronous: candidates in, a :class:`Decision` out.
+
+One request's pass (:meth:`Scheduler.pick`):
+
+1. A :class:`Context` is made once: every candidate's :class:`~.state.Estimate`, the
+   :class:`~.state.Prior`, who is saturated, and each one's relative load
+   (``load / weight``). Plugins read it; none recomputes it.
+2. Each :class:`Filter`, in order, keeps a subset of the survivors of the one before
+   (an empty answer keeps them all: a request always has somewhere to go). An
+   affinity filter that decides names the decision by setting ``ctx.tier``
+   (``"session"``, ``"prefix"``); later affinity filters leave a decided request
+   alone. Otherwise the tier is ``"score"``.
+3. Every survivor's cost is the weighted sum of the :class:`Scorer` plugins' values
+   (lower is better; weights are the routing profile's).
+4. The :class:`Picker` chooses among the survivors by cost.
+
+Ranked fallbacks (for retries) follow the chosen one: the candidates that survived
+more filters first, then the unsaturated, then lower priority values, then lower cost.
+
+Plugins are small objects with one method. A library user composes their own
+(``llmgw.Router(config, schedulers={"chat": ...})``); the built-in routing profiles
+are compositions of the plugins in :mod:`.plugins` (:func:`.plugins.default_scheduler`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import attrs
+
+from llmgw.router.scheduling.state import Candidate, Estimate, Prior, Saturation
+
+__all__ = ["Context", "Decision", "Filter", "Picker", "Scheduler", "Scorer"]
+
+
+@attrs.frozen
+class Decision:
+    endpoint_id: str
+    # The filter that decided ("session", "prefix"), or "score".
+    tier: str
+    # The chosen endpoint first, then fallbacks for retries, best first.
+    ranked: tuple[str, ...]
+
+
+@attrs.define
+class Context:
+    """One request's view of its candidates, computed once per pick."""
+
+    candidates: Sequence[Candidate]
+    estimates: list[Estimate]
+    prior: Prior
+    saturated: list[bool]
+    rel_load: list[float]  # load / weight
+    session_endpoint: str | None
+    prefix_matches: Mapping[str, float]
+    rng: random.Random
+    saturation: Saturation
+    # Set by the affinity filter that decided, if any.
+    tier: str | None = None
+
+    def prefix_match(self, i: int) -> float:
+        return self.prefix_matches.get(self.candidates[i].endpoint_id, 0.0)
+
+
+class Filter(Protocol):
+    """Keeps some of the candidates (by index into ``ctx.candidates``)."""
+
+    def filter(self, ctx: Context, survivors: list[int]) -> list[int]:
+        """A non-empty subset of `survivors` (`survivors` itself to keep all)."""
+        ...
+
+
+class Scorer(Protocol):
+    """One term of a candidate's cost: lower is better, about 0..1 for a full replica."""
+
+    def cost(self, ctx: Context, i: int) -> float: ...
+
+
+class Picker(Protocol):
+    """Chooses one of the survivors, given each one's cost."""
+
+    def pick(self, ctx: Context, survivors: list[int], costs: list[float]) -> int: ...
+
+
+@attrs.frozen
+class Scheduler:
+    """Filters, weighted scorers and a picker over one saturation model."""
+
+    saturation: Saturation
+    filters: tuple[Filter, ...]
+    scorers: tuple[tuple[Scorer, float], ...]  # (plugin, weight)
+    picker: Picker
+
+    def context(
+        self,
+        candidates: Sequence[Candidate],
+        *,
+        session_endpoint: str | None = None,
+        prefix_matches: Mapping[str, float] | None = None,
+        rng: random.Random | None = None,
+    ) -> Context:
+        sat = self.saturation
+        prior = sat.prior(candidates)
+        ests = [sat.estimate(c, prior) for c in candidates]
+        return Context(
+            candidates=candidates,
+            estimates=ests,
+            prior=prior,
+            saturated=[sat.full(c, e) for c, e in zip(candidates, ests, strict=True)],
+            rel_load=[e.load / c.weight for c, e in zip(candidates, ests, strict=True)],
+            session_endpoint=session_endpoint,
+            prefix_matches=prefix_matches or {},
+            rng=rng or random.Random(0),
+            saturation=sat,
+        )
+
+    def cost(self, ctx: Context, i: int) -> float:
+        total = 0.0
+        for scorer, weight in self.scorers:
+            if weight:
+                total += weight * scorer.cost(ctx, i)
+        return total
+
+    def score(self, c: Candidate, prefix_match: float = 0.0, prior: Prior | None = None) -> float:
+        """One candidate's cost on its own (for display), as :meth:`pick` would rank it."""
+        ctx = self.context([c], prefix_matches={c.endpoint_id: prefix_match})
+        if prior is not None:
+            ctx.prior = prior
+            ctx.estimates[0] = self.saturation.estimate(c, prior)
+        return self.cost(ctx, 0)
+
+    def pick(
+        self,
+        candidates: Sequence[Candidate],
+        *,
+        session_endpoint: str | None,
+        prefix_matches: Mapping[str, float],
+        rng: random.Random,
+    ) -> Decision | None:
+        """Choose an endpoint (see the module docstring); None when there are no candidates."""
+        if not candidates:
+            return None
+        ctx = self.context(
+            candidates, session_endpoint=session_endpoint, prefix_matches=prefix_matches, rng=rng
+        )
+        n = len(candidates)
+        survived = [0] * n  # how many filters each candidate passed
+        survivors = list(range(n))
+        for f in self.filters:
+            kept = f.filter(ctx, survivors) or survivors
+            for i in kept:
+                survived[i] += 1
+            survivors = kept
+        costs = [self.cost(ctx, i) for i in range(n)]
+        chosen = survivors[0] if len(survivors) == 1 else self.picker.pick(ctx, survivors, costs)
+        sats = ctx.saturated
+        order = sorted(
+            (i for i in range(n) if i != chosen),
+            key=lambda i: (-survived[i], sats[i], candidates[i].priority, costs[i]),
+        )
+        ranked = (candidates[chosen].endpoint_id, *(candidates[i].endpoint_id for i in order))
+        tier = ctx.tier or "score"
+        return Decision(endpoint_id=candidates[chosen].endpoint_id, tier=tier, ranked=ranked)
