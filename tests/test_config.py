@@ -31,7 +31,7 @@ def test_defaults_match_the_design_table() -> None:
     assert c.control.port_range == (20000, 20999)
     assert c.control.mgmt_interface == "eth0"
     r = c.router
-    assert (r.scrape_interval, r.scrape_timeout, r.stale_after) == (2, 1, 10)
+    assert (r.scrape_interval, r.scrape_timeout, r.stale_after) == (1, 1, 10)
     assert (r.retries, r.cooldown, r.failure_threshold) == (2, 15, 3)
     assert (r.default_profile, r.session_header, r.inject_usage) == ("chat", "x-session-id", True)
     assert r.max_body_bytes == 32 * 1024 * 1024
@@ -147,7 +147,7 @@ RULES: list[tuple[str, str]] = [
     ),
     (
         'router.scrape_timeout = "3s"',
-        "router.scrape_timeout: must not exceed router.scrape_interval (2s), got 3s",
+        "router.scrape_timeout: must not exceed router.scrape_interval (1s), got 3s",
     ),
     ("router.retries = -1", "router.retries: must be 0 or more, got -1"),
     ("router.failure_threshold = 0", "router.failure_threshold: must be at least 1, got 0"),

@@ -161,7 +161,9 @@ class AdmissionConfig:
 
 @attrs.frozen
 class RouterConfig:
-    scrape_interval: Seconds = Seconds(2.0)
+    # Saturation rests on what engines report: the fresher, the less a burst can
+    # overshoot a replica's room between two looks.
+    scrape_interval: Seconds = Seconds(1.0)
     scrape_timeout: Seconds = Seconds(1.0)
     stale_after: Seconds = Seconds(10.0)
     retries: int = 2

@@ -308,7 +308,7 @@ class Router:
                     "pool": state.endpoint.pool,
                     "weight": state.endpoint.weight,
                     "priority": state.endpoint.priority,
-                    "capacity": state.endpoint.capacity,
+                    "capacity": state.capacity,
                     "draining": state.draining,
                     "engine": None if s is None else s.engine,
                     "waiting": None if s is None else s.waiting,

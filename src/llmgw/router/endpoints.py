@@ -57,6 +57,8 @@ class EndpointState:
         "last_error",
         "last_scrape",
         "last_scrape_attempt",
+        "props_tried",
+        "reported_capacity",
         "sample",
     )
 
@@ -70,6 +72,17 @@ class EndpointState:
         self.inflight = 0
         self.inflight_at_scrape = 0  # our in-flight count when the sample was taken
         self.draining = False
+        # What the engine says it runs at once (llama.cpp's /props), when configured
+        # nothing; and when the router last asked.
+        self.reported_capacity: int | None = None
+        self.props_tried: float | None = None
+
+    @property
+    def capacity(self) -> int | None:
+        """Sequences the engine runs at once: configured (or from the control plane),
+        else as the engine reports it, else unknown."""
+        e = self.endpoint.capacity
+        return e if e is not None else self.reported_capacity
 
     def age(self, now: float) -> float | None:
         return None if self.last_scrape is None else now - self.last_scrape
@@ -90,7 +103,7 @@ class EndpointState:
             weight=e.weight,
             priority=e.priority,
             throttled=self.breaker.throttled(now),
-            capacity=e.capacity,
+            capacity=self.capacity,
             pool=e.pool,
         )
 

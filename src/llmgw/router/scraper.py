@@ -1,7 +1,15 @@
-"""The scrape loop: polls every endpoint's /metrics and stores what it learns."""
+"""The scrape loop: polls every endpoint's /metrics and stores what it learns.
+
+llama.cpp also says how many slots it runs (``GET /props``: ``total_slots``); for a
+llama.cpp endpoint whose capacity nothing configured, that is read too, at most every
+:data:`PROPS_EVERY` seconds until it answers, and becomes the endpoint's capacity.
+Both pages are read up to a bound (:data:`MAX_METRICS_BYTES`, :data:`MAX_PROPS_BYTES`):
+an engine cannot make the router hold an unbounded page.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import httpx
@@ -10,6 +18,40 @@ import trio
 from llmgw.router.endpoints import EndpointRegistry, EndpointState
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.scrape import parse_metrics
+
+# A vLLM page is ~100 KB (histograms, a few label sets); far more is not a metrics page.
+MAX_METRICS_BYTES = 8 * 1024 * 1024
+MAX_PROPS_BYTES = 1024 * 1024
+PROPS_EVERY = 60.0
+
+
+class PageTooLarge(Exception):
+    pass
+
+
+async def read_bounded(client: httpx.AsyncClient, url: str, limit: int) -> bytes:
+    """GET `url`'s body, raising httpx.HTTPStatusError on a non-2xx answer and
+    PageTooLarge past `limit` bytes (stopping there)."""
+    async with client.stream("GET", url) as response:
+        response.raise_for_status()
+        body = bytearray()
+        # Decoded (engines gzip their pages when asked, and httpx asks), and bounded
+        # as decoded: a small compressed page cannot expand past `limit` either.
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > limit:
+                raise PageTooLarge(f"{url} is larger than {limit} bytes")
+    return bytes(body)
+
+
+def total_slots(body: bytes) -> int | None:
+    """llama.cpp's ``/props`` ``total_slots``; None unless a positive integer."""
+    try:
+        props = json.loads(body)
+    except ValueError:
+        return None
+    slots = props.get("total_slots") if isinstance(props, dict) else None
+    return slots if isinstance(slots, int) and not isinstance(slots, bool) and slots > 0 else None
 
 
 class Scraper:
@@ -60,11 +102,14 @@ class Scraper:
         self.metrics.scrapes.labels(ident).inc()
         started = trio.current_time()
         state.last_scrape_attempt = started
+        base = state.endpoint.url.rstrip("/")
         try:
             with trio.fail_after(self.timeout):
-                response = await self.client.get(state.endpoint.url.rstrip("/") + "/metrics")
-            response.raise_for_status()
-            sample = parse_metrics(response.content, previous=state.sample)
+                page = await read_bounded(self.client, base + "/metrics", MAX_METRICS_BYTES)
+            sample = parse_metrics(page, previous=state.sample)
+        except PageTooLarge:
+            self._failed(state, f"the /metrics page is larger than {MAX_METRICS_BYTES} bytes")
+            return
         except trio.TooSlowError:
             self._failed(state, f"scrape timed out after {self.timeout:g}s")
             return
@@ -83,6 +128,22 @@ class Scraper:
         state.inflight_at_scrape = state.inflight
         state.last_scrape = now
         state.last_error = None
+        if (
+            sample.engine == "llamacpp"
+            and state.endpoint.capacity is None
+            and state.reported_capacity is None
+            and (state.props_tried is None or now - state.props_tried >= PROPS_EVERY)
+        ):
+            state.props_tried = now
+            await self._read_slots(state, base)
+
+    async def _read_slots(self, state: EndpointState, base: str) -> None:
+        try:
+            with trio.fail_after(self.timeout):
+                body = await read_bounded(self.client, base + "/props", MAX_PROPS_BYTES)
+        except (trio.TooSlowError, httpx.HTTPError, PageTooLarge):
+            return  # unknown until a later try: its queue still says when it is full
+        state.reported_capacity = total_slots(body)
 
     def _failed(self, state: EndpointState, message: str) -> None:
         self.metrics.scrape_errors.labels(state.endpoint.id).inc()

@@ -1,0 +1,108 @@
+"""The scrape loop against pages an engine might serve: gzip, oversized, llama.cpp's
+slots. httpx's MockTransport plays the engine (the loop's HTTP is httpx's own)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import httpx
+import trio
+import trio.testing
+
+from llmgw.router.endpoints import Endpoint, EndpointRegistry
+from llmgw.router.metrics import RouterMetrics
+from llmgw.router.scraper import MAX_METRICS_BYTES, PROPS_EVERY, Scraper, total_slots
+
+VLLM_PAGE = b"vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n"
+LLAMA_PAGE = b"llamacpp:requests_processing 2\nllamacpp:requests_deferred 0\n"
+
+
+def scraper(handler: httpx.MockTransport, capacity: int | None = None) -> Scraper:
+    registry = EndpointRegistry(failure_threshold=3, cooldown=1.0)
+    registry.upsert(Endpoint("e", "http://engine", ("m",), capacity=capacity))
+    return Scraper(
+        registry,
+        RouterMetrics(),
+        interval=1.0,
+        timeout=1.0,
+        client=httpx.AsyncClient(transport=handler),
+    )
+
+
+async def test_a_gzip_page_is_read_decoded() -> None:
+    def serve(request: httpx.Request) -> httpx.Response:
+        assert "gzip" in request.headers["accept-encoding"]
+        return httpx.Response(
+            200, content=gzip.compress(VLLM_PAGE), headers={"content-encoding": "gzip"}
+        )
+
+    s = scraper(httpx.MockTransport(serve))
+    (state,) = s.endpoints.all()
+    await s.scrape_one(state)
+    assert state.last_error is None
+    assert state.sample is not None and (state.sample.running, state.sample.waiting) == (3, 1)
+
+
+async def test_an_oversized_page_fails_the_scrape_and_keeps_the_last_sample() -> None:
+    pages = [VLLM_PAGE, VLLM_PAGE + b"# " + b"x" * MAX_METRICS_BYTES + b"\n"]
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=pages.pop(0))
+
+    s = scraper(httpx.MockTransport(serve))
+    (state,) = s.endpoints.all()
+    await s.scrape_one(state)
+    first = state.sample
+    await s.scrape_one(state)
+    assert state.last_error == f"the /metrics page is larger than {MAX_METRICS_BYTES} bytes"
+    assert state.sample is first
+
+
+def test_llama_cpp_says_how_many_slots_it_runs() -> None:
+    asked: list[str] = []
+    props = [httpx.Response(503), httpx.Response(200, json={"total_slots": 6})]
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        if request.url.path == "/props":
+            return props.pop(0)
+        return httpx.Response(200, content=LLAMA_PAGE)
+
+    clock = trio.testing.MockClock()
+
+    async def main() -> None:
+        s = scraper(httpx.MockTransport(serve))
+        (state,) = s.endpoints.all()
+        await s.scrape_one(state)
+        assert state.capacity is None  # /props failed: unknown, its queue still counts
+        await s.scrape_one(state)
+        assert asked == ["/metrics", "/props", "/metrics"]  # not asked again at once
+        clock.jump(PROPS_EVERY)
+        await s.scrape_one(state)
+        assert state.capacity == 6
+        assert state.candidate(trio.current_time()).capacity == 6
+        await s.scrape_one(state)
+        assert asked.count("/props") == 2  # known: never asked again
+
+    trio.run(main, clock=clock)
+
+
+async def test_a_configured_capacity_wins_and_props_is_not_asked() -> None:
+    asked: list[str] = []
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        return httpx.Response(200, content=LLAMA_PAGE)
+
+    s = scraper(httpx.MockTransport(serve), capacity=2)
+    (state,) = s.endpoints.all()
+    await s.scrape_one(state)
+    assert asked == ["/metrics"] and state.capacity == 2
+
+
+def test_total_slots_is_strict() -> None:
+    assert total_slots(json.dumps({"total_slots": 4}).encode()) == 4
+    for bad in (b"", b"[]", b"{}", b'{"total_slots": 0}', b'{"total_slots": true}',
+                b'{"total_slots": "4"}', b'{"total_slots": 4.5}', b"\xff"):  # fmt: skip
+        assert total_slots(bad) is None, bad
