@@ -26,6 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.agent.adapters.llamacpp import BUILD_HINT, LLAMA_CPP_BUILD, find_llama_server
+from llmgw.router.scraper import total_slots
 from llmgw.testing_gguf import write_tiny_gguf
 from tests.procs import (
     BIN,
@@ -145,6 +146,12 @@ def test_two_replicas_are_placed_one_per_node_and_scraped_as_llamacpp(
         assert endpoints[i]["kv_usage"] is None, endpoints[i]
         assert endpoints[i]["waiting"] is not None and endpoints[i]["running"] is not None
         assert i in gauges["llmgw_endpoint_waiting_requests"], gauges
+        # Its capacity is the -np its agent launched it with (reported over gRPC), and
+        # the real engine's /props says the same, as the scraper reads it for static
+        # llama.cpp endpoints.
+        assert endpoints[i]["capacity"] == 2, endpoints[i]
+        props = httpx.get(f"{endpoints[i]['url']}/props", timeout=5)
+        assert total_slots(props.content) == 2, props.text[:500]
         assert i not in gauges.get("llmgw_endpoint_kv_cache_usage_ratio", {}), gauges
 
 
