@@ -448,8 +448,9 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]
         table.add_column(name, justify="left" if i == 0 else "right", overflow="fold")
     for row in rows:
         table.add_row(*row)
-    # Wide even when piped (README pastes), so that cells are not folded.
-    width = os.get_terminal_size().columns if sys.stdout.isatty() else 200
+    # Wide even when piped (README pastes), so that cells are not folded (router_overhead's
+    # last table has six router columns).
+    width = os.get_terminal_size().columns if sys.stdout.isatty() else 260
     Console(width=max(100, width)).print(table)
 
 

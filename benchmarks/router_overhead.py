@@ -1,10 +1,10 @@
-"""Router overhead: the same workload sent directly to engines, through llmgw and
-through vllm-router, in one run.
+"""Router overhead: the same workload sent directly to engines, through llmgw,
+through vllm-router and through sglang-router, in one run.
 
-    benchmarks/setup_peers.sh                       # once: vllm-router, wrk
-    python benchmarks/router_overhead.py [--quick] [--json]      # ~9 min; --quick ~2 min
+    benchmarks/setup_peers.sh                 # once: vllm-router, sglang-router, wrk
+    python benchmarks/router_overhead.py [--quick] [--json]      # ~11 min; --quick ~2 min
                                          [--engine sim|timer|llamacpp]... [--phase NAME]...
-                                         [--no-cache-aware]
+                                         [--no-cache-aware] [--no-sglang] [--no-peers]
 
 Everything runs on 127.0.0.1 and is started and stopped by this script. Two engine
 patterns, one after the other, each with its own two replicas and its own routers:
@@ -26,7 +26,17 @@ one target later), same prompts for all within a round:
   admission (none should: the replicas run 256 sequences each);
 * vllm-router rr and vllm-router cache_aware: PyPI's `vllm-router` (Rust) with its
   round_robin and cache_aware policies, from benchmarks/.venv-peers
-  (benchmarks/setup_peers.sh; never a dependency of llmgw itself).
+  (benchmarks/setup_peers.sh; never a dependency of llmgw itself);
+* sglang-router rr and sglang-router cache_aware: PyPI's `sglang-router` (Rust; the
+  SGLang Model Gateway, which vllm-router is a fork of), `sglang-router launch
+  --worker-urls ...` with the same two policies, from the same venv. Registering a
+  replica it reads /health (required), /server_info else /get_server_info and
+  /model_info else /get_model_info (optional); the script probes these itself and
+  prints what the replicas answered. It also asks the Hugging Face hub for a
+  tokenizer of the model /get_model_info names: HF_ENDPOINT points it at a refused
+  loopback port instead. (It sets no TCP_NODELAY on client connections: from the
+  second request on a keep-alive connection its streams reach the client ~40 ms late,
+  Nagle against the client's delayed ACK; its streaming TTFT rows include that.)
 
 Phases: non-streaming through **wrk** (Debian's package; 64 connections, 2 threads,
 a Lua script posting chat completions; for direct each wrk thread is pinned to one
@@ -110,7 +120,21 @@ DIRECT = "direct"
 LLMGW = "llmgw"
 VLLM_RR = "vllm-router rr"
 VLLM_CA = "vllm-router cache_aware"
+SGLANG_RR = "sglang-router rr"
+SGLANG_CA = "sglang-router cache_aware"
+PEERS = (VLLM_RR, VLLM_CA, SGLANG_RR, SGLANG_CA)
 REFERENCE = VLLM_RR  # the vllm-router row the ratios are taken against
+
+# What sglang-router reads from each worker while registering it, in this order (the
+# second name of a pair only after a 404 on the first; seen in its log and through a
+# logging proxy), and whether it needs it: without a 200 on /health it never registers
+# the worker (its readiness stays "insufficient healthy workers"); without the two
+# info endpoints it registers it anyway, as model "unknown" and without labels.
+SGLANG_WORKER_PATHS = (
+    (("/health",), True),
+    (("/server_info", "/get_server_info"), False),
+    (("/model_info", "/get_model_info"), False),
+)
 
 
 @attrs.frozen
@@ -200,7 +224,7 @@ class Router:
     """One router process under test."""
 
     name: str
-    kind: str  # "llmgw" | "vllm-router"
+    kind: str  # "llmgw" | "vllm-router" | "sglang-router"
     base: str
     proc: c.Proc
     metrics_url: str
@@ -217,6 +241,9 @@ class Router:
         """Requests per replica so far, by the router's own counter."""
         if self.kind == "llmgw":
             return c.scrape_by_label(self.metrics_url, "llmgw_requests_total", "endpoint")
+        if self.kind == "sglang-router":
+            # Per worker it counts circuit-breaker outcomes: one per upstream attempt.
+            return c.scrape_by_label(self.metrics_url, "smg_worker_cb_outcomes_total", "worker")
         return c.scrape_by_label(self.metrics_url, "vllm_router_processed_requests_total", "worker")
 
 
@@ -340,6 +367,124 @@ def start_vllm_router(
     return Router(
         VLLM_RR if policy == "round_robin" else VLLM_CA,
         "vllm-router",
+        base,
+        proc,
+        f"http://{c.LOOPBACK}:{metrics_port}/metrics",
+        flags,
+    )
+
+
+def sglang_router_argv(
+    binary: Path, port: int, metrics_port: int, bases: Sequence[str], policy: str
+) -> list[str]:
+    return [
+        str(binary), "launch",
+        "--host", c.LOOPBACK,
+        "--port", str(port),
+        "--worker-urls", *bases,
+        "--policy", policy,
+        "--prometheus-host", c.LOOPBACK,
+        "--prometheus-port", str(metrics_port),
+        "--log-level", "warn",
+        # As for vllm-router: only how soon it looks at the replicas when starting.
+        "--worker-startup-check-interval", "1",
+        "--worker-startup-timeout-secs", "60",
+    ]  # fmt: skip
+
+
+def probe_worker_paths(bases: Sequence[str]) -> dict[str, dict[str, int | str]]:
+    """Per replica, the status each path sglang-router reads at registration answers
+    (SGLANG_WORKER_PATHS; the fallback only after a 404, as sglang-router does)."""
+    out: dict[str, dict[str, int | str]] = {}
+    for base in bases:
+        seen: dict[str, int | str] = {}
+        for paths, _ in SGLANG_WORKER_PATHS:
+            for path in paths:
+                try:
+                    r = httpx.get(f"{base}{path}", timeout=5, trust_env=False)
+                    status: int | str = r.status_code
+                except httpx.HTTPError as e:
+                    status = type(e).__name__
+                seen[path] = status
+                if status != 404:
+                    break
+        out[base] = seen
+    return out
+
+
+def worker_paths_note(probe: dict[str, dict[str, int | str]]) -> str:
+    """One line for the header: what the replicas answered (all alike, else per replica)."""
+    texts = {
+        base: ", ".join(f"{path} {status}" for path, status in seen.items())
+        for base, seen in probe.items()
+    }
+    if len(set(texts.values())) == 1:
+        return next(iter(texts.values()))
+    return "; ".join(f"replica {i}: {t}" for i, t in enumerate(texts.values()))
+
+
+def worker_paths_missing(probe: dict[str, dict[str, int | str]]) -> list[str]:
+    """What a replica lacks of what sglang-router reads (no 200 on either name), each
+    marked required or optional."""
+    missing: list[str] = []
+    for seen in probe.values():
+        for paths, required in SGLANG_WORKER_PATHS:
+            if not any(seen.get(path) == 200 for path in paths):
+                name = " or ".join(paths)
+                name += " (required)" if required else ' (optional: model "unknown")'
+                if name not in missing:
+                    missing.append(name)
+    return missing
+
+
+def start_sglang_router(
+    fleet: c.Fleet, binary: Path, pattern: Pattern, bases: Sequence[str], policy: str
+) -> Router:
+    """sglang-router in front of `bases`, started like start_vllm_router; raises
+    RuntimeError when it does not take both replicas within 60 s."""
+    # Held ports, as for vllm-router (its listeners bind with SO_REUSEADDR too).
+    port, metrics_port, hub_port = fleet.reserve_port(), fleet.reserve_port(), fleet.reserve_port()
+    argv = sglang_router_argv(binary, port, metrics_port, bases, policy)
+    # It loads a tokenizer for each worker's model from the Hugging Face hub (the
+    # tokenizer_path of /get_model_info; unused by its HTTP router): the hub is a held
+    # loopback port here, which refuses, and its cache a directory of this run, so no
+    # traffic leaves 127.0.0.1 and no token of the user's is read.
+    hub_home = fleet.logdir / "sglang-hf-home"
+    env = {"HF_ENDPOINT": f"http://{c.LOOPBACK}:{hub_port}", "HF_HOME": str(hub_home)}
+    name = f"sglang-router-{policy}-{pattern.name}"
+    proc = c.Proc(argv, fleet.logdir / f"{name}.log", env)
+    fleet.procs.append(proc)
+    base = f"http://{c.LOOPBACK}:{port}"
+    # /health answers before any worker is registered; /readiness counts them (and
+    # answers a server error, which its log shows as an ERROR line, until one is).
+    deadline = time.monotonic() + 60.0
+    healthy = 0
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            break
+        try:
+            r = httpx.get(f"{base}/readiness", timeout=2, trust_env=False)
+            healthy = int(r.json().get("healthy_workers", 0)) if r.status_code == 200 else 0
+        except (httpx.HTTPError, ValueError):
+            healthy = 0
+        if healthy == len(bases):
+            break
+        time.sleep(0.1)
+    if healthy != len(bases):
+        output = proc.output(2000)
+        fleet.stop([proc])
+        raise RuntimeError(
+            f"sglang-router ({policy}) took {healthy} of {len(bases)} replicas in 60 s; "
+            f"its log {proc.log}:\n{output}"
+        )
+    shown = {str(port): "PORT", str(metrics_port): "PORT2"}
+    flags = " ".join(shown.get(a, a) for a in argv[1:] if not a.startswith("http://")).replace(
+        "--worker-urls", "--worker-urls URL1 URL2"
+    )
+    flags += f"; env HF_ENDPOINT=http://{c.LOOPBACK}:PORT3 (refused) HF_HOME=RUNDIR/{hub_home.name}"
+    return Router(
+        SGLANG_RR if policy == "round_robin" else SGLANG_CA,
+        "sglang-router",
         base,
         proc,
         f"http://{c.LOOPBACK}:{metrics_port}/metrics",
@@ -821,7 +966,7 @@ def report(result: dict[str, Any]) -> None:
 
 def report_targets(result: dict[str, Any]) -> None:
     rows = result["rows"]
-    names = [n for n in (LLMGW, VLLM_RR, VLLM_CA) if any(x["target"] == n for x in rows)]
+    names = [n for n in (LLMGW, *PEERS) if any(x["target"] == n for x in rows)]
     contenders = [n for n in (LLMGW,) if n in names]
 
     def get(pattern: str, phase: str, target: str, key: str) -> Any:
@@ -920,7 +1065,8 @@ def report_targets(result: dict[str, Any]) -> None:
                 add(metric, p, vals, ratio2, "(no target)", ratio_column=False)
     c.print_table(
         "Against issue #15's targets (llmgw / vllm-router rr; ratios are llmgw with its "
-        "default configuration over vllm-router rr; nothing asserted)",
+        "default configuration over vllm-router rr; sglang-router's numbers beside them, "
+        "no target of their own; nothing asserted)",
         ["metric", "engines", *names, "llmgw / vllm-router rr", "target", "verdict"],
         table,
     )
@@ -937,10 +1083,15 @@ async def main_async(
     only: list[str] | None,
     cache_aware: bool,
     peers: bool,
+    sglang: bool,
     peers_venv: Path,
     wrk: str,
 ) -> dict[str, Any]:
     vllm_bin = peer_binary(peers_venv, "vllm-router") if peers else None
+    sglang_bin = peer_binary(peers_venv, "sglang-router") if peers and sglang else None
+    # Per engine pattern: what the replicas answered on the paths sglang-router reads,
+    # what they lack of them, and whether sglang-router could not be started.
+    sglang_workers: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     probe: dict[str, Any] | None = None
     rss_after_128: dict[str, dict[str, int]] = {}
@@ -969,6 +1120,31 @@ async def main_async(
             routers.append(start_vllm_router(fleet, vllm_bin, pattern, bases, "round_robin"))
             if cache_aware:
                 routers.append(start_vllm_router(fleet, vllm_bin, pattern, bases, "cache_aware"))
+        if sglang_bin is not None:
+            probe_paths = probe_worker_paths(bases)
+            info: dict[str, Any] = {
+                "paths": probe_paths,
+                "note": worker_paths_note(probe_paths),
+                "missing": worker_paths_missing(probe_paths),
+                "failed": None,
+            }
+            sglang_workers[pname] = info
+            if info["missing"]:
+                c.log(
+                    f"[{pname}] the replicas lack what sglang-router reads: "
+                    f"{', '.join(info['missing'])}; they answered {info['note']}"
+                )
+            started: list[Router] = []
+            try:
+                for policy in ("round_robin", "cache_aware") if cache_aware else ("round_robin",):
+                    started.append(start_sglang_router(fleet, sglang_bin, pattern, bases, policy))
+            except RuntimeError as e:
+                # Reported, and the run goes on without sglang-router on these engines.
+                fleet.stop([r.proc for r in started])
+                started = []
+                info["failed"] = str(e)
+                c.log(f"[{pname}] sglang-router left out: {str(e).splitlines()[0]}")
+            routers += started
         by_name = {r.name: r for r in routers}
         for r in routers:
             r.events = {
@@ -1023,6 +1199,16 @@ async def main_async(
             if vllm_bin is not None
             else None
         ),
+        "peers_venv": str(peers_venv),
+        "sglang_router": (
+            {
+                "version": peer_version(peers_venv, "sglang-router"),
+                "binary": str(sglang_bin),
+                "worker_paths": sglang_workers,
+            }
+            if sglang_bin is not None
+            else None
+        ),
         "probe": probe,
         "routers": router_info,
         "router_child_processes": child_processes,
@@ -1056,16 +1242,22 @@ def main(argv: list[str] | None = None) -> int:
         help="run only this phase (repeatable), e.g. 'stream c=32'",
     )
     p.add_argument(
-        "--no-cache-aware", action="store_true", help="skip vllm-router's cache_aware policy"
+        "--no-cache-aware",
+        action="store_true",
+        help="skip the cache_aware policy of vllm-router and sglang-router",
     )
+    p.add_argument("--no-sglang", action="store_true", help="no sglang-router targets")
     p.add_argument(
-        "--no-peers", action="store_true", help="no vllm-router targets (direct and llmgw only)"
+        "--no-peers",
+        action="store_true",
+        help="no vllm-router or sglang-router targets (direct and llmgw only)",
     )
     p.add_argument(
         "--peers-venv",
         type=Path,
         default=PEERS_VENV,
-        help=f"venv holding vllm-router (default {PEERS_VENV}; made by setup_peers.sh)",
+        help=f"venv holding vllm-router and sglang-router (default {PEERS_VENV}; "
+        "made by setup_peers.sh)",
     )
     args = p.parse_args(argv)
     if args.phase:
@@ -1087,6 +1279,17 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if (
+        not args.no_peers
+        and not args.no_sglang
+        and peer_binary(args.peers_venv, "sglang-router") is None
+    ):
+        print(
+            f"router_overhead: no sglang-router in {args.peers_venv}: run "
+            "benchmarks/setup_peers.sh (or pass --no-sglang)",
+            file=sys.stderr,
+        )
+        return 2
     settings = QUICK if args.quick else DEFAULT
     started = time.monotonic()
     result = None
@@ -1101,6 +1304,7 @@ def main(argv: list[str] | None = None) -> int:
                     only=args.phase,
                     cache_aware=not args.no_cache_aware,
                     peers=not args.no_peers,
+                    sglang=not args.no_sglang,
                     peers_venv=args.peers_venv,
                     wrk=wrk,
                 )
@@ -1137,11 +1341,28 @@ def main(argv: list[str] | None = None) -> int:
         ev = ", ".join(f"{n} {e.get(OUTPUT_TOKENS, '-')}" for n, e in events.items())
         print(f"engines {pname}: {desc}; SSE events per {OUTPUT_TOKENS}-token stream: {ev}")
     print(f"wrk: {result['wrk']['version']}, -t {WRK_THREADS} -c {WRK_CONNECTIONS}")
+    peers = [
+        f"{dist} {result[key]['version']}"
+        for dist, key in (("vllm-router", "vllm_router"), ("sglang-router", "sglang_router"))
+        if result[key]
+    ]
+    if peers:
+        print(f"peers: {', '.join(peers)} (PyPI's wheels, in {result['peers_venv']})")
     for n, info in result["routers"].items():
         version = ""
-        if info["kind"] == "vllm-router" and result["vllm_router"]:
-            version = f"vllm-router {result['vllm_router']['version']} "
+        for kind, key in (("vllm-router", "vllm_router"), ("sglang-router", "sglang_router")):
+            if info["kind"] == kind and result[key]:
+                version = f"{kind} {result[key]['version']} "
         print(f"{n}: {version}{info['settings']}")
+    if result["sglang_router"]:
+        for pname, w in result["sglang_router"]["worker_paths"].items():
+            line = f"sglang-router's registration reads on the {pname} replicas: {w['note']}"
+            if w["missing"]:
+                line += f"; absent: {', '.join(w['missing'])}"
+            print(line)
+            if w["failed"]:
+                first = w["failed"].splitlines()[0]
+                print(f"  sglang-router LEFT OUT on the {pname} engines: {first}")
     if result["probe"] is not None:
         pr = result["probe"]
         print(
