@@ -1,14 +1,21 @@
-"""`llmgw-sim`: a simulated LLM engine that behaves like a small vLLM replica under load."""
+"""`llmgw-sim`: a simulated LLM engine that behaves like a small vLLM replica under load.
+
+`--personality NAME` makes it resemble another engine instead (the engine zoo of
+llmgw.sim.personalities): its values replace the engine defaults below, and any engine
+flag given explicitly still wins over them. Without one, the defaults are those shown.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 from functools import partial
 
 import trio
 
+from llmgw.sim import personalities
 from llmgw.sim.metrics import FORMATS
 from llmgw.sim.model import EngineConfig
 from llmgw.sim.server import Faults, SimConfig, describe, serve
@@ -30,8 +37,45 @@ from llmgw_cli._common import (
 PROG = "llmgw-sim"
 
 
+#: The flag that sets each EngineConfig field.
+ENGINE_FLAGS = {
+    "max_num_seqs": "--max-num-seqs",
+    "num_blocks": "--kv-blocks",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_model_len": "--max-model-len",
+    "prefill_us_per_token": "--prefill-us-per-token",
+    "decode_step_ms": "--decode-step-ms",
+    "decode_ms_per_seq": "--decode-ms-per-seq",
+}
+
+
+def _personalities_epilog() -> str:
+    """Each personality and the values it sets, for --help."""
+    out = ["personalities (--personality NAME; explicit engine flags still override):"]
+    for p in personalities.PERSONALITIES.values():
+        out.append(f"  {p.name}: {p.summary}")
+        values = [f"--metrics-format {p.metrics_format}"]
+        for field, value in p.engine.items():
+            if field == "enable_prefix_caching":
+                values.append("--prefix-caching" if value else "--no-prefix-caching")
+            else:
+                values.append(f"{ENGINE_FLAGS[field]} {value:g}")
+        out.append(
+            textwrap.fill(
+                ", ".join(values),
+                88,
+                initial_indent=" " * 6,
+                subsequent_indent=" " * 6,
+                break_on_hyphens=False,
+            )
+        )
+    return "\n".join(out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = parser(PROG, __doc__ or "")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter  # keep the epilog's lines
+    p.epilog = _personalities_epilog()
     d = EngineConfig()
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     p.add_argument(
@@ -48,56 +92,72 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="served model name; repeat for aliases, the first is the primary (default sim-model)",
     )
-    g = p.add_argument_group("engine")
+    p.add_argument(
+        "--personality",
+        choices=personalities.NAMES,
+        default=None,
+        metavar="NAME",
+        help="defaults resembling a real engine (listed below)",
+    )
+    g = p.add_argument_group(
+        "engine (a default in brackets is the one without --personality; a personality "
+        "sets its own)"
+    )
+    # Engine flags default to None ("not given") so a personality can fill them.
     g.add_argument(
         "--max-num-seqs",
         type=int_in(1),
-        default=d.max_num_seqs,
+        default=None,
         metavar="N",
-        help="sequences in the running batch (default %(default)s)",
+        help=f"sequences in the running batch [{d.max_num_seqs}]",
     )
     g.add_argument(
         "--kv-blocks",
         type=int_in(1),
-        default=d.num_blocks,
+        default=None,
         metavar="N",
-        help=f"KV-cache blocks of {d.block_size} tokens (default %(default)s)",
+        help=f"KV-cache blocks of {d.block_size} tokens [{d.num_blocks}]",
     )
     g.add_argument(
         "--max-num-batched-tokens",
         type=int_in(1),
-        default=d.max_num_batched_tokens,
+        default=None,
         metavar="N",
-        help="token budget of one step (default %(default)s)",
+        help=f"token budget of one step [{d.max_num_batched_tokens}]",
     )
     g.add_argument(
         "--max-model-len",
         type=int_in(2),
-        default=d.max_model_len,
+        default=None,
         metavar="N",
-        help="prompt + output limit (default %(default)s)",
+        help=f"prompt + output limit [{d.max_model_len}]",
     )
-    g.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
+    g.add_argument(
+        "--prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the prefix cache [on]",
+    )
     g.add_argument(
         "--prefill-us-per-token",
         type=float_in(0),
-        default=d.prefill_us_per_token,
+        default=None,
         metavar="US",
-        help="prefill cost per uncached prompt token (default %(default)s)",
+        help=f"prefill cost per uncached prompt token [{d.prefill_us_per_token:g}]",
     )
     g.add_argument(
         "--decode-step-ms",
         type=float_in(0),
-        default=d.decode_step_ms,
+        default=None,
         metavar="MS",
-        help="fixed cost of one engine step (default %(default)s)",
+        help=f"fixed cost of one engine step [{d.decode_step_ms:g}]",
     )
     g.add_argument(
         "--decode-ms-per-seq",
         type=float_in(0),
-        default=d.decode_ms_per_seq,
+        default=None,
         metavar="MS",
-        help="added step cost per decoding sequence (default %(default)s)",
+        help=f"added step cost per decoding sequence [{d.decode_ms_per_seq:g}]",
     )
     g.add_argument(
         "--default-max-tokens",
@@ -117,8 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--metrics-format",
         choices=FORMATS,
-        default="vllm",
-        help="metric names on /metrics (default %(default)s)",
+        default=None,
+        help="metric names on /metrics (llamacpp also serves /props and /slots) [vllm]",
     )
     f = p.add_argument_group("fault injection (also settable at runtime: POST /sim/faults)")
     f.add_argument(
@@ -167,8 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
-    """Raises ValueError for combinations that argparse cannot check alone."""
-    engine = EngineConfig(
+    """Raises ValueError for combinations that argparse cannot check alone.
+
+    Engine settings come from EngineConfig's defaults, then the personality's, then
+    the flags given (an engine flag left out is None)."""
+    persona = personalities.get(args.personality) if args.personality else None
+    engine = personalities.engine_config(
+        persona,
         max_num_seqs=args.max_num_seqs,
         num_blocks=args.kv_blocks,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -176,9 +241,10 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         prefill_us_per_token=args.prefill_us_per_token,
         decode_step_ms=args.decode_step_ms,
         decode_ms_per_seq=args.decode_ms_per_seq,
-        enable_prefix_caching=not args.no_prefix_caching,
+        enable_prefix_caching=args.prefix_caching,
         seed=args.seed,
     )
+    metrics_format = args.metrics_format or (persona.metrics_format if persona else "vllm")
     faults = Faults(
         error_rate=args.fault_error_rate,
         error_status=args.fault_error_status,
@@ -195,10 +261,11 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         port=args.port,
         models=models,
         engine=engine,
-        metrics_format=args.metrics_format,
+        metrics_format=metrics_format,
         default_max_tokens=args.default_max_tokens,
         embedding_dim=args.embedding_dim,
         faults=faults,
+        personality=persona.name if persona else None,
     )
 
 

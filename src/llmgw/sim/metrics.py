@@ -1,8 +1,30 @@
-"""Prometheus exposition of the simulated engine, in vLLM's or SGLang's names.
+"""Prometheus exposition of the simulated engine, in vLLM's, SGLang's or llama.cpp's names.
 
 Everything is read at scrape time from the engine's ``Stats`` and from ``Recorder``
-(latency histograms, per-reason request counts), all owned by the trio thread: the
-route calls ``render()`` there, so the collector needs no locks.
+(latency histograms, per-reason request counts, step counts), all owned by the trio
+thread: the route calls ``render()`` there, so the collector needs no locks.
+
+The ``llamacpp`` format is the page ``llama-server --metrics`` serves, copied from
+build b11434 (the one llmgw's tests run): fifteen unlabelled ``llamacpp:`` samples,
+each with its ``# HELP`` and ``# TYPE`` lines, in llama-server's order and with its
+types (``n_tokens_max`` really is declared a counter there), values printed as C++
+streams print a double (``%g``: ``1.23457e+06`` for a large counter, as llama-server
+does). There is no KV-cache gauge: current llama-server exports none (older builds
+had ``kv_cache_usage_ratio`` / ``kv_cache_tokens``), and no hit-rate gauge either; its
+only cache figure is the counter ``prompt_tokens_cached_total``. How the simulator
+fills each sample:
+
+* ``requests_processing`` / ``requests_deferred``: sequences running / waiting;
+* ``prompt_tokens_total``: prompt tokens computed at admission (cache misses),
+  ``prompt_tokens_cached_total``: prompt tokens found in the prefix cache;
+* ``tokens_predicted_total``: generated tokens;
+* ``prompt_seconds_total`` / ``tokens_predicted_seconds_total``: slot-seconds spent in
+  steps that prefilled / decoded each sequence (llama-server sums them per slot too);
+* ``prompt_tokens_seconds`` / ``predicted_tokens_seconds``: tokens per slot-second
+  since the previous scrape (llama-server resets this "bucket" on every ``/metrics``);
+* ``n_decode_total``: engine steps, ``n_busy_slots_per_decode``: sequences per step;
+* ``n_tokens_max``: the longest finished sequence (prompt + output);
+* ``spec_decode_*``: 0 (no speculative decoding here).
 """
 
 from __future__ import annotations
@@ -21,10 +43,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from llmgw.sim.model import EngineConfig, Stats
+from llmgw.sim.model import EngineConfig, Finished, ScheduledStep, Stats
 
-MetricsFormat = Literal["vllm", "sglang"]
-FORMATS: tuple[MetricsFormat, ...] = ("vllm", "sglang")
+MetricsFormat = Literal["vllm", "sglang", "llamacpp"]
+FORMATS: tuple[MetricsFormat, ...] = ("vllm", "sglang", "llamacpp")
 
 # vLLM's bucket edges, so dashboards built for vLLM read these unchanged.
 TTFT_BUCKETS = (
@@ -79,6 +101,23 @@ class Recorder:
         self.e2e = Histogram(E2E_BUCKETS)
         self.finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
         self._recent: deque[tuple[float, int]] = deque()
+        # llama.cpp's counters: steps, sequences per step summed, slot-seconds spent
+        # prefilling and decoding, the longest finished sequence.
+        self.steps = 0
+        self.busy_slots = 0
+        self.prompt_seconds = 0.0
+        self.decode_seconds = 0.0
+        self.max_seq_tokens = 0
+
+    def stepped(self, step: ScheduledStep) -> None:
+        """One engine step has completed."""
+        self.steps += 1
+        self.busy_slots += len(step.work)
+        self.decode_seconds += step.duration * step.num_decodes
+        self.prompt_seconds += step.duration * (len(step.work) - step.num_decodes)
+
+    def sequence_done(self, done: Finished) -> None:
+        self.max_seq_tokens = max(self.max_seq_tokens, done.prompt_tokens + done.completion_tokens)
 
     def generated(self, now: float, n: int) -> None:
         self._recent.append((now, n))
@@ -102,6 +141,8 @@ class EngineCollector(Collector):
         recorder: Recorder,
         clock: Callable[[], float],
     ) -> None:
+        if fmt not in ("vllm", "sglang"):
+            raise ValueError(f"EngineCollector serves vllm or sglang names, not {fmt!r}")
         self.fmt = fmt
         self.model = model_name
         self.config = config
@@ -212,3 +253,130 @@ class Exposition:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class LlamaCppPage:
+    """llama-server's ``/metrics`` page (see the module docstring), rendered by hand:
+    prometheus_client would append ``_total`` to its counters and label nothing the way
+    llama-server does not."""
+
+    def __init__(self, stats: Callable[[], Stats], recorder: Recorder) -> None:
+        self.stats = stats
+        self.rec = recorder
+        # llama-server's throughput gauges cover the time since the previous scrape.
+        self._bucket = (0.0, 0.0, 0.0, 0.0)
+
+    def samples(self) -> list[tuple[str, str, str, float]]:
+        """(name without ``llamacpp:``, type, help, value), in llama-server's order."""
+        s, rec = self.stats(), self.rec
+        uncached = float(s.prefix_queries - s.prefix_hits)
+        generated = float(s.generation_tokens)
+        now = (uncached, rec.prompt_seconds, generated, rec.decode_seconds)
+        prev, self._bucket = self._bucket, now
+        d_prompt, d_prompt_s, d_gen, d_gen_s = (a - b for a, b in zip(now, prev, strict=True))
+        prompt_rate = d_prompt / d_prompt_s if d_prompt > 0 and d_prompt_s > 0 else 0.0
+        gen_rate = d_gen / d_gen_s if d_gen > 0 and d_gen_s > 0 else 0.0
+        counter, gauge = "counter", "gauge"
+        return [
+            (
+                "prompt_tokens_total",
+                counter,
+                "Number of prompt tokens processed, excluding cached tokens",
+                uncached,
+            ),
+            (
+                "prompt_tokens_cached_total",
+                counter,
+                "Number of prompt tokens reused from the cache",
+                float(s.prefix_hits),
+            ),
+            (
+                "prompt_seconds_total",
+                counter,
+                "Total time spent processing prompts",
+                rec.prompt_seconds,
+            ),
+            ("tokens_predicted_total", counter, "Number of generation tokens processed", generated),
+            (
+                "tokens_predicted_seconds_total",
+                counter,
+                "Total time spent generating tokens",
+                rec.decode_seconds,
+            ),
+            (
+                "n_decode_total",
+                counter,
+                "Total number of llama_decode() calls, excluding speculative decoding and "
+                "multimodal decoding",
+                float(rec.steps),
+            ),
+            (
+                "n_tokens_max",
+                counter,
+                "Largest observed sequence length (prompt + generation)",
+                float(rec.max_seq_tokens),
+            ),
+            (
+                "spec_decode_num_draft_tokens_total",
+                counter,
+                "Speculative: Total draft tokens generated",
+                0.0,
+            ),
+            (
+                "spec_decode_num_accepted_tokens_total",
+                counter,
+                "Speculative: Total draft tokens accepted by the target model",
+                0.0,
+            ),
+            (
+                "spec_decode_num_drafts_total",
+                counter,
+                "Speculative: Total speculative decoding verification steps",
+                0.0,
+            ),
+            ("prompt_tokens_seconds", gauge, "Average prompt throughput in tokens/s", prompt_rate),
+            (
+                "predicted_tokens_seconds",
+                gauge,
+                "Average generation throughput in tokens/s",
+                gen_rate,
+            ),
+            ("requests_processing", gauge, "Number of requests processing", float(s.num_running)),
+            ("requests_deferred", gauge, "Number of requests deferred", float(s.num_waiting)),
+            (
+                "n_busy_slots_per_decode",
+                gauge,
+                "Average number of busy slots per llama_decode() call",
+                rec.busy_slots / max(rec.steps, 1),
+            ),
+        ]
+
+    def render(self) -> bytes:
+        lines: list[str] = []
+        for name, kind, doc, value in self.samples():
+            lines.append(f"# HELP llamacpp:{name} {doc}")
+            lines.append(f"# TYPE llamacpp:{name} {kind}")
+            lines.append(f"llamacpp:{name} {value:g}")
+        return ("\n".join(lines) + "\n").encode()
+
+
+#: The content type each format's page is served with (llama-server's has no charset).
+CONTENT_TYPES: dict[MetricsFormat, bytes] = {
+    "vllm": b"text/plain; version=0.0.4; charset=utf-8",
+    "sglang": b"text/plain; version=0.0.4; charset=utf-8",
+    "llamacpp": b"text/plain; version=0.0.4",
+}
+
+
+def exposition(
+    fmt: MetricsFormat,
+    model_name: str,
+    config: EngineConfig,
+    stats: Callable[[], Stats],
+    recorder: Recorder,
+    clock: Callable[[], float],
+) -> Exposition | LlamaCppPage:
+    """The ``/metrics`` page of a simulator in format `fmt`."""
+    if fmt == "llamacpp":
+        return LlamaCppPage(stats, recorder)
+    return Exposition(EngineCollector(fmt, model_name, config, stats, recorder, clock))

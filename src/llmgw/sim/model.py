@@ -153,6 +153,18 @@ class Stats:
     preemptions: int
 
 
+@attrs.frozen
+class Running:
+    """One sequence of the running batch, as llama-server's ``/slots`` shows a slot."""
+
+    request_id: str
+    prompt_tokens: int
+    computed_tokens: int  # of prompt and output, whose KV is in the cache
+    cached_tokens: int  # prompt tokens found in the prefix cache at admission
+    output_tokens: int
+    max_tokens: int
+
+
 class BlockManager:
     """The paged KV cache: fixed-size blocks, reference counts, a prefix cache.
 
@@ -386,6 +398,20 @@ class Engine:
             requests_aborted=self._aborted,
             preemptions=self._preemptions,
         )
+
+    def running(self) -> list[Running]:
+        """The running batch, in admission order."""
+        return [
+            Running(
+                request_id=seq.request_id,
+                prompt_tokens=seq.num_prompt,
+                computed_tokens=seq.num_computed,
+                cached_tokens=seq.cached_tokens,
+                output_tokens=seq.num_output,
+                max_tokens=seq.request.max_tokens,
+            )
+            for seq in self._running
+        ]
 
     def cached_tokens(self, request_id: str) -> int:
         seq = self._by_id.get(request_id)

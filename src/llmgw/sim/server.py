@@ -19,6 +19,14 @@ the primary one.
 Faults (flags or ``POST /sim/faults``; see ``Faults``) apply to the chat, completion and
 embedding routes only, so health checks and scrapes keep passing on a sick replica.
 
+Side endpoints: vLLM's (``/tokenize``, ``/reset_prefix_cache``, ``/version`` and the
+render routes of :mod:`llmgw.sim.render`) and SGLang's (``/get_model_info``,
+``/get_server_info``, ``/flush_cache``, ``/health_generate``) always; llama-server's
+``/props`` and ``/slots`` (:mod:`llmgw.sim.llamacpp`) only with the ``llamacpp``
+metrics format, so a replica that looks like vLLM does not hand out a slot count.
+Request bodies are validated before anything else: a malformed one is a 400 (an
+unknown model a 404) in OpenAI's error shape, never a 500.
+
 Served by llmgw's own HTTP/1.1 server (:mod:`llmgw.http.server`), like llmgw-server: the
 simulator shares the benchmark machine's cores with the router it is measured against,
 so its per-request cost is kept low too. TCP_NODELAY is on for every accepted
@@ -37,6 +45,7 @@ import signal
 import struct
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NoReturn, cast
@@ -49,8 +58,8 @@ from llmgw.http import asgi
 from llmgw.http.asgi import answer_non_http
 from llmgw.http.server import HttpServerConfig
 from llmgw.http.server import serve as http_serve
-from llmgw.sim import tokens
-from llmgw.sim.metrics import EngineCollector, Exposition, MetricsFormat, Recorder
+from llmgw.sim import llamacpp, render, tokens
+from llmgw.sim.metrics import CONTENT_TYPES, MetricsFormat, Recorder, exposition
 from llmgw.sim.model import Engine, EngineConfig, Finished, Request, Token
 from llmgw.units import Address
 
@@ -163,6 +172,8 @@ class SimConfig:
     default_max_tokens: int = 16
     embedding_dim: int = 384
     faults: Faults = attrs.Factory(Faults)
+    #: The personality the defaults came from (llmgw.sim.personalities), if any.
+    personality: str | None = None
 
 
 # -- engine driver ----------------------------------------------------------------------
@@ -214,6 +225,7 @@ class EngineDriver:
             now = trio.current_time()
             outcome = self.engine.end_step(now)
             rec = self.recorder
+            rec.stepped(outcome.step)
             for latency in outcome.first_token_latencies:
                 rec.ttft.observe(latency)
             if outcome.tokens:
@@ -228,6 +240,7 @@ class EngineDriver:
             for done in outcome.finished:
                 rid = done.request_id
                 rec.e2e.observe(done.finished_at - done.arrival)
+                rec.sequence_done(done)
                 rec.finished[self._reasons.pop(rid, "length")] += 1
                 self._last_token_at.pop(rid, None)
                 self._deliver(rid, done, last=True)
@@ -323,6 +336,10 @@ def parse_json(body: bytes) -> dict[str, Any]:
         obj = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise HTTPError(400, f"malformed JSON body: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise HTTPError(
+            400, "malformed JSON body: nested too deeply", code="invalid_json"
+        ) from None
     if not isinstance(obj, dict):
         raise HTTPError(400, "the request body must be a JSON object", code="invalid_json")
     return obj
@@ -377,7 +394,7 @@ class SimApp:
         self._ids = 0
         self._id_prefix = uuid.uuid4().hex[:12]
         self.started = int(time.time())
-        collector = EngineCollector(
+        self.exposition = exposition(
             config.metrics_format,
             config.models[0],
             config.engine,
@@ -385,7 +402,7 @@ class SimApp:
             self.recorder,
             trio.current_time,
         )
-        self.exposition = Exposition(collector)
+        self.slots = llamacpp.SlotTable(config.engine.max_num_seqs, config.engine.max_model_len)
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
@@ -405,6 +422,11 @@ class SimApp:
             ("GET", "/sim/faults"): self._get_faults,
             ("POST", "/sim/faults"): self._set_faults,
         }
+        if config.metrics_format == "llamacpp":
+            # llama-server's own side endpoints, only where its metric names are: a
+            # replica that looks like vLLM must not answer /props with its slot count.
+            self._routes[("GET", "/props")] = self._props
+            self._routes[("GET", "/slots")] = self._slots
         # The routes whose requests count towards faults.exit_after.
         self._counted = (self._chat, self._completions, self._embeddings)
 
@@ -440,8 +462,24 @@ class SimApp:
         await send_json(send, 200, {"version": __version__})
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+        fmt = self.config.metrics_format
+        headers = [(b"content-type", CONTENT_TYPES[fmt])]
+        if fmt == "llamacpp":
+            headers.append((b"process-start-time-unix", str(self.started).encode()))
         await send_bytes(send, 200, self.exposition.render(), headers)
+
+    async def _props(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """llama-server's /props (llamacpp format only; see llmgw.sim.llamacpp)."""
+        build = f"llmgw-sim {__version__}"
+        await send_json(send, 200, llamacpp.props(self.config.models, self.config.engine, build))
+
+    async def _slots(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """llama-server's /slots; ``?fail_on_no_slot=1`` answers 503 when all are busy."""
+        running = self.engine.running()
+        query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        if any(query.get("fail_on_no_slot", [])) and self.slots.idle(running) == 0:
+            raise HTTPError(503, "no slot available", type="unavailable_error")
+        await send_json(send, 200, self.slots.slots(running))
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         data = [
@@ -603,25 +641,80 @@ class SimApp:
             seed=seed,
         )
 
-    # -- render (vLLM's tokenize-only endpoints) ------------------------------------------
+    # -- render (vLLM's tokenize-only endpoints; see llmgw.sim.render) ---------------------
 
-    def _render(self, body: Mapping[str, Any], chat: bool) -> dict[str, Any]:
-        req = self._generation_request(body, chat)
-        rendered: dict[str, Any] = {
-            "request_id": self._next_id("chatcmpl" if chat else "cmpl"),
-            "token_ids": list(req.prompt),
-            "sampling_params": {
-                "max_tokens": req.max_tokens,
-                "seed": req.seed,
-                "temperature": body.get("temperature"),
-                "top_p": body.get("top_p"),
-            },
-            "model": req.model,
-            "stream": req.stream,
-        }
-        if isinstance(body.get("stream_options"), dict):
-            rendered["stream_options"] = body["stream_options"]
-        return rendered
+    def _render_prompts(self, body: Mapping[str, Any]) -> list[tuple[int, ...]]:
+        """A completions body's prompts: one string or token-id list, or a batch of them."""
+        prompt = body.get("prompt")
+        is_ids = isinstance(prompt, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        )
+        if not isinstance(prompt, list) or is_ids:
+            return [self._prompt(body, chat=False)]
+        if not prompt:
+            raise HTTPError(400, "'prompt' must not be an empty list", param="prompt")
+        out: list[tuple[int, ...]] = []
+        for item in prompt:
+            if not isinstance(item, str | list) or (
+                isinstance(item, list) and any(isinstance(x, str | list) for x in item)
+            ):
+                raise HTTPError(
+                    400,
+                    "each 'prompt' of a batch must be a string or a list of token ids",
+                    param="prompt",
+                )
+            out.append(self._prompt({"prompt": item}, chat=False))
+        return out
+
+    def _render(self, body: Mapping[str, Any], chat: bool) -> list[dict[str, Any]]:
+        """The GenerateRequest of each prompt of `body` (one for chat)."""
+        self._check_model(body)
+        prompts = [self._prompt(body, chat=True)] if chat else self._render_prompts(body)
+        n = body.get("n", 1)
+        if n not in (None, 1):
+            raise HTTPError(400, "only n=1 is supported", param="n")
+        limit = body.get("max_completion_tokens") if chat else None
+        param = "max_completion_tokens"
+        if limit is None:
+            limit, param = body.get("max_tokens"), "max_tokens"
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise HTTPError(400, f"'{param}' must be a positive integer", param=param)
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise HTTPError(400, "'seed' must be an integer", param="seed")
+        context = self.config.engine.max_model_len
+        try:
+            fields = render.request_fields(body)
+            out: list[dict[str, Any]] = []
+            for ids in prompts:
+                if not ids:
+                    raise HTTPError(
+                        400, "the prompt is empty", param="messages" if chat else "prompt"
+                    )
+                room = context - len(ids)
+                if room < 1 or (limit is not None and limit > room):
+                    asked = f" and asks for {limit} more" if limit is not None else ""
+                    raise HTTPError(
+                        400,
+                        f"this model's maximum context length is {context} tokens; the "
+                        f"request has {len(ids)} prompt tokens{asked}",
+                        param=param,
+                    )
+                max_tokens = room if limit is None else limit
+                prefix = "chatcmpl" if chat else "cmpl"
+                out.append(
+                    {
+                        "request_id": f"{prefix}-{uuid.uuid4().hex}",
+                        "token_ids": list(ids),
+                        "sampling_params": render.sampling_params(body, chat, max_tokens, seed),
+                        **fields,
+                    }
+                )
+        except render.RenderError as e:
+            raise HTTPError(400, str(e), param=e.param) from None
+        return out
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         """vLLM's /tokenize: a `prompt` or chat `messages` to token ids."""
@@ -640,11 +733,11 @@ class SimApp:
 
     async def _chat_render(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = parse_json(await read_body(scope, receive))
-        await send_json(send, 200, self._render(body, chat=True))
+        await send_json(send, 200, self._render(body, chat=True)[0])
 
     async def _completions_render(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = parse_json(await read_body(scope, receive))
-        await send_json(send, 200, [self._render(body, chat=False)])
+        await send_json(send, 200, self._render(body, chat=False))
 
     # -- faults ---------------------------------------------------------------------------
 
@@ -951,8 +1044,9 @@ async def serve(
 def describe(config: SimConfig, binds: Sequence[str]) -> str:
     """The line `llmgw-sim` prints once it listens on `binds` (URLs)."""
     where = ", ".join(url.removeprefix("http://") for url in binds)
+    persona = f"personality {config.personality}, " if config.personality else ""
     return (
         f"llmgw-sim {__version__}: listening on {where}, serving {', '.join(config.models)} "
-        f"({config.metrics_format} metrics, max_num_seqs={config.engine.max_num_seqs}, "
+        f"({persona}{config.metrics_format} metrics, max_num_seqs={config.engine.max_num_seqs}, "
         f"kv_blocks={config.engine.num_blocks})"
     )
