@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -265,3 +266,49 @@ def test_malformed_bodies_give_text_without_raising() -> None:
     ]
     for body in bad:
         assert isinstance(prompt_text_for_affinity(body), str)
+
+
+def naive_match(table: PrefixTable, hashes: list[int], now: float) -> dict[str, float]:
+    """The definition: walk the chain from its start, stop at the first block nobody
+    holds, and give each endpoint its share at the deepest block it holds."""
+    result: dict[str, float] = {}
+    cutoff = now - table.ttl
+    for i, h in enumerate(hashes):
+        holders = table._entries.get(h)
+        live = {ep: n for ep, (seen, n) in (holders or {}).items() if seen >= cutoff}
+        if not live:
+            break
+        most = max(live.values())
+        for ep, n in live.items():
+            result[ep] = (i + 1) / len(hashes) * (0.5 + 0.5 * n / most)
+    return result
+
+
+@settings(max_examples=examples(200))
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=3),  # which of 4 prompts
+            st.integers(min_value=1, max_value=6),  # how many of its blocks
+            st.sampled_from(["a", "b", "c"]),
+            st.floats(min_value=0, max_value=5),  # time step
+        ),
+        max_size=40,
+    ),
+    st.integers(min_value=1, max_value=12),  # table size: small, so LRU evicts
+    st.integers(min_value=0, max_value=3),
+    st.floats(min_value=0, max_value=30),
+)
+def test_match_agrees_with_the_walk_from_the_start(
+    records: list[tuple[int, int, str, float]], size: int, probe: int, later: float
+) -> None:
+    # Four prompts sharing a first block in pairs: chains that share and diverge.
+    chains = [[1, 10, 11, 12, 13, 14], [1, 10, 21, 22, 23, 24], [2, 30, 31, 32, 33, 34],
+              [2, 40, 41, 42, 43, 44]]  # fmt: skip
+    table = PrefixTable(size, ttl=10.0)
+    now = 0.0
+    for prompt, blocks, ep, step in records:
+        now += step
+        table.record(chains[prompt][:blocks], ep, now)
+    at = now + later
+    assert table.match(chains[probe], at) == pytest.approx(naive_match(table, chains[probe], at))

@@ -121,11 +121,16 @@ class PrefixTable:
         """Per endpoint, how well it holds `hashes` as a leading chain, in (0, 1].
 
         The fraction of the chain it holds, scaled by its share of the prefix's
-        traffic (from 1/2 for a holder that served it once in a while up to 1 for the
-        one that served it most): when load spills a prefix to a second replica, the
-        first one stays the prefix's home instead of the prefix spreading over the
-        fleet. Endpoints with no match are absent. Walks the chain from the start
-        and stops at the first hash nobody holds.
+        traffic at the deepest block it holds (from 1/2 for a holder that served it
+        once in a while up to 1 for the one that served it most): when load spills a
+        prefix to a second replica, the first one stays the prefix's home instead of
+        the prefix spreading over the fleet. Endpoints with no match are absent.
+
+        Holding is monotone along a chain: :meth:`record` marks every block of a
+        prompt at once, so a block's marks are never fresher than its parent's, and
+        LRU eviction cuts chains from their tail. So the chain's held length is found
+        by bisection, and each endpoint's deepest block by walking back from there
+        only until every holder of the first block is placed.
         """
         result: dict[str, float] = {}
         total = len(hashes)
@@ -133,17 +138,36 @@ class PrefixTable:
             return result
         cutoff = now - self.ttl
         entries = self._entries
-        for i, h in enumerate(hashes):
-            holders = entries.get(h)
-            if not holders:
-                break
-            live = {ep: count for ep, (seen, count) in holders.items() if seen >= cutoff}
-            if not live:
-                break
+
+        def live(i: int) -> dict[str, tuple[float, int]] | None:
+            holders = entries.get(hashes[i])
+            if holders and any(seen >= cutoff for seen, _ in holders.values()):
+                return holders
+            return None
+
+        first = live(0)
+        if first is None:
+            return result
+        lo, hi = 1, total  # blocks [0, lo) are held; [hi, total) are not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if live(mid) is not None:
+                lo = mid + 1
+            else:
+                hi = mid
+        pending = {ep for ep, (seen, _) in first.items() if seen >= cutoff}
+        for i in range(lo - 1, -1, -1):
+            holders = live(i)
+            if holders is None:
+                continue
+            most = max(count for seen, count in holders.values() if seen >= cutoff)
             fraction = (i + 1) / total
-            most = max(live.values())
-            for ep, count in live.items():
-                result[ep] = fraction * (0.5 + 0.5 * count / most)
+            for ep, (seen, count) in holders.items():
+                if seen >= cutoff and ep in pending:
+                    result[ep] = fraction * (0.5 + 0.5 * count / most)
+                    pending.discard(ep)
+            if not pending:
+                break
         return result
 
     def record(self, hashes: Sequence[int], endpoint_id: str, now: float) -> None:
