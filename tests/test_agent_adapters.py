@@ -439,3 +439,5 @@ def test_capacity_is_what_the_engine_was_launched_with() -> None:
     )
     # The simulator ships with llmgw, so its default is known.
     assert SIM.command(start("sim", weights="sim"), NODE).capacity == 64
+    vllm_like = start("sim", weights="sim", args=["--personality", "vllm"])
+    assert SIM.command(vllm_like, NODE).capacity == 256

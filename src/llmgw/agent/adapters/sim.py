@@ -14,9 +14,9 @@ from __future__ import annotations
 import sys
 
 from llmgw import __version__
-from llmgw.agent.adapters.base import BaseAdapter, LaunchSpec, base_url, flag_int
+from llmgw.agent.adapters.base import BaseAdapter, LaunchSpec, base_url
 from llmgw.control.fleet import EngineInfo, NodeInfo
-from llmgw.sim.model import EngineConfig
+from llmgw.sim.personalities import capacity_from_args
 from llmgw.transport.messages import StartShard
 
 __all__ = ["SimAdapter"]
@@ -56,5 +56,5 @@ class SimAdapter(BaseAdapter):
             health_url=f"{url}/health",
             endpoint_url=url if serves else None,
             metrics_url=f"{url}/metrics",
-            capacity=flag_int(cmd.profile.args, "--max-num-seqs") or EngineConfig().max_num_seqs,
+            capacity=capacity_from_args(cmd.profile.args),
         )
