@@ -77,3 +77,48 @@ def test_64_streams_run_on_two_big_engines_with_no_admission_wait() -> None:
                     nursery.cancel_scope.cancel()
 
         trio.run(main)
+
+
+def test_a_small_engine_s_capacity_is_learned_from_its_queue() -> None:
+    """A 4-sequence engine that nothing describes: once it queues what the router sent,
+    the router knows it runs 4 and counts it full there (admission then holds the rest
+    in its own queue, in band order, rather than the engine's)."""
+    with (
+        sim("--max-num-seqs", "4", model="m") as (_, e0),
+        server("--endpoint", f"s0={e0}=m") as srv,
+    ):
+        srv.wait_scraped()
+        assert srv.endpoints()["s0"]["capacity"] is None  # nothing says it yet
+
+        async def stream(client: httpx.AsyncClient) -> None:
+            body = {
+                "model": "m",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": LONG,
+                "stream": True,
+            }
+            async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+                async for _ in resp.aiter_lines():
+                    pass
+
+        async def main() -> None:
+            with trio.fail_after(DEADLINE):
+                async with (
+                    httpx.AsyncClient(base_url=srv.base, timeout=30) as client,
+                    trio.open_nursery() as nursery,
+                ):
+                    for _ in range(10):
+                        nursery.start_soon(stream, client)
+                    view = await wait_until(
+                        lambda: trio.to_thread.run_sync(
+                            lambda: (e := srv.endpoints()["s0"])["capacity"] is not None and e
+                        ),
+                        "a learned capacity",
+                        20,
+                        context=lambda: f"endpoint: {srv.endpoints()['s0']}",
+                    )
+                    assert (view["capacity"], view["capacity_source"]) == (4, "learned"), view
+                    assert view["saturation"] == 1.0, view
+                    nursery.cancel_scope.cancel()
+
+        trio.run(main)

@@ -106,3 +106,26 @@ def test_total_slots_is_strict() -> None:
     for bad in (b"", b"[]", b"{}", b'{"total_slots": 0}', b'{"total_slots": true}',
                 b'{"total_slots": "4"}', b'{"total_slots": 4.5}', b"\xff"):  # fmt: skip
         assert total_slots(bad) is None, bad
+
+
+async def test_a_capacity_is_learned_from_the_engines_queue_when_nothing_says_it() -> None:
+    idle = b"vllm:num_requests_running 32\nvllm:num_requests_waiting 0\n"
+    queued = b"vllm:num_requests_running 32\nvllm:num_requests_waiting 6\n"
+    pages = [idle, queued + b"vllm:kv_cache_usage_perc 0.4\n"]
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=pages.pop(0))
+
+    s = scraper(httpx.MockTransport(serve))
+    (state,) = s.endpoints.all()
+    await s.scrape_one(state)
+    assert (state.capacity, state.capacity_source) == (None, None)  # no queue yet
+    await s.scrape_one(state)
+    assert (state.capacity, state.capacity_source) == (32, "learned")
+    assert state.candidate(trio.current_time()).capacity == 32
+    # A configured capacity is never second-guessed.
+    pinned = scraper(httpx.MockTransport(lambda r: httpx.Response(200, content=queued)), 256)
+    (state,) = pinned.endpoints.all()
+    await pinned.scrape_one(state)
+    assert (state.capacity, state.capacity_source) == (256, "configured")
+    assert state.learned_capacity is None

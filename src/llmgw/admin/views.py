@@ -70,8 +70,11 @@ class EndpointView:
     pool: str
     weight: float
     priority: int
-    # Sequences its engine runs at once, when known (launch flags, configuration).
-    capacity: int | None
+    # Sequences its engine runs at once, when known, and from where: "configured"
+    # (configuration or the control plane's launch flags), "engine" (llama.cpp's
+    # /props) or "learned" (from its queue; llmgw.router.scheduling.capacity).
+    capacity: float | None
+    capacity_source: Literal["configured", "engine", "learned"] | None
     draining: bool
     engine: str | None
     waiting: float | None

@@ -108,7 +108,11 @@ class Router:
             max_event_bytes=r.max_event_bytes,
         )
         self.scraper = Scraper(
-            self.endpoints, self.metrics, interval=r.scrape_interval, timeout=r.scrape_timeout
+            self.endpoints,
+            self.metrics,
+            interval=r.scrape_interval,
+            timeout=r.scrape_timeout,
+            scoring=r.scoring,
         )
         # How full replicas are by their engines' account: admission and the views.
         self.saturation = Saturation(r.scoring, r.stale_after)
@@ -309,6 +313,7 @@ class Router:
                     "weight": state.endpoint.weight,
                     "priority": state.endpoint.priority,
                     "capacity": state.capacity,
+                    "capacity_source": state.capacity_source,
                     "draining": state.draining,
                     "engine": None if s is None else s.engine,
                     "waiting": None if s is None else s.waiting,

@@ -57,6 +57,7 @@ class EndpointState:
         "last_error",
         "last_scrape",
         "last_scrape_attempt",
+        "learned_capacity",
         "props_tried",
         "reported_capacity",
         "sample",
@@ -76,13 +77,26 @@ class EndpointState:
         # nothing; and when the router last asked.
         self.reported_capacity: int | None = None
         self.props_tried: float | None = None
+        # Learned from its queue when nothing says it (scheduling.capacity).
+        self.learned_capacity: float | None = None
 
     @property
-    def capacity(self) -> int | None:
+    def capacity(self) -> float | None:
         """Sequences the engine runs at once: configured (or from the control plane),
-        else as the engine reports it, else unknown."""
-        e = self.endpoint.capacity
-        return e if e is not None else self.reported_capacity
+        else as the engine reports it, else as learned from its queue, else unknown."""
+        for value in (self.endpoint.capacity, self.reported_capacity, self.learned_capacity):
+            if value is not None:
+                return value
+        return None
+
+    @property
+    def capacity_source(self) -> str | None:
+        """Where :attr:`capacity` comes from: configured, engine, learned, or None."""
+        if self.endpoint.capacity is not None:
+            return "configured"
+        if self.reported_capacity is not None:
+            return "engine"
+        return "learned" if self.learned_capacity is not None else None
 
     def age(self, now: float) -> float | None:
         return None if self.last_scrape is None else now - self.last_scrape

@@ -3,6 +3,8 @@
 llama.cpp also says how many slots it runs (``GET /props``: ``total_slots``); for a
 llama.cpp endpoint whose capacity nothing configured, that is read too, at most every
 :data:`PROPS_EVERY` seconds until it answers, and becomes the endpoint's capacity.
+Where nothing says a replica's capacity, it is learned from the engine's queue
+(:mod:`llmgw.router.scheduling.capacity`).
 Both pages are read up to a bound (:data:`MAX_METRICS_BYTES`, :data:`MAX_PROPS_BYTES`):
 an engine cannot make the router hold an unbounded page.
 """
@@ -15,8 +17,10 @@ from collections.abc import Callable
 import httpx
 import trio
 
+from llmgw.config import ScoringConfig
 from llmgw.router.endpoints import EndpointRegistry, EndpointState
 from llmgw.router.metrics import RouterMetrics
+from llmgw.router.scheduling.capacity import learn
 from llmgw.router.scrape import parse_metrics
 
 # A vLLM page is ~100 KB (histograms, a few label sets); far more is not a metrics page.
@@ -68,9 +72,11 @@ class Scraper:
         *,
         interval: float,
         timeout: float,
+        scoring: ScoringConfig | None = None,
         client: httpx.AsyncClient | None = None,
     ) -> None:
         self.endpoints = endpoints
+        self.scoring = scoring or ScoringConfig()
         self.metrics = metrics
         self.interval = interval
         self.timeout = timeout
@@ -128,6 +134,16 @@ class Scraper:
         state.inflight_at_scrape = state.inflight
         state.last_scrape = now
         state.last_error = None
+        if state.endpoint.capacity is None and state.reported_capacity is None:
+            state.learned_capacity = learn(
+                state.learned_capacity,
+                running=sample.running,
+                waiting=sample.waiting,
+                kv_usage=sample.kv_usage,
+                load=max((sample.running or 0.0) + (sample.waiting or 0.0), state.inflight),
+                target_waiting=self.scoring.target_waiting,
+                kv_ceiling=self.scoring.kv_ceiling,
+            )
         if (
             sample.engine == "llamacpp"
             and state.endpoint.capacity is None

@@ -16,9 +16,10 @@ it (the :class:`Prior`), or by nothing when none does. Then::
     kv   = kv_usage                              (None when unknown with no prior)
 
 ``capacity`` is how many sequences the engine runs at once, when something says so:
-the control plane (from the flags it launched the engine with) or the endpoint's
-configuration. Nothing guesses it: with no capacity the engine's own queue says when
-it is full.
+the control plane (from the flags it launched the engine with), the endpoint's
+configuration, the engine itself (llama.cpp's ``/props``), or the engine's own queue
+(:mod:`.capacity`: the number it runs while it holds a queue). Nothing guesses it:
+before any of these, the engine's own queue alone says when it is full.
 
 Saturation (:meth:`Saturation.saturated`, :meth:`Saturation.level`)
 -------------------------------------------------------------------
