@@ -5,23 +5,31 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.router.scheduling.capacity import NEAR, learn
+from llmgw.router.scheduling.capacity import NEAR, Learned, learn
 from tests.properties import examples
 
 
-def step(learned: float | None, running: float, waiting: float, **kw: float | None) -> float | None:
-    kv = kw.pop("kv", 0.3)
-    load = kw.pop("load", running + waiting)
-    assert not kw
+def step(
+    learned: Learned | None,
+    running: float,
+    waiting: float,
+    *,
+    kv: float | None = 0.3,
+    load: float | None = None,
+) -> Learned | None:
     return learn(
         learned,
         running=running,
         waiting=waiting,
         kv_usage=kv,
-        load=float(load),  # type: ignore[arg-type]
+        load=running + waiting if load is None else load,
         target_waiting=4.0,
         kv_ceiling=0.9,
     )
+
+
+def capacity(learned: Learned | None) -> float | None:
+    return None if learned is None else learned.capacity
 
 
 def test_unknown_until_the_engine_queues() -> None:
@@ -35,27 +43,37 @@ def test_unknown_until_the_engine_queues() -> None:
 
 
 def test_a_queue_with_room_in_the_cache_is_the_batch_limit() -> None:
-    assert step(None, 32, 6) == 32
-    assert step(None, 32, 6, kv=None) == 32  # llama.cpp reports no KV gauge
+    assert capacity(step(None, 32, 6)) == 32
+    assert capacity(step(None, 32, 6, kv=None)) == 32  # llama.cpp reports no KV gauge
     # Relearned downwards too: it really runs only that many now.
-    assert step(64, 40, 5) == 40
+    assert capacity(step(Learned(64), 40, 5)) == 40
     # A full KV cache is its own signal (the scheduler's KV dimension) and no limit.
     assert step(None, 20, 9, kv=0.95) is None
-    assert step(32, 20, 9, kv=0.95) == 32
+    assert capacity(step(Learned(32), 20, 9, kv=0.95)) == 32
 
 
-def test_a_low_guess_doubles_while_the_engine_runs_all_it_is_sent() -> None:
-    learned: float | None = step(None, 20, 4)  # a burst: really a 256-sequence engine
-    assert learned == 20
-    seen = [learned]
-    for _ in range(5):
-        # The router holds traffic near the guess; the engine queues nothing.
-        learned = step(learned, NEAR * learned, 0)
-        seen.append(learned)
-    assert seen == [20, 40, 80, 160, 320, 640]
-    # Far below the guess, or with a queue under the target, it stays.
-    assert step(64, 10, 0) == 64
-    assert step(64, 60, 2) == 64
+def test_probing_past_a_real_limit_comes_back_to_it() -> None:
+    # At its real limit of 32 the engine runs 32 and queues nothing (the router holds
+    # the rest): the capacity grows a little, the engine queues, it comes back.
+    grown = step(Learned(32), 32, 0)
+    assert capacity(grown) == 32 * 1.1
+    back = step(grown, 32, 2, load=35)
+    assert back == Learned(32)
+
+
+def test_a_low_guess_grows_faster_with_each_scrape_that_shows_room() -> None:
+    learned = step(None, 20, 4)  # a burst: really a 256-sequence engine
+    assert learned == Learned(20)
+    seen = []
+    while learned is not None and learned.capacity < 256:
+        learned = step(learned, NEAR * learned.capacity, 0)
+        assert learned is not None
+        seen.append(round(learned.capacity, 1))
+    # Past the real 256 in six scrapes; there the engine queues and it comes back.
+    assert seen == [22.0, 26.4, 37.0, 66.5, 173.0, 726.5]
+    # Far below the learned capacity, nothing is learned either way.
+    assert step(Learned(64), 10, 0) == Learned(64)
+    assert step(Learned(64), 10, 2) == Learned(64)
 
 
 @settings(max_examples=examples(200))
@@ -65,23 +83,28 @@ def test_a_low_guess_doubles_while_the_engine_runs_all_it_is_sent() -> None:
             st.floats(min_value=0, max_value=300),
             st.floats(min_value=0, max_value=50),
             st.one_of(st.none(), st.floats(min_value=0, max_value=1)),
+            st.floats(min_value=0, max_value=400),
         ),
         max_size=30,
     )
 )
-def test_never_below_what_it_was_seen_running_with_no_queue(
-    samples: list[tuple[float, float, float | None]],
+def test_only_learned_from_a_queue_and_never_below_one_since(
+    samples: list[tuple[float, float, float | None, float]],
 ) -> None:
-    """Whatever the scrapes, the learned capacity is never below the running count of
-    the last scrape that showed a queue with room in the cache, and is only learned
-    from such a scrape."""
-    learned: float | None = None
+    """Whatever the scrapes: unknown until the engine first held a real queue with room
+    in its cache, and never below the smallest running count of any scrape since that
+    showed a queue (the engine ran at least that many when it was full)."""
+    learned: Learned | None = None
     floor: float | None = None
-    for running, waiting, kv in samples:
-        learned = step(learned, running, waiting, kv=kv)
-        if waiting >= 4 and running >= 1 and (kv is None or kv < 0.9):
-            floor = running
+    for running, waiting, kv, extra in samples:
+        load = running + waiting + extra
+        learned = step(learned, running, waiting, kv=kv, load=load)
+        room = kv is None or kv < 0.9
+        if waiting >= 4 and running >= 1 and room:
+            floor = running if floor is None else min(floor, running)
+        elif floor is not None and waiting > 0 and running >= 1 and room:
+            floor = min(floor, running)
         if floor is None:
             assert learned is None
         else:
-            assert learned is not None and learned >= floor
+            assert learned is not None and learned.capacity >= floor

@@ -128,4 +128,4 @@ async def test_a_capacity_is_learned_from_the_engines_queue_when_nothing_says_it
     (state,) = pinned.endpoints.all()
     await pinned.scrape_one(state)
     assert (state.capacity, state.capacity_source) == (256, "configured")
-    assert state.learned_capacity is None
+    assert state.learned is None

@@ -15,6 +15,7 @@ import attrs
 
 from llmgw.router.breaker import Breaker
 from llmgw.router.scheduling import Candidate
+from llmgw.router.scheduling.capacity import Learned
 from llmgw.router.scrape import EngineSample
 
 
@@ -57,7 +58,7 @@ class EndpointState:
         "last_error",
         "last_scrape",
         "last_scrape_attempt",
-        "learned_capacity",
+        "learned",
         "props_tried",
         "reported_capacity",
         "sample",
@@ -78,13 +79,14 @@ class EndpointState:
         self.reported_capacity: int | None = None
         self.props_tried: float | None = None
         # Learned from its queue when nothing says it (scheduling.capacity).
-        self.learned_capacity: float | None = None
+        self.learned: Learned | None = None
 
     @property
     def capacity(self) -> float | None:
         """Sequences the engine runs at once: configured (or from the control plane),
         else as the engine reports it, else as learned from its queue, else unknown."""
-        for value in (self.endpoint.capacity, self.reported_capacity, self.learned_capacity):
+        learned = None if self.learned is None else self.learned.capacity
+        for value in (self.endpoint.capacity, self.reported_capacity, learned):
             if value is not None:
                 return value
         return None
@@ -96,7 +98,7 @@ class EndpointState:
             return "configured"
         if self.reported_capacity is not None:
             return "engine"
-        return "learned" if self.learned_capacity is not None else None
+        return "learned" if self.learned is not None else None
 
     def age(self, now: float) -> float | None:
         return None if self.last_scrape is None else now - self.last_scrape

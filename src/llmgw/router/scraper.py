@@ -135,8 +135,8 @@ class Scraper:
         state.last_scrape = now
         state.last_error = None
         if state.endpoint.capacity is None and state.reported_capacity is None:
-            state.learned_capacity = learn(
-                state.learned_capacity,
+            state.learned = learn(
+                state.learned,
                 running=sample.running,
                 waiting=sample.waiting,
                 kv_usage=sample.kv_usage,

@@ -2,17 +2,24 @@
 
 Where nothing says a replica's capacity (no launch flag the control plane saw, no
 ``capacity`` on the endpoint, no llama.cpp ``/props``), the router learns it from the
-engine's own queue, scrape by scrape (:func:`learn`):
+engine's own queue, scrape by scrape (:func:`learn`), in the manner of TCP's
+congestion window:
 
-* **The engine holds a queue while its KV cache has room** (``waiting >=
+* **First**, the engine holds a real queue while its KV cache has room (``waiting >=
   target_waiting``, KV below its ceiling or unreported): it is at its batch limit, so
-  the number it runs is its capacity: ``capacity = running``.
-* **It ran all we sent near the learned capacity without queueing** (``waiting == 0``
-  and the load at the scrape at least :data:`NEAR` of it): the capacity was learned
-  low (a passing burst, or the engine was reconfigured), so it **doubles**. A low
-  guess holds traffic back for a few scrapes at most, never for good.
-* Otherwise it stays as it is. Before the engine first queues, it is unknown: nothing
-  caps a replica that has never said it is full.
+  the number it runs is its capacity. Before that it is unknown, and nothing caps a
+  replica that has never said it is full.
+* **Near the learned capacity** (the load at the scrape at least :data:`NEAR` of it,
+  which is where the router holds traffic once it knows one):
+
+  - any queue means the router sent past the limit: back to what the engine runs;
+  - no queue means it may have more room than learned: the capacity grows by
+    :data:`GROWTH`, and the growth doubles with each such scrape in a row (10 %,
+    20 %, 40 %, ...), so a guess learned low from a passing burst recovers in a few
+    scrapes while probing past a real limit costs an engine queue of about a tenth
+    of its batch for one scrape.
+
+* A real queue (``waiting >= target_waiting``) anywhere also sets it to what runs.
 
 A KV cache at its ceiling is its own saturation signal and teaches nothing about the
 batch limit, so it is left alone then. Pure: the scraper calls it with each sample.
@@ -20,14 +27,24 @@ batch limit, so it is left alone then. Pure: the scraper calls it with each samp
 
 from __future__ import annotations
 
-__all__ = ["NEAR", "learn"]
+import attrs
+
+__all__ = ["GROWTH", "NEAR", "Learned", "learn"]
 
 # "At the learned capacity": the load of the default band's ceiling (0.85) and up.
 NEAR = 0.8
+GROWTH = 0.1
+
+
+@attrs.frozen
+class Learned:
+    capacity: float
+    # Scrapes in a row near the capacity with no queue (how fast it grows).
+    streak: int = 0
 
 
 def learn(
-    learned: float | None,
+    learned: Learned | None,
     *,
     running: float | None,
     waiting: float | None,
@@ -35,7 +52,7 @@ def learn(
     load: float,
     target_waiting: float,
     kv_ceiling: float,
-) -> float | None:
+) -> Learned | None:
     """The capacity after one scrape (see the module docstring); `load` is the larger
     of the engine's running + waiting and the router's own in-flight count then."""
     if running is None or waiting is None:
@@ -43,7 +60,10 @@ def learn(
     if kv_usage is not None and kv_usage >= kv_ceiling:
         return learned
     if waiting >= target_waiting and running >= 1:
-        return float(running)
-    if learned is not None and waiting == 0 and load >= NEAR * learned:
-        return 2 * learned
-    return learned
+        return Learned(float(running))
+    if learned is None or load < NEAR * learned.capacity:
+        return learned
+    if waiting > 0:
+        return Learned(float(running)) if running >= 1 else learned
+    grown = learned.capacity * (1 + GROWTH * 2**learned.streak)
+    return Learned(max(grown, learned.capacity + 1), learned.streak + 1)
