@@ -20,6 +20,20 @@ LONG = 3000  # tokens: far longer than the test; the streams are cut when it end
 DEADLINE = 60.0
 
 
+async def stream(client: httpx.AsyncClient) -> None:
+    """One long streamed chat, read until it ends or the test cancels it."""
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": LONG,
+        "stream": True,
+    }
+    async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        async for _ in resp.aiter_lines():
+            pass
+
+
 def test_64_streams_run_on_two_big_engines_with_no_admission_wait() -> None:
     with (
         sim("--max-num-seqs", "256", model="m") as (_, e0),
@@ -30,18 +44,6 @@ def test_64_streams_run_on_two_big_engines_with_no_admission_wait() -> None:
 
         def running() -> float:
             return sum(sim_metric(e, "vllm:num_requests_running") or 0.0 for e in (e0, e1))
-
-        async def stream(client: httpx.AsyncClient) -> None:
-            body = {
-                "model": "m",
-                "messages": [{"role": "user", "content": "x"}],
-                "max_tokens": LONG,
-                "stream": True,
-            }
-            async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
-                assert resp.status_code == 200, await resp.aread()
-                async for _ in resp.aiter_lines():
-                    pass
 
         async def main() -> None:
             limits = httpx.Limits(max_connections=STREAMS, max_keepalive_connections=STREAMS)
@@ -89,17 +91,6 @@ def test_a_small_engine_s_capacity_is_learned_from_its_queue() -> None:
     ):
         srv.wait_scraped()
         assert srv.endpoints()["s0"]["capacity"] is None  # nothing says it yet
-
-        async def stream(client: httpx.AsyncClient) -> None:
-            body = {
-                "model": "m",
-                "messages": [{"role": "user", "content": "x"}],
-                "max_tokens": LONG,
-                "stream": True,
-            }
-            async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
-                async for _ in resp.aiter_lines():
-                    pass
 
         async def main() -> None:
             with trio.fail_after(DEADLINE):

@@ -98,11 +98,6 @@ class SglangAdapter(BaseAdapter):
                 f"{master}:{cmd.master_port}",
             ]
         argv += p.args
-        return multinode_spec(
-            argv,
-            self.environment(cmd, node),
-            host,
-            cmd.port,
-            cmd.rank,
-            capacity=flag_int(p.args, "--max-running-requests"),
-        )
+        env = self.environment(cmd, node)
+        slots = flag_int(p.args, "--max-running-requests")
+        return multinode_spec(argv, env, host, cmd.port, cmd.rank, capacity=slots)

@@ -109,14 +109,9 @@ class VllmAdapter(BaseAdapter):
             if cmd.rank > 0:
                 argv.append("--headless")
         argv += p.args
-        return multinode_spec(
-            argv,
-            self.environment(cmd, node),
-            host,
-            cmd.port,
-            cmd.rank,
-            capacity=flag_int(p.args, "--max-num-seqs"),
-        )
+        env = self.environment(cmd, node)
+        slots = flag_int(p.args, "--max-num-seqs")
+        return multinode_spec(argv, env, host, cmd.port, cmd.rank, capacity=slots)
 
     def engine_environment(self, cmd: StartShard, node: NodeInfo) -> dict[str, str]:
         # The address vLLM advertises to the other nodes' workers; without it vLLM
