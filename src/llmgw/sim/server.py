@@ -605,22 +605,12 @@ class SimApp:
     def _generation_request(self, body: Mapping[str, Any], chat: bool) -> GenerationRequest:
         model = self._check_model(body)
         prompt = self._prompt(body, chat)
-        n = body.get("n", 1)
-        if n not in (None, 1):
-            raise HTTPError(400, "only n=1 is supported", param="n")
-        limit = body.get("max_completion_tokens") if chat else None
-        param = "max_completion_tokens"
-        if limit is None:
-            limit, param = body.get("max_tokens"), "max_tokens"
-        explicit = limit is not None
-        if limit is None:
+        asked, param, seed = _sampling_limits(body, chat)
+        explicit = asked is not None
+        if asked is None:
             room = self.config.engine.max_model_len - len(prompt)
-            limit = max(1, min(self.config.default_max_tokens, room))
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise HTTPError(400, f"'{param}' must be a positive integer", param=param)
-        seed = body.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise HTTPError(400, "'seed' must be an integer", param="seed")
+            asked = max(1, min(self.config.default_max_tokens, room))
+        limit: int = asked
         stream = body.get("stream") is True
         options = body.get("stream_options")
         include_usage = (
@@ -670,20 +660,7 @@ class SimApp:
         """The GenerateRequest of each prompt of `body` (one for chat)."""
         self._check_model(body)
         prompts = [self._prompt(body, chat=True)] if chat else self._render_prompts(body)
-        n = body.get("n", 1)
-        if n not in (None, 1):
-            raise HTTPError(400, "only n=1 is supported", param="n")
-        limit = body.get("max_completion_tokens") if chat else None
-        param = "max_completion_tokens"
-        if limit is None:
-            limit, param = body.get("max_tokens"), "max_tokens"
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
-        ):
-            raise HTTPError(400, f"'{param}' must be a positive integer", param=param)
-        seed = body.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise HTTPError(400, "'seed' must be an integer", param="seed")
+        limit, param, seed = _sampling_limits(body, chat)
         context = self.config.engine.max_model_len
         try:
             fields = render.request_fields(body)
@@ -1005,6 +982,24 @@ def _fault_exit(served: int) -> NoReturn:
 
 
 # -- running ----------------------------------------------------------------------------
+
+
+def _sampling_limits(body: Mapping[str, Any], chat: bool) -> tuple[int | None, str, int | None]:
+    """The output limit a request asks for (None: none), the field that asked it, and
+    its seed; 400 for what the simulator does not serve (n > 1) or a bad value."""
+    n = body.get("n", 1)
+    if n not in (None, 1):
+        raise HTTPError(400, "only n=1 is supported", param="n")
+    limit = body.get("max_completion_tokens") if chat else None
+    param = "max_completion_tokens"
+    if limit is None:
+        limit, param = body.get("max_tokens"), "max_tokens"
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise HTTPError(400, f"'{param}' must be a positive integer", param=param)
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise HTTPError(400, "'seed' must be an integer", param="seed")
+    return limit, param, seed
 
 
 async def serve(
