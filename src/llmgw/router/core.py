@@ -88,9 +88,9 @@ class Router:
         upstream: httpx.AsyncClient | None = None,
         schedulers: Mapping[str, Scheduler] | None = None,
     ) -> None:
-        """`schedulers` adds routing profiles, or replaces built-in ones, by name:
-        compositions of filters, scorers and a picker (llmgw.router.scheduling) that a
-        model selects with its ``routing_profile`` (docs/router.md)."""
+        """`schedulers` replaces the schedulers of routing profiles by name (a profile
+        a model can select is one ``[router.profiles]`` names): compositions of
+        filters, scorers and a picker (llmgw.router.scheduling; docs/scheduling.md)."""
         r = config.router
         self.config = config
         self.catalog = catalog or catalog_for(config)
