@@ -3,6 +3,9 @@
 * processes: simulators and the router on loopback ports of their own (port 0, read
   back from their ready files), always stopped on exit (normal return, exception,
   Ctrl-C, SIGTERM, and an atexit backstop);
+* the peer routers of benchmarks/.venv-peers (setup_peers.sh): vllm-router and
+  sglang-router started with a policy, on held loopback ports, sglang-router kept off
+  the network (HF_ENDPOINT at a refused loopback port, HF_HOME of the run);
 * a client-side round-robin transport (the "direct" baseline);
 * interleaved turns A, B, A, B with a hook before and after each turn, one
   warm client per target;
@@ -178,6 +181,186 @@ class RouterProc:
                 return
             time.sleep(0.1)
         raise TimeoutError(f"router endpoints not scraped after {timeout:g}s")
+
+
+# -- peer routers (benchmarks/.venv-peers, made by setup_peers.sh) ---------------------------
+
+PEERS_VENV = Path(__file__).resolve().parent / ".venv-peers"
+
+
+@attrs.define
+class PeerRouter:
+    """A vllm-router or sglang-router process in front of some replicas."""
+
+    name: str
+    kind: str  # "vllm-router" | "sglang-router"
+    policy: str
+    base: str
+    proc: Proc
+    metrics_url: str
+    # The command line as printed (ports this run happened to get replaced by names).
+    flags: str
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def peer_binary(name: str, venv: Path = PEERS_VENV) -> Path | None:
+    """`name` (vllm-router, sglang-router) in the peers' venv, or None when not installed."""
+    path = venv / "bin" / name
+    return path if path.exists() else None
+
+
+def peer_version(dist: str, venv: Path = PEERS_VENV) -> str:
+    """The installed version of distribution `dist` in the peers' venv ("?" if unknown)."""
+    try:
+        out = subprocess.run(
+            [
+                str(venv / "bin" / "python"),
+                "-c",
+                f"import importlib.metadata as m; print(m.version({dist!r}))",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return out.stdout.strip() or "?"
+
+
+def _peer_flags(argv: Sequence[str], ports: dict[int, str]) -> str:
+    shown = {str(port): label for port, label in ports.items()}
+    urls = sum(1 for a in argv if a.startswith("http://"))
+    return " ".join(shown.get(a, a) for a in argv[1:] if not a.startswith("http://")).replace(
+        "--worker-urls", "--worker-urls " + " ".join(f"URL{i + 1}" for i in range(urls))
+    )
+
+
+def start_vllm_router(
+    fleet: Fleet,
+    binary: Path,
+    bases: Sequence[str],
+    policy: str,
+    name: str | None = None,
+    timeout: float = 60.0,
+) -> PeerRouter:
+    """PyPI's vllm-router in front of `bases` with `policy` and its defaults otherwise
+    (router_overhead.py's flags: loopback listeners, a Prometheus port, warnings only,
+    a 1 s look at the replicas while starting). RuntimeError or TimeoutError (the
+    process stopped) when its /health does not answer within `timeout`."""
+    # It cannot report a port it picked: it is given held ones (it binds with
+    # SO_REUSEADDR, as Rust's std does on Unix).
+    port, metrics_port = fleet.reserve_port(), fleet.reserve_port()
+    argv = [
+        str(binary),
+        "--host", LOOPBACK,
+        "--port", str(port),
+        "--worker-urls", *bases,
+        "--policy", policy,
+        "--prometheus-host", LOOPBACK,
+        "--prometheus-port", str(metrics_port),
+        "--log-level", "warning",
+        "--worker-startup-check-interval", "1",
+        "--worker-startup-timeout-secs", str(int(timeout)),
+    ]  # fmt: skip
+    name = name or f"vllm-router-{policy}"
+    proc = Proc(argv, fleet.logdir / f"{name}.log")
+    fleet.procs.append(proc)
+    base = f"http://{LOOPBACK}:{port}"
+    try:
+        proc.wait_http(f"{base}/health", timeout=timeout)
+    except (RuntimeError, TimeoutError):
+        fleet.stop([proc])
+        raise
+    return PeerRouter(
+        f"vllm-router {policy}",
+        "vllm-router",
+        policy,
+        base,
+        proc,
+        f"http://{LOOPBACK}:{metrics_port}/metrics",
+        _peer_flags(argv, {port: "PORT", metrics_port: "PORT2"}),
+    )
+
+
+def start_sglang_router(
+    fleet: Fleet,
+    binary: Path,
+    bases: Sequence[str],
+    policy: str,
+    name: str | None = None,
+    timeout: float = 60.0,
+) -> PeerRouter:
+    """PyPI's sglang-router (`sglang-router launch`) in front of `bases`, started like
+    start_vllm_router; RuntimeError when it has not taken every replica within `timeout`.
+
+    It loads a tokenizer for each worker's model from the Hugging Face hub (unused by
+    its HTTP router): HF_ENDPOINT is a held loopback port here, which refuses, and
+    HF_HOME a directory of this run, so no traffic leaves 127.0.0.1 and no token of the
+    user's is read (as in router_overhead.py)."""
+    port, metrics_port, hub_port = fleet.reserve_port(), fleet.reserve_port(), fleet.reserve_port()
+    argv = [
+        str(binary), "launch",
+        "--host", LOOPBACK,
+        "--port", str(port),
+        "--worker-urls", *bases,
+        "--policy", policy,
+        "--prometheus-host", LOOPBACK,
+        "--prometheus-port", str(metrics_port),
+        "--log-level", "warn",
+        "--worker-startup-check-interval", "1",
+        "--worker-startup-timeout-secs", str(int(timeout)),
+    ]  # fmt: skip
+    hub_home = fleet.logdir / "sglang-hf-home"
+    env = {"HF_ENDPOINT": f"http://{LOOPBACK}:{hub_port}", "HF_HOME": str(hub_home)}
+    name = name or f"sglang-router-{policy}"
+    proc = Proc(argv, fleet.logdir / f"{name}.log", env)
+    fleet.procs.append(proc)
+    base = f"http://{LOOPBACK}:{port}"
+    # /health answers before any worker is registered; /readiness counts them.
+    deadline = time.monotonic() + timeout
+    healthy = 0
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            break
+        try:
+            r = httpx.get(f"{base}/readiness", timeout=2, trust_env=False)
+            healthy = int(r.json().get("healthy_workers", 0)) if r.status_code == 200 else 0
+        except (httpx.HTTPError, ValueError):
+            healthy = 0
+        if healthy == len(bases):
+            break
+        time.sleep(0.1)
+    if healthy != len(bases):
+        output = proc.output(2000)
+        fleet.stop([proc])
+        raise RuntimeError(
+            f"sglang-router ({policy}) took {healthy} of {len(bases)} replicas in "
+            f"{timeout:g} s; its log {proc.log}:\n{output}"
+        )
+    flags = _peer_flags(argv, {port: "PORT", metrics_port: "PORT2"})
+    flags += f"; env HF_ENDPOINT=http://{LOOPBACK}:PORT3 (refused) HF_HOME=RUNDIR/{hub_home.name}"
+    return PeerRouter(
+        f"sglang-router {policy}",
+        "sglang-router",
+        policy,
+        base,
+        proc,
+        f"http://{LOOPBACK}:{metrics_port}/metrics",
+        flags,
+    )
+
+
+def cpu_seconds_tree(pid: int) -> float:
+    """cpu_seconds of `pid` plus those of its live direct children (a launcher that
+    runs the server in a child process is counted whole)."""
+    total = cpu_seconds(pid)
+    for child in children_of(pid):
+        with contextlib.suppress(OSError, ValueError):
+            total += cpu_seconds(child)
+    return total
 
 
 def children_of(pid: int) -> list[int]:
