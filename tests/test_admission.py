@@ -38,7 +38,10 @@ def anyio_backend() -> tuple[str, dict[str, object]]:
 
 
 def config(**kw: Any) -> AdmissionConfig:
-    for key in ("queue_ttl", "interval"):
+    """A configuration whose ceilings always apply (reserve_window infinite) unless the
+    test says otherwise: most tests here are about the ceilings themselves."""
+    kw.setdefault("reserve_window", math.inf)
+    for key in ("queue_ttl", "interval", "reserve_window"):
         if key in kw:
             kw[key] = Seconds(kw[key])
     return AdmissionConfig(**kw)
@@ -683,3 +686,29 @@ def test_ceilings_hold_and_every_request_ends_exactly_once(
         # A client cancelled while waiting is abandoned; one cancelled after admission
         # was admitted. Abandonment is counted only for the former.
         assert s.abandoned == seen[name].get("abandoned", 0)
+
+
+async def test_headroom_is_kept_only_for_a_higher_band_in_use() -> None:
+    """The default band (gold) fills a pool past its ceiling while no higher band has
+    asked for it within reserve_window; once platinum has, gold leaves the headroom,
+    until the window passes. Bands below the default always leave theirs."""
+    sat = Fixed(0.9)
+    c = AdmissionController(config(reserve_window=60.0), sat)
+    async with running(c):
+        with await c.admit("m", GOLD, "t", 1) as t:
+            assert not t.queued  # nothing above it in use: all of the pool
+        with pytest.raises(trio.TooSlowError), trio.fail_after(1):
+            await c.admit("m", SILVER, "t", 1)  # below the default: its ceiling holds
+        with await c.admit("m", PLATINUM, "t", 1):
+            pass
+        with pytest.raises(trio.TooSlowError), trio.fail_after(1):
+            await c.admit("m", GOLD, "t", 1)  # platinum asked: its headroom is kept
+        assert [b["band"] for b in c.snapshot()["pools"][0]["bands"] if b["open"]] == ["platinum"]
+        await trio.sleep(60)
+        with await c.admit("m", GOLD, "t", 1) as t:
+            assert not t.queued  # the window passed: gold may use it all again
+        # Another pool's platinum keeps nothing here.
+        with await c.admit("other", PLATINUM, "t", 1):
+            pass
+        with await c.admit("m", GOLD, "t", 1) as t:
+            assert not t.queued

@@ -156,6 +156,9 @@ class AdmissionConfig:
     queue_ttl: Seconds = Seconds(30.0)
     queue_capacity_per_band: int = 2000
     interval: Seconds = Seconds(0.01)
+    # The default band (and any above it) keeps headroom under its ceiling only while a
+    # higher band had a request within this window; bands below the default always do.
+    reserve_window: Seconds = Seconds(60.0)
     bands: tuple[Band, ...] = attrs.field(factory=_default_bands)
 
 
@@ -684,6 +687,11 @@ def check(config: Config) -> list[str]:
     ad = r.admission
     _positive(problems, "router.admission.queue_ttl", ad.queue_ttl)
     _positive(problems, "router.admission.interval", ad.interval)
+    if ad.reserve_window < 0:
+        problems.append(
+            "router.admission.reserve_window: must be 0 or more, "
+            f"got {units.format_duration(ad.reserve_window)}"
+        )
     if ad.queue_capacity_per_band < 0:
         problems.append(
             f"router.admission.queue_capacity_per_band: must be 0 or more, "

@@ -258,6 +258,8 @@ def _union(parts: list[dict[str, Any]]) -> dict[str, Any]:
         kind = only["type"]
         if isinstance(kind, str) and "anyOf" not in only:
             only["type"] = [kind, "null"]
+            if "enum" in only:  # a Literal or an Enum: null is one of its values then
+                only["enum"] = [*only["enum"], None]
             return only
     return {"anyOf": schemas}
 

@@ -251,6 +251,7 @@ class _BandQueue:
         "expired",
         "granted",
         "inflight",
+        "last_arrival",
         "pool",
         "quantum",
         "rate",
@@ -268,6 +269,7 @@ class _BandQueue:
         self.rate = _Rate()  # dispatches from this queue
         self.ahead: tuple[_BandQueue, ...] = ()  # queues of priority >= this band's, itself too
         self.inflight = 0
+        self.last_arrival = -math.inf  # trio time of this band's latest request here
         self.admitted_immediate = 0
         self.admitted_queued = 0
         self.rejected = 0
@@ -416,6 +418,9 @@ class AdmissionController:
         self._ttl = float(config.queue_ttl)
         self._capacity = config.queue_capacity_per_band
         self._interval = float(config.interval)
+        self._window = float(config.reserve_window)
+        default = self._band_by_name.get(config.default_band)
+        self._default_priority = default.priority if default is not None else -math.inf
         self._pools: dict[str, _Pool] = {}
         self._dirty: dict[_Pool, None] = {}  # ordered set of pools to re-check
         self._lot = trio.lowlevel.ParkingLot()
@@ -455,9 +460,11 @@ class AdmissionController:
         q = p.by_band.get(band.name)
         if q is None:
             raise UnknownBand(band.name, (b.name for b in self.bands))
+        now = trio.current_time()
+        q.last_arrival = now
         s = self._read(p)
         if (
-            s < q.band.saturation_ceiling
+            (s < q.band.saturation_ceiling or s < self._ceiling(q, now))
             and p.handoff is None
             and (p.waiting == 0 or not any(x.depth for x in q.ahead))
         ):
@@ -548,13 +555,27 @@ class AdmissionController:
         q = p.head()
         if q is None:
             return
-        if self._read(p) >= q.band.saturation_ceiling:
+        if self._read(p) >= self._ceiling(q, trio.current_time()):
             return  # strict priority: lower bands wait behind a blocked higher one
         w = q.pop()
         w.state = _ADMITTED
         p.handoff = w
         q.rate.tick(trio.current_time())
         trio.lowlevel.reschedule(w.task)
+
+    def _ceiling(self, q: _BandQueue, now: float) -> float:
+        """The saturation `q`'s band is admitted below. Its configured ceiling, except
+        for the default band and those above it while no higher band has had a request
+        for this pool within ``reserve_window``: headroom is kept for a band in use,
+        and traffic nobody ranked lower than the default may use all of a replica."""
+        c = q.band.saturation_ceiling
+        if c >= 1.0 or q.band.priority < self._default_priority:
+            return c
+        higher = [x for x in q.ahead if x.band.priority > q.band.priority]
+        if not higher:  # the top band: its ceiling is all there is
+            return c
+        window = self._window
+        return c if any(now - x.last_arrival <= window for x in higher) else 1.0
 
     def _mark(self, p: _Pool) -> None:
         self._dirty[p] = None
@@ -588,7 +609,7 @@ class AdmissionController:
             for q in p.queues:
                 oldest = q.oldest()
                 entry: dict[str, Any] = attrs.asdict(q.stats())
-                entry["open"] = s < q.band.saturation_ceiling
+                entry["open"] = s < self._ceiling(q, now)
                 entry["oldest_wait_seconds"] = None if oldest is None else now - oldest
                 bands.append(entry)
             pools.append(
@@ -596,7 +617,7 @@ class AdmissionController:
                     "pool": p.name,
                     "saturation": s,
                     "waiting": p.waiting,
-                    "admitting": [q.band.name for q in p.queues if s < q.band.saturation_ceiling],
+                    "admitting": [q.band.name for q in p.queues if s < self._ceiling(q, now)],
                     "bands": bands,
                 }
             )
