@@ -12,14 +12,19 @@ congestion window:
 * **Near the learned capacity** (the load at the scrape at least :data:`NEAR` of it,
   which is where the router holds traffic once it knows one):
 
-  - any queue means the router sent past the limit: back to what the engine runs;
+  - any queue means the router sent past the limit: it comes down to what the
+    engine runs, by at most :data:`DECAY` a scrape (one scrape can catch the engine
+    between finishing some sequences and starting the queued ones, running fewer
+    than it can);
   - no queue means it may have more room than learned: the capacity grows by
     :data:`GROWTH`, and the growth doubles with each such scrape in a row (10 %,
     20 %, 40 %, ...), so a guess learned low from a passing burst recovers in a few
     scrapes while probing past a real limit costs an engine queue of about a tenth
     of its batch for one scrape.
 
-* A real queue (``waiting >= target_waiting``) anywhere also sets it to what runs.
+* A real queue (``waiting >= target_waiting``) anywhere also brings it down that way.
+  While it comes down, the queue itself keeps the replica saturated (its queue term),
+  so admission holds traffic back meanwhile.
 
 A KV cache at its ceiling is its own saturation signal and teaches nothing about the
 batch limit, so it is left alone then. Pure: the scraper calls it with each sample.
@@ -29,11 +34,12 @@ from __future__ import annotations
 
 import attrs
 
-__all__ = ["GROWTH", "NEAR", "Learned", "learn"]
+__all__ = ["DECAY", "GROWTH", "NEAR", "Learned", "learn"]
 
 # "At the learned capacity": the load of the default band's ceiling (0.85) and up.
 NEAR = 0.8
 GROWTH = 0.1
+DECAY = 0.1
 
 
 @attrs.frozen
@@ -59,11 +65,13 @@ def learn(
         return learned
     if kv_usage is not None and kv_usage >= kv_ceiling:
         return learned
-    if waiting >= target_waiting and running >= 1:
-        return Learned(float(running))
-    if learned is None or load < NEAR * learned.capacity:
+    queued = waiting >= target_waiting and running >= 1
+    if learned is None:
+        return Learned(float(running)) if queued else None
+    near = load >= NEAR * learned.capacity
+    if queued or (near and waiting > 0 and running >= 1):
+        return Learned(max(float(running), (1 - DECAY) * learned.capacity))
+    if not near:
         return learned
-    if waiting > 0:
-        return Learned(float(running)) if running >= 1 else learned
     grown = learned.capacity * (1 + GROWTH * 2**learned.streak)
     return Learned(max(grown, learned.capacity + 1), learned.streak + 1)
