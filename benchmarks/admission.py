@@ -12,12 +12,14 @@ store; ``queue_ttl`` shortened so that expiries happen within the run, see below
 * ``llamacpp``: ``--personality llamacpp`` as is: 4 slots each, llama.cpp's metrics
   (no KV gauge). The router reads each replica's slot count from its ``/props``, as
   it does for a real llama-server, so saturation is "requests in flight / 8".
-* ``vllm``: ``--personality vllm --max-num-seqs 32 --decode-step-ms 40``: vLLM's
+* ``vllm``: ``--personality vllm --max-num-seqs 16 --decode-step-ms 40``: vLLM's
   metrics and a large KV cache, with no capacity the router is told; it sees only
-  what a vLLM replica reports (its queue, its KV usage). The batch and the step are
-  scaled down from the personality's 256 sequences and 10 ms so that twice its
-  capacity fits on two shared cores (at 256 sequences the relay alone would need
-  several cores); nothing about it is llmgw's setting.
+  what a vLLM replica reports (its queue, its KV usage) and learns the rest. The
+  batch and the step are scaled down from the personality's 256 sequences and 10 ms
+  so that twice its capacity fits on two shared cores with the router and the load
+  generator (at 32 sequences, 150 requests/s, the machine itself could not keep up
+  and the engines served half their measured capacity with or without admission);
+  nothing about it is llmgw's setting.
 
 Then, once with admission enabled and once with it disabled
 (``LLMGW_ROUTER__ADMISSION__ENABLED=false``, a fresh router on the same simulators):
@@ -83,7 +85,7 @@ TARGET_JAIN = 0.9
 # (to keep it busy while measuring its capacity).
 PERSONALITIES: dict[str, tuple[tuple[str, ...], int]] = {
     "llamacpp": (("--personality", "llamacpp"), 4),
-    "vllm": (("--personality", "vllm", "--max-num-seqs", "32", "--decode-step-ms", "40"), 32),
+    "vllm": (("--personality", "vllm", "--max-num-seqs", "16", "--decode-step-ms", "40"), 16),
 }
 
 
