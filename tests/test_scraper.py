@@ -111,7 +111,7 @@ def test_total_slots_is_strict() -> None:
 async def test_a_capacity_is_learned_from_the_engines_queue_when_nothing_says_it() -> None:
     idle = b"vllm:num_requests_running 32\nvllm:num_requests_waiting 0\n"
     queued = b"vllm:num_requests_running 32\nvllm:num_requests_waiting 6\n"
-    pages = [idle, queued + b"vllm:kv_cache_usage_perc 0.4\n"]
+    pages = [idle, queued + b"vllm:kv_cache_usage_perc 0.4\n", queued]
 
     def serve(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=pages.pop(0))
@@ -120,6 +120,8 @@ async def test_a_capacity_is_learned_from_the_engines_queue_when_nothing_says_it
     (state,) = s.endpoints.all()
     await s.scrape_one(state)
     assert (state.capacity, state.capacity_source) == (None, None)  # no queue yet
+    await s.scrape_one(state)
+    assert (state.capacity, state.capacity_source) == (None, None)  # one: maybe a burst
     await s.scrape_one(state)
     assert (state.capacity, state.capacity_source) == (32, "learned")
     assert state.candidate(trio.current_time()).capacity == 32

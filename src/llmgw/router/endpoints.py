@@ -98,7 +98,7 @@ class EndpointState:
             return "configured"
         if self.reported_capacity is not None:
             return "engine"
-        return "learned" if self.learned is not None else None
+        return "learned" if self.learned is not None and self.learned.capacity else None
 
     def age(self, now: float) -> float | None:
         return None if self.last_scrape is None else now - self.last_scrape

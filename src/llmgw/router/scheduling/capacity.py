@@ -6,9 +6,11 @@ engine's own queue, scrape by scrape (:func:`learn`), in the manner of TCP's
 congestion window:
 
 * **First**, the engine holds a real queue while its KV cache has room (``waiting >=
-  target_waiting``, KV below its ceiling or unreported): it is at its batch limit, so
-  the number it runs is its capacity. Before that it is unknown, and nothing caps a
-  replica that has never said it is full.
+  target_waiting``, KV below its ceiling or unreported) in two scrapes in a row: it is
+  at its batch limit, so the number it runs is its capacity. One such scrape may be a
+  burst that arrived between two engine steps, or an engine behind on its own steps
+  for a moment; a queue that is still there a scrape later is not. Before that it is
+  unknown, and nothing caps a replica that has never said it is full.
 * **Near the learned capacity** (the load at the scrape at least :data:`NEAR` of it,
   which is where the router holds traffic once it knows one):
 
@@ -44,7 +46,7 @@ DECAY = 0.1
 
 @attrs.frozen
 class Learned:
-    capacity: float
+    capacity: float | None  # None: one queued scrape seen, not learned yet
     # Scrapes in a row near the capacity with no queue (how fast it grows).
     streak: int = 0
 
@@ -66,8 +68,10 @@ def learn(
     if kv_usage is not None and kv_usage >= kv_ceiling:
         return learned
     queued = waiting >= target_waiting and running >= 1
-    if learned is None:
-        return Learned(float(running)) if queued else None
+    if learned is None or learned.capacity is None:
+        if not queued:
+            return None
+        return Learned(float(running)) if learned is not None else Learned(None)
     near = load >= NEAR * learned.capacity
     if queued or (near and waiting > 0 and running >= 1):
         return Learned(max(float(running), (1 - DECAY) * learned.capacity))
