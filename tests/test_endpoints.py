@@ -46,3 +46,17 @@ def test_unknown_stays_unknown() -> None:
     s.inflight = 2
     c = s.candidate(1.0)
     assert c.waiting is None and c.running is None and c.inflight == 2
+
+
+def test_with_a_known_capacity_what_fits_in_its_slots_runs() -> None:
+    # A scrape between two engine steps: 2 waiting for the next step, 2 slots free.
+    s = state(waiting=2, running=14, inflight_at_scrape=16)
+    s.reported_capacity = 16
+    s.inflight = 17  # one more sent since
+    assert (s.candidate(1.0).waiting, s.candidate(1.0).running) == (1, 16)
+    s.inflight = 15  # or one of ours finished: all of them fit
+    assert (s.candidate(1.0).waiting, s.candidate(1.0).running) == (0, 15)
+    # Without one, what was sent joins the queue it saw (as above).
+    s.reported_capacity = None
+    s.inflight = 17
+    assert (s.candidate(1.0).waiting, s.candidate(1.0).running) == (3, 14)

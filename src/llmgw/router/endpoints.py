@@ -130,9 +130,16 @@ class EndpointState:
         would look busy until the next scrape, which holds saturation (and so
         admission) up for a whole scrape interval. Finished requests leave the
         running set, and waiting ones move up into it; new ones join the queue when
-        there is one.
+        there is one. With a known capacity the engine runs what fits in its slots
+        (a scrape between two engine steps shows requests waiting only for the next
+        step): the total is split at the capacity instead.
         """
         delta = self.inflight - self.inflight_at_scrape
+        capacity = self.capacity
+        if capacity is not None and delta:
+            total = max(0.0, waiting + running + delta)
+            running = min(float(capacity), total)
+            return total - running, running
         if delta < 0:
             total = max(0.0, waiting + running + delta)
             running = min(running, total)
