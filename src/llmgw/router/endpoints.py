@@ -81,24 +81,25 @@ class EndpointState:
         # Learned from its queue when nothing says it (scheduling.capacity).
         self.learned: Learned | None = None
 
+    def _capacity(self) -> tuple[float | None, str | None]:
+        """Sequences the engine runs at once and where that comes from: configured (or
+        from the control plane), else as the engine reports it, else as learned from
+        its queue, else unknown."""
+        if self.endpoint.capacity is not None:
+            return self.endpoint.capacity, "configured"
+        if self.reported_capacity is not None:
+            return self.reported_capacity, "engine"
+        if self.learned is not None and self.learned.capacity is not None:
+            return self.learned.capacity, "learned"
+        return None, None
+
     @property
     def capacity(self) -> float | None:
-        """Sequences the engine runs at once: configured (or from the control plane),
-        else as the engine reports it, else as learned from its queue, else unknown."""
-        learned = None if self.learned is None else self.learned.capacity
-        for value in (self.endpoint.capacity, self.reported_capacity, learned):
-            if value is not None:
-                return value
-        return None
+        return self._capacity()[0]
 
     @property
     def capacity_source(self) -> str | None:
-        """Where :attr:`capacity` comes from: configured, engine, learned, or None."""
-        if self.endpoint.capacity is not None:
-            return "configured"
-        if self.reported_capacity is not None:
-            return "engine"
-        return "learned" if self.learned is not None and self.learned.capacity else None
+        return self._capacity()[1]
 
     def age(self, now: float) -> float | None:
         return None if self.last_scrape is None else now - self.last_scrape
@@ -106,9 +107,10 @@ class EndpointState:
     def candidate(self, now: float) -> Candidate:
         s = self.sample
         e = self.endpoint
+        capacity = self.capacity
         waiting, running = (None, None) if s is None else (s.waiting, s.running)
         if waiting is not None and running is not None:
-            waiting, running = self._since_scrape(waiting, running)
+            waiting, running = self._since_scrape(waiting, running, capacity)
         return Candidate(
             endpoint_id=e.id,
             waiting=waiting,
@@ -119,11 +121,13 @@ class EndpointState:
             weight=e.weight,
             priority=e.priority,
             throttled=self.breaker.throttled(now),
-            capacity=self.capacity,
+            capacity=capacity,
             pool=e.pool,
         )
 
-    def _since_scrape(self, waiting: float, running: float) -> tuple[float, float]:
+    def _since_scrape(
+        self, waiting: float, running: float, capacity: float | None
+    ) -> tuple[float, float]:
         """The scraped queue corrected by what this router sent and saw finish since.
 
         A scrape is a snapshot: without this, a slot freed by one of our requests
@@ -135,7 +139,6 @@ class EndpointState:
         step): the total is split at the capacity instead.
         """
         delta = self.inflight - self.inflight_at_scrape
-        capacity = self.capacity
         if capacity is not None and delta:
             total = max(0.0, waiting + running + delta)
             running = min(float(capacity), total)
