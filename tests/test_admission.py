@@ -704,7 +704,7 @@ async def test_headroom_is_kept_only_for_a_higher_band_in_use() -> None:
         with pytest.raises(trio.TooSlowError), trio.fail_after(1):
             await c.admit("m", GOLD, "t", 1)  # platinum asked: its headroom is kept
         assert [b["band"] for b in c.snapshot()["pools"][0]["bands"] if b["open"]] == ["platinum"]
-        await trio.sleep(60)
+        await trio.sleep(60)  # virtual time: the reserve window passes
         with await c.admit("m", GOLD, "t", 1) as t:
             assert not t.queued  # the window passed: gold may use it all again
         # Another pool's platinum keeps nothing here.
