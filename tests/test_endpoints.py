@@ -60,3 +60,16 @@ def test_with_a_known_capacity_what_fits_in_its_slots_runs() -> None:
     s.reported_capacity = None
     s.inflight = 17
     assert (s.candidate(1.0).waiting, s.candidate(1.0).running) == (3, 14)
+
+
+def test_finished_requests_give_their_kv_blocks_back_before_the_next_scrape() -> None:
+    s = state(waiting=0, running=10, inflight_at_scrape=10)
+    s.sample = EngineSample("vllm", waiting=0, running=10, kv_usage=0.95)
+    assert s.candidate(1.0).kv_usage == 0.95
+    s.inflight = 5  # half of them finished: about half the blocks are free
+    assert s.candidate(1.0).kv_usage == 0.475
+    s.inflight = 0
+    assert s.candidate(1.0).kv_usage == 0.0
+    # New requests since may wait for blocks rather than take them: no guess upwards.
+    s.inflight = 14
+    assert s.candidate(1.0).kv_usage == 0.95

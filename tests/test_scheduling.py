@@ -31,8 +31,15 @@ def cand(
     priority: int = 0,
     throttled: bool = False,
     capacity: float | None = None,
+    prefill: float = 0.0,
 ) -> Candidate:
-    return Candidate(ep, waiting, running, kv, inflight, age, weight, priority, throttled, capacity)
+    return Candidate(
+        ep, waiting, running, kv, inflight, age, weight, priority, throttled, capacity,
+        prefill=prefill,
+    )  # fmt: skip
+
+
+PROMPT = 2000.0  # tokens of the prompt in the session and prefix examples
 
 
 def pick(
@@ -40,9 +47,17 @@ def pick(
     session: str | None = None,
     prefix: dict[str, float] | None = None,
     seed: int = 0,
+    prompt: float = PROMPT,
 ) -> tuple[str, str]:
+    """`prefix`: per endpoint, the fraction of the prompt it holds."""
+    held = prefix or {}
     d = SCORER.pick(
-        cands, session_endpoint=session, prefix_matches=prefix or {}, rng=random.Random(seed)
+        cands,
+        session_endpoint=session,
+        prefix_matches=held,
+        rng=random.Random(seed),
+        prompt_tokens=prompt,
+        cached_tokens={ep: f * prompt for ep, f in held.items()},
     )
     assert d is not None
     return d.endpoint_id, d.tier
@@ -183,16 +198,23 @@ def test_stale_used_only_when_nothing_fresh() -> None:
 # -- pick: session ------------------------------------------------------------
 
 
-def test_session_stays_within_guard() -> None:
-    # session load 3, best other 2: 3 <= 1.25*2 + 1
-    cands = [cand("s", running=3), cand("o", running=2)]
+def test_session_stays_while_its_prefill_work_is_the_least() -> None:
+    # Far more running there than elsewhere: running sequences are not prefill work,
+    # and moving would prefill the whole conversation again.
+    cands = [cand("s", running=30), cand("o", running=2)]
     assert pick(cands, session="s") == ("s", "session")
+    # Its own queue of cache hits (300 tokens to prefill) is less than a miss (2000).
+    assert pick([cand("s", prefill=300), cand("o")], session="s") == ("s", "session")
 
 
-def test_session_spills_when_overloaded() -> None:
-    # 5 > 1.25*2 + 1
-    cands = [cand("s", running=5), cand("o", running=2)]
+def test_session_moves_when_its_prefill_work_exceeds_a_miss_elsewhere() -> None:
+    # 2,500 tokens still to prefill at home; the whole 2,000-token prompt at o is less.
+    cands = [cand("s", prefill=2500), cand("o", running=2)]
     assert pick(cands, session="s") == ("o", "score")
+    # What the prefix table says the home holds counts: a home that holds none of it
+    # is a miss like any other, and the less worked replica wins.
+    cands = [cand("s", prefill=100), cand("o")]
+    assert pick(cands, session="s", prefix={"s": 0.0}) == ("o", "prefix")
 
 
 def test_session_spills_off_saturated_endpoint() -> None:
@@ -208,32 +230,31 @@ def test_session_alone_stays() -> None:
     assert pick([cand("s", running=7)], session="s") == ("s", "session")
 
 
-def test_session_guard_uses_relative_load() -> None:
-    # weight 2 carrying 6 is as loaded as weight 1 carrying 3.
-    cands = [cand("s", running=6, weight=2.0), cand("o", running=2)]
+def test_session_work_is_per_unit_of_weight() -> None:
+    # Weight 2 with 3,000 tokens ahead works through them as fast as weight 1 with 1,500.
+    cands = [cand("s", prefill=3000, weight=2.0), cand("o")]
     assert pick(cands, session="s") == ("s", "session")
-    # The same load on a weight-1 endpoint spills (6 > 1.25*2 + 1).
-    assert pick([cand("s", running=6), cand("o", running=2)], session="s") == ("o", "score")
+    assert pick([cand("s", prefill=3000), cand("o")], session="s") == ("o", "score")
 
 
 # -- pick: prefix -------------------------------------------------------------
 
 
-def test_prefix_best_match_wins_within_guard() -> None:
-    # Guard: load <= 1.25 * least load + target_inflight (8) * match. a (4) is within
-    # 1.25 * 2 + 7.2 of the idler b and c.
-    cands = [cand("a", running=4), cand("b", running=2), cand("c", running=2)]
+def test_prefix_goes_where_its_prefill_work_is_least() -> None:
+    # a holds 90% (200 tokens to compute), b half (1,000): a, whatever is running.
+    cands = [cand("a", running=40), cand("b", running=2), cand("c", running=2)]
     assert pick(cands, prefix={"a": 0.9, "b": 0.5}) == ("a", "prefix")
-    # Next to an idle replica a's guard is 7.2: a at 8 is out; b's (a half holder) is 4.
-    cands = [cand("a", running=8), cand("b", running=1), cand("c")]
+    # a has 1,000 tokens of others' prefill ahead: b's 1,000 for this prompt is less
+    # than a's 1,200.
+    cands = [cand("a", prefill=1000), cand("b"), cand("c")]
     assert pick(cands, prefix={"a": 0.9, "b": 0.5}) == ("b", "prefix")
-    cands = [cand("a", running=8), cand("b", running=5), cand("c")]
-    assert pick(cands, prefix={"a": 0.9, "b": 0.5})[1] == "score"
+    # Both holders busier than a miss at idle c: the prompt spills to c.
+    cands = [cand("a", prefill=2500), cand("b", prefill=1500), cand("c")]
+    assert pick(cands, prefix={"a": 0.9, "b": 0.5}) == ("c", "prefix")
 
 
 def test_prefix_stays_home_until_its_engine_is_full() -> None:
-    # A big engine with 40 running and nothing queued has room: the prefix stays, also
-    # with a less loaded peer within the guard (1.25 * 34 + 8).
+    # A big engine with 40 running and nothing queued has room: the prefix stays.
     cands = [cand("a", running=40), cand("b", running=34)]
     assert pick(cands, prefix={"a": 1.0}) == ("a", "prefix")
     # Every slot of a taken: it is full, and the prefix goes to its second holder.
@@ -247,21 +268,9 @@ def test_prefix_stays_home_until_its_engine_is_full() -> None:
 
 
 def test_prefix_affinity_holds_when_every_replica_is_saturated() -> None:
-    # Both at their capacity (8): the prefix still decides, within the guard.
+    # Both at their capacity (8): the prefix still decides, by prefill work.
     cands = [cand("a", running=9, capacity=8), cand("b", running=8, capacity=8)]
     assert pick(cands, prefix={"a": 1.0}) == ("a", "prefix")
-
-
-def test_prefix_hot_replica_not_overloaded() -> None:
-    # a holds the prefix but is more than its worth (8) above the least loaded:
-    # scoring spreads it.
-    cands = [cand("a", running=10), cand("b", running=1)]
-    assert pick(cands, prefix={"a": 1.0}) == ("b", "score")
-
-
-def test_prefix_falls_to_lesser_match_within_guard() -> None:
-    cands = [cand("a", running=9), cand("b", running=1), cand("c")]
-    assert pick(cands, prefix={"a": 1.0, "b": 0.3}) == ("b", "prefix")
 
 
 def test_prefix_tie_goes_to_lower_score() -> None:
@@ -274,20 +283,50 @@ def test_prefix_never_on_saturated() -> None:
     assert pick(cands, prefix={"a": 1.0}) == ("b", "score")
 
 
-def test_hot_prefix_spreads_under_own_load() -> None:
-    # Every request shares the prefix; each pick adds to the chosen one's in-flight.
-    inflight = {"a": 0, "b": 0, "c": 0}
-    holders: set[str] = {"a"}
+def test_decision_carries_each_replicas_uncached_tokens() -> None:
+    d = SCORER.pick(
+        [cand("a"), cand("b")],
+        session_endpoint=None,
+        prefix_matches={"a": 0.75},
+        rng=random.Random(0),
+        prompt_tokens=2000.0,
+        cached_tokens={"a": 1500.0},
+    )
+    assert d is not None
+    assert d.uncached == {"a": 500.0, "b": 2000.0}
+
+
+def test_hot_prefix_spills_to_one_more_holder_at_a_time() -> None:
+    """Every request shares a 2,000-token prefix plus 100 tokens of its own. Each pick
+    adds its uncached tokens to the chosen one's prefill work; between picks every
+    replica prefills 60 tokens, so one replica cannot keep up with the prefix (100
+    in, 60 out) and two can. The home takes requests until its backlog passes a
+    miss's cost, then one replica takes the miss and becomes a holder; the two
+    holders then keep up, and the prefix stays on them."""
+    prefill = {"a": 0.0, "b": 0.0, "c": 0.0, "d": 0.0}
+    holders: dict[str, float] = {"a": 2000.0}
+    order: list[str] = []
     rng = random.Random(1)
-    for _ in range(30):
-        cands = [cand(ep, inflight=n, running=None, waiting=None) for ep, n in inflight.items()]
+    for _ in range(400):
+        cands = [cand(ep, prefill=w) for ep, w in prefill.items()]
         d = SCORER.pick(
-            cands, session_endpoint=None, prefix_matches=dict.fromkeys(holders, 1.0), rng=rng
+            cands,
+            session_endpoint=None,
+            prefix_matches=dict.fromkeys(holders, 1.0),
+            rng=rng,
+            prompt_tokens=2100.0,
+            cached_tokens=holders,
         )
         assert d is not None
-        inflight[d.endpoint_id] += 1
-        holders.add(d.endpoint_id)
-    assert max(inflight.values()) - min(inflight.values()) <= 3
+        ep = d.endpoint_id
+        prefill[ep] += d.uncached[ep]
+        if ep not in holders:
+            order.append(ep)
+            holders[ep] = 2000.0
+        for other in prefill:
+            prefill[other] = max(0.0, prefill[other] - 60.0)
+    assert len(order) == 1, order
+    assert max(prefill.values()) <= 2100.0 + 100.0, prefill
 
 
 # -- pick: weights and ties ---------------------------------------------------
@@ -422,8 +461,6 @@ def test_choice_is_a_candidate_and_ranked_is_a_permutation(data: st.DataObject) 
     assert sorted(d.ranked) == sorted(ids)
     if d.tier == "session":
         assert d.endpoint_id == session
-    if d.tier == "prefix":
-        assert prefix.get(d.endpoint_id, 0.0) > 0
 
 
 @st.composite

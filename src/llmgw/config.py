@@ -65,6 +65,11 @@ REMOVED_KEYS = {
         "429) or at its capacity: launch flags under the control plane, or "
         "`capacity` on a static endpoint"
     ),
+    "router.scoring.session_load_factor": (
+        "removed: a session stays on its replica while that one has room and its "
+        "prefill work (what it still has to prefill, plus the part of this prompt it "
+        "does not hold) is the least; see docs/scheduling.md"
+    ),
 }
 
 # Marker types: a float field typed `Seconds` is written as a duration, an int
@@ -96,7 +101,6 @@ class ScoringConfig:
     # Requests queued at the engine (per unit of weight).
     target_waiting: float = 4.0
     kv_ceiling: float = 0.9
-    session_load_factor: float = 1.25
 
 
 @attrs.frozen
@@ -108,6 +112,9 @@ class RoutingProfile:
     kv: float = 0.5
     prefix: float = 0.5
     staleness: float = 1.0
+    # Prompt tokens still to prefill there (the router's count): a new request waits
+    # for them.
+    prefill: float = 1.0
 
 
 def _default_profiles() -> dict[str, RoutingProfile]:
@@ -115,7 +122,9 @@ def _default_profiles() -> dict[str, RoutingProfile]:
         # Latency first: queues and in-flight work dominate.
         "chat": RoutingProfile(queue=1.0, inflight=1.0, kv=0.5, prefix=0.5, staleness=1.0),
         # Throughput first: fill caches and reuse prefixes, tolerate some queueing.
-        "batch": RoutingProfile(queue=0.5, inflight=0.5, kv=1.0, prefix=1.0, staleness=1.0),
+        "batch": RoutingProfile(
+            queue=0.5, inflight=0.5, kv=1.0, prefix=1.0, staleness=1.0, prefill=0.5
+        ),
     }
 
 
@@ -656,10 +665,6 @@ def check(config: Config) -> list[str]:
     s = r.scoring
     _positive(problems, "router.scoring.target_waiting", s.target_waiting)
     _between(problems, "router.scoring.kv_ceiling", s.kv_ceiling, 0, 1, lo_open=True)
-    if s.session_load_factor < 1:
-        problems.append(
-            f"router.scoring.session_load_factor: must be at least 1, got {s.session_load_factor:g}"
-        )
     a = r.affinity
     for key in ("session_ttl", "prefix_ttl"):
         _positive(problems, f"router.affinity.{key}", getattr(a, key))

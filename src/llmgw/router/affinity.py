@@ -118,13 +118,20 @@ class PrefixTable:
         return len(self._entries)
 
     def match(self, hashes: Sequence[int], now: float) -> dict[str, float]:
-        """Per endpoint, how well it holds `hashes` as a leading chain, in (0, 1].
+        """Per endpoint, how well it holds `hashes` as a leading chain, in (0, 1]: the
+        product of :meth:`holdings`' fraction and share. Endpoints with no match are
+        absent."""
+        return {ep: held * share for ep, (held, share) in self.holdings(hashes, now).items()}
 
-        The fraction of the chain it holds, scaled by its share of the prefix's
-        traffic at the deepest block it holds (from 1/2 for a holder that served it
-        once in a while up to 1 for the one that served it most): when load spills a
-        prefix to a second replica, the first one stays the prefix's home instead of
-        the prefix spreading over the fleet. Endpoints with no match are absent.
+    def holdings(self, hashes: Sequence[int], now: float) -> dict[str, tuple[float, float]]:
+        """Per endpoint that holds a leading part of `hashes`: (fraction, share).
+
+        `fraction` is the part of the chain it holds, in (0, 1]. `share` is its share
+        of the prefix's traffic at the deepest block it holds, from 1/2 for a holder
+        that served it once in a while up to 1 for the one that served it most: when
+        load spills a prefix to a second replica, the first one stays the prefix's home
+        instead of the prefix spreading over the fleet. Endpoints with no match are
+        absent.
 
         Holding is monotone along a chain: :meth:`record` marks every block of a
         prompt at once, so a block's marks are never fresher than its parent's, and
@@ -132,7 +139,7 @@ class PrefixTable:
         by bisection, and each endpoint's deepest block by walking back from there
         only until every holder of the first block is placed.
         """
-        result: dict[str, float] = {}
+        result: dict[str, tuple[float, float]] = {}
         total = len(hashes)
         if not total or not self.size:
             return result
@@ -164,7 +171,7 @@ class PrefixTable:
             fraction = (i + 1) / total
             for ep, (seen, count) in holders.items():
                 if seen >= cutoff and ep in pending:
-                    result[ep] = fraction * (0.5 + 0.5 * count / most)
+                    result[ep] = (fraction, 0.5 + 0.5 * count / most)
                     pending.discard(ep)
             if not pending:
                 break

@@ -266,6 +266,7 @@ class ClientApp:
         router = self.router
         chain = call.chain
         prompt_text = await self._prompt_text(call) if router.prefixes else None
+        prompt_tokens = estimate_prompt_tokens(len(call.body.raw))
         budget = router.config.router.retries + 1
         last: AttemptFailed | None = None
         attempted: ModelConfig | None = None
@@ -287,7 +288,9 @@ class ClientApp:
                     else None
                 )
                 decision = (
-                    router.choose(model, usable, call.session_key, prefix, now) if usable else None
+                    router.choose(model, usable, call.session_key, prefix, now, prompt_tokens)
+                    if usable
+                    else None
                 )
                 if decision is None:
                     break
@@ -313,8 +316,9 @@ class ClientApp:
                     if last is not None:
                         router.metrics.retries.labels(model.name, last.kind).inc()
                     budget -= 1
+                    prefill = decision.uncached.get(endpoint_id, prompt_tokens)
                     try:
-                        delivery = await self._attempt(call, model, state, ticket, payload)
+                        delivery = await self._attempt(call, model, state, ticket, payload, prefill)
                     except AttemptFailed as failure:
                         last = failure
                         continue
@@ -379,8 +383,12 @@ class ClientApp:
         state: EndpointState,
         ticket: Ticket,
         payload: bytes,
+        prefill: float,
     ) -> Delivery:
-        """One attempt at one endpoint; raises AttemptFailed when it may be retried."""
+        """One attempt at one endpoint; raises AttemptFailed when it may be retried.
+
+        `prefill` (the prompt tokens it is estimated to compute) counts in the
+        endpoint's prefill work until the first token, or the answer, is in."""
         router = self.router
         url = state.endpoint.url.rstrip("/") + call.scope["path"]
         extra = [
@@ -391,6 +399,15 @@ class ClientApp:
         in_flight = router.metrics.in_flight.labels(model.name)
         in_flight.inc()
         state.inflight += 1
+        state.prefill += prefill
+        prefilling = True
+
+        def prefilled() -> None:
+            nonlocal prefilling
+            if prefilling:
+                prefilling = False
+                state.prefill -= prefill
+
         partial = Delivery(200)
         try:
             if call.stream:
@@ -403,6 +420,7 @@ class ClientApp:
                     strip_usage=not call.wants_usage,
                     started=call.started,
                     outcome=partial,
+                    first_token=prefilled,
                 )
             else:
                 delivery = await router.upstream.unary(url, payload, headers, call.send, extra)
@@ -429,6 +447,7 @@ class ClientApp:
                 )
             raise
         finally:
+            prefilled()
             state.inflight -= 1
             in_flight.dec()
         broken = delivery.failure

@@ -33,7 +33,7 @@ from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
 from llmgw.router.scheduling import Candidate, Decision, Saturation, Scheduler
 from llmgw.router.scheduling.plugins import default_schedulers
 from llmgw.router.scraper import Scraper
-from llmgw.router.usage import Caller, Usage, UsageRecord, UsageSink
+from llmgw.router.usage import BYTES_PER_TOKEN, Caller, Usage, UsageRecord, UsageSink
 
 NOBODY = Caller()
 
@@ -53,6 +53,19 @@ class PrefixIndex:
     def chain(self, text: str, model: str) -> tuple[int, ...]:
         # Seeded by model: two models on one endpoint share no cache entries.
         return prefix_hashes(text, self.block_chars, self.max_blocks, seed=model)
+
+    def lookup(
+        self, chain: tuple[int, ...], now: float
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Per endpoint holding part of `chain`: its match (PrefixTable.match) and the
+        estimated prompt tokens it holds."""
+        matches: dict[str, float] = {}
+        cached: dict[str, float] = {}
+        chain_tokens = len(chain) * self.block_chars / BYTES_PER_TOKEN
+        for ep, (held, share) in self.table.holdings(chain, now).items():
+            matches[ep] = held * share
+            cached[ep] = held * chain_tokens
+        return matches, cached
 
 
 def catalog_for(config: Config) -> Catalog:
@@ -204,12 +217,23 @@ class Router:
         session_key: str | None,
         prefix: tuple[int, ...] | None,
         now: float,
+        prompt_tokens: float = 0.0,
     ) -> Decision | None:
+        """`prompt_tokens` is the request's estimated prompt size (its prefill work
+        where nothing is cached)."""
         candidates = [s.candidate(now) for s in usable]
         sticky = self.sessions.lookup(session_key, now) if session_key else None
-        matches = self.prefixes.table.match(prefix, now) if self.prefixes and prefix else {}
+        matches: dict[str, float] = {}
+        cached: dict[str, float] = {}
+        if self.prefixes is not None and prefix:
+            matches, cached = self.prefixes.lookup(prefix, now)
         decision = self.scheduler_for(model).pick(
-            candidates, session_endpoint=sticky, prefix_matches=matches, rng=self.rng
+            candidates,
+            session_endpoint=sticky,
+            prefix_matches=matches,
+            rng=self.rng,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached,
         )
         if decision is not None:
             # Remembered at once, not when the answer is complete: a burst of requests

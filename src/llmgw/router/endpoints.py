@@ -59,6 +59,7 @@ class EndpointState:
         "last_scrape",
         "last_scrape_attempt",
         "learned",
+        "prefill",
         "props_tried",
         "reported_capacity",
         "sample",
@@ -73,6 +74,8 @@ class EndpointState:
         self.last_error: str | None = None
         self.inflight = 0
         self.inflight_at_scrape = 0  # our in-flight count when the sample was taken
+        # Estimated uncached prompt tokens of our requests before their first token.
+        self.prefill = 0.0
         self.draining = False
         # What the engine says it runs at once (llama.cpp's /props), when configured
         # nothing; and when the router last asked.
@@ -109,13 +112,18 @@ class EndpointState:
         e = self.endpoint
         capacity = self.capacity
         waiting, running = (None, None) if s is None else (s.waiting, s.running)
+        kv = None if s is None else s.kv_usage
         if waiting is not None and running is not None:
+            scraped = waiting + running
             waiting, running = self._since_scrape(waiting, running, capacity)
+            if kv is not None and waiting + running < scraped:
+                # Sequences that finished since the scrape gave their blocks back.
+                kv *= (waiting + running) / scraped
         return Candidate(
             endpoint_id=e.id,
             waiting=waiting,
             running=running,
-            kv_usage=None if s is None else s.kv_usage,
+            kv_usage=kv,
             inflight=self.inflight,
             age=self.age(now),
             weight=e.weight,
@@ -123,6 +131,7 @@ class EndpointState:
             throttled=self.breaker.throttled(now),
             capacity=capacity,
             pool=e.pool,
+            prefill=self.prefill,
         )
 
     def _since_scrape(

@@ -367,11 +367,13 @@ class Upstream:
         strip_usage: bool,
         started: float,
         outcome: Delivery,
+        first_token: Callable[[], None] | None = None,
     ) -> Delivery:
         """A streaming request, relayed event by event into `outcome`.
 
         The caller owns `outcome`, so what was relayed is still known when the
-        client goes away and this is cancelled half-way."""
+        client goes away and this is cancelled half-way. `first_token` is called once,
+        when the first event is in (the engine's prefill is done)."""
         t = self.timeouts
         end = started + t.total
         now = trio.current_time()
@@ -387,7 +389,7 @@ class Upstream:
                 # is in (by the first_token deadline, as the answer in a token's place).
                 return await self._pass_on(response, send, extra_headers, end)
             return await self._relay(
-                response, send, extra_headers, strip_usage, started, len(body), outcome
+                response, send, extra_headers, strip_usage, started, len(body), outcome, first_token
             )
         finally:
             await _close(response)
@@ -441,6 +443,7 @@ class Upstream:
         started: float,
         body_size: int,
         outcome: Delivery,
+        first_token: Callable[[], None] | None,
     ) -> Delivery:
         t = self.timeouts
         events = _Events(self.max_event_bytes)
@@ -499,6 +502,8 @@ class Upstream:
                 now = trio.current_time()
                 if outcome.ttft is None:
                     outcome.ttft = now - started
+                    if first_token is not None:
+                        first_token()
                     await send(
                         {
                             "type": "http.response.start",

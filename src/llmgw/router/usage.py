@@ -30,10 +30,15 @@ class Usage:
         return cls(prompt, completion, cached if isinstance(cached, int) else None)
 
 
+#: Bytes of prompt per token, as tokenizers average on English text: the router sees
+#: text, never its engine's tokens.
+BYTES_PER_TOKEN = 4
+
+
 def estimate_prompt_tokens(body_size: int) -> int:
-    """A rough prompt size from the request body: ~4 bytes per token, as tokenizers average
-    on English text. Used only when a stream is cut before the engine reports usage."""
-    return max(1, body_size // 4)
+    """A rough prompt size from the request body (:data:`BYTES_PER_TOKEN`): for a stream
+    cut before the engine reported usage, and the prefill work of a request routed."""
+    return max(1, body_size // BYTES_PER_TOKEN)
 
 
 @attrs.frozen

@@ -43,6 +43,9 @@ class Decision:
     tier: str
     # The chosen endpoint first, then fallbacks for retries, best first.
     ranked: tuple[str, ...]
+    # Per endpoint, the estimated tokens of this prompt it would have to prefill (what
+    # the router charges to its prefill work while the request has no first token).
+    uncached: Mapping[str, float] = attrs.field(factory=dict)
 
 
 @attrs.define
@@ -58,11 +61,26 @@ class Context:
     prefix_matches: Mapping[str, float]
     rng: random.Random
     saturation: Saturation
+    # The request's estimated prompt tokens, and per endpoint the tokens of it that
+    # endpoint holds in its prefix cache (from the prefix table; absent: none).
+    prompt_tokens: float = 0.0
+    cached_tokens: Mapping[str, float] = attrs.field(factory=dict)
     # Set by the affinity filter that decided, if any.
     tier: str | None = None
 
     def prefix_match(self, i: int) -> float:
         return self.prefix_matches.get(self.candidates[i].endpoint_id, 0.0)
+
+    def uncached(self, i: int) -> float:
+        """Tokens of this prompt candidate `i` would have to prefill."""
+        held = self.cached_tokens.get(self.candidates[i].endpoint_id, 0.0)
+        return max(0.0, self.prompt_tokens - held)
+
+    def work(self, i: int) -> float:
+        """Candidate `i`'s prefill work if it took this request, per unit of weight:
+        what it still has to prefill plus this prompt's part it does not hold."""
+        c = self.candidates[i]
+        return (c.prefill + self.uncached(i)) / c.weight
 
 
 class Filter(Protocol):
@@ -101,6 +119,8 @@ class Scheduler:
         session_endpoint: str | None = None,
         prefix_matches: Mapping[str, float] | None = None,
         rng: random.Random | None = None,
+        prompt_tokens: float = 0.0,
+        cached_tokens: Mapping[str, float] | None = None,
     ) -> Context:
         sat = self.saturation
         prior = sat.prior(candidates)
@@ -115,6 +135,8 @@ class Scheduler:
             prefix_matches=prefix_matches or {},
             rng=rng or random.Random(0),
             saturation=sat,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens or {},
         )
 
     def cost(self, ctx: Context, i: int) -> float:
@@ -139,12 +161,19 @@ class Scheduler:
         session_endpoint: str | None,
         prefix_matches: Mapping[str, float],
         rng: random.Random,
+        prompt_tokens: float = 0.0,
+        cached_tokens: Mapping[str, float] | None = None,
     ) -> Decision | None:
         """Choose an endpoint (see the module docstring); None when there are no candidates."""
         if not candidates:
             return None
         ctx = self.context(
-            candidates, session_endpoint=session_endpoint, prefix_matches=prefix_matches, rng=rng
+            candidates,
+            session_endpoint=session_endpoint,
+            prefix_matches=prefix_matches,
+            rng=rng,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
         )
         n = len(candidates)
         survived = [0] * n  # how many filters each candidate passed
@@ -163,4 +192,7 @@ class Scheduler:
         )
         ranked = (candidates[chosen].endpoint_id, *(candidates[i].endpoint_id for i in order))
         tier = ctx.tier or "score"
-        return Decision(endpoint_id=candidates[chosen].endpoint_id, tier=tier, ranked=ranked)
+        uncached = {candidates[i].endpoint_id: ctx.uncached(i) for i in range(n)}
+        return Decision(
+            endpoint_id=candidates[chosen].endpoint_id, tier=tier, ranked=ranked, uncached=uncached
+        )

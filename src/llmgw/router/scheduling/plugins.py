@@ -3,8 +3,9 @@
 :func:`default_scheduler` is what every ``[router.profiles.*]`` entry runs::
 
     filters:  Fresh -> Room -> SessionAffinity -> PrefixAffinity
-    scorers:  Queue*queue + Load*inflight + KvCache*kv + Staleness*staleness
-              + Unknown + Stale + Throttle + PrefixBonus*prefix   (weights: the profile)
+    scorers:  Queue*queue + Load*inflight + Prefill*prefill + KvCache*kv
+              + Staleness*staleness + Unknown + Stale + Throttle + PrefixBonus*prefix
+              (weights: the profile)
     picker:   LowestCost (exact ties at random, in proportion to weight)
 
 Filters
@@ -13,24 +14,36 @@ Filters
   ``ranked`` as last-resort fallbacks).
 * :class:`Room`: the unsaturated candidates of the lowest priority value that has
   any; when every candidate is saturated, all of them.
-* :class:`SessionAffinity`: a session stays on its endpoint if that survived and its
-  relative load (``load/weight``) is within ``load_factor * best_other + 1``; the
-  ``+ 1`` (one request) keeps an idle peer from pulling every session off its warm
-  cache.
-* :class:`PrefixAffinity`: the highest prefix match ``m`` wins among the survivors
-  within ``load_factor * least + max(1, worth * m)``: a replica holding the whole
-  prefix is worth up to ``worth`` (:data:`PREFIX_WORTH`) extra requests, because a
-  long prompt's prefill costs far more than a turn in a running batch. So a prefix
-  stays on its home until the home is full by its engine's account (Room left it
-  out) or that far above the least loaded; it then goes to the replica that holds it
-  next best, the one it spilled to before (the prefix table ranks a second holder at
-  half or more), so spilled traffic warms one more cache instead of all of them.
+* :class:`SessionAffinity` and :class:`PrefixAffinity` decide by *prefill work*:
+  a replica's work for a request is the prompt tokens it still has to prefill for
+  the router's requests that have not had their first token (``Candidate.prefill``)
+  plus the tokens of this prompt its prefix cache does not hold
+  (:meth:`~.pipeline.Context.work`, per unit of weight). A cache miss on a
+  2,000-token prompt is 2,000 tokens of work; a queue of requests that hit the
+  cache is a few hundred. So a prompt stays on the replica that holds it until that
+  replica has more prefill ahead of it than a miss elsewhere would cost (or it is
+  full by its engine's account: Room left it out), the trade llm-d's 2026 scheduler
+  makes with its count of uncached prefill tokens in flight. Prompt sizes are
+  estimated from bytes (``usage.BYTES_PER_TOKEN``), which all replicas share, so
+  the comparison holds without a tokenizer.
+
+  - :class:`SessionAffinity`: a session stays on its replica unless another
+    survivor's work is lower. Where the prefix table says nothing of the session's
+    replica (hashing off, a prompt shorter than a block) it is taken to hold the
+    whole conversation.
+  - :class:`PrefixAffinity`: when a survivor holds part of the prompt, the survivors
+    with the least work (within :data:`WORK_TIE`) are kept. When the home has too
+    much work the prompt spills to the least-worked replica, which then holds it
+    too: later requests balance between the holders by their work, so spilled
+    traffic warms one more cache instead of all of them.
+
   When every replica is saturated, affinity still decides among them.
 
 Scorers (cost, lower is better; a replica at its targets scores about 1 per term)
 ------------------------------------------------------------------------------------
 ``Queue``: ``w / target_waiting / weight``; ``Load``: ``load / LOAD_UNIT / weight``
-(a scale, not a limit); ``KvCache``: ``kv / kv_ceiling`` (0 when unknown with no
+(a scale, not a limit); ``Prefill``: ``prefill / PREFILL_UNIT / weight`` (the prompt
+tokens still to prefill there, a scale too); ``KvCache``: ``kv / kv_ceiling`` (0 when unknown with no
 prior); ``Staleness``: ``max(0, age - h) / h`` with ``h = stale_after / 2`` (no
 penalty in the first half, so scrapes milliseconds apart do not decide between idle
 peers); ``Unknown``: :data:`UNKNOWN_PENALTY` per unknown metric; ``Stale``:
@@ -50,15 +63,17 @@ from llmgw.router.scheduling.state import Saturation
 
 __all__ = [
     "LOAD_UNIT",
-    "PREFIX_WORTH",
+    "PREFILL_UNIT",
     "STALE_PENALTY",
     "THROTTLE_PENALTY",
     "TIE",
     "UNKNOWN_PENALTY",
+    "WORK_TIE",
     "Fresh",
     "KvCache",
     "Load",
     "LowestCost",
+    "Prefill",
     "PrefixAffinity",
     "PrefixBonus",
     "Queue",
@@ -81,9 +96,12 @@ STALE_PENALTY = 1000.0
 TIE = 1e-9
 # Requests of load worth one normalised score term; a scale, not a limit.
 LOAD_UNIT = 8.0
-# Extra requests a replica holding a request's whole prefix may carry over the least
-# loaded before the prefix moves on.
-PREFIX_WORTH = 8.0
+# Tokens of prefill work worth one normalised score term (a long prompt, about one
+# engine step's token budget); a scale, not a limit.
+PREFILL_UNIT = 2048.0
+# Prefill work (tokens) within which two replicas are equal for prefix affinity: the
+# scorers choose between them. Below the error of a prompt size estimated from bytes.
+WORK_TIE = 1.0
 
 
 # -- filters ----------------------------------------------------------------------------
@@ -108,19 +126,19 @@ class Room:
 
 @attrs.frozen
 class SessionAffinity:
-    load_factor: float
-
     def filter(self, ctx: Context, survivors: list[int]) -> list[int]:
         if ctx.tier is not None or ctx.session_endpoint is None:
             return survivors
-        s = next(
-            (i for i in survivors if ctx.candidates[i].endpoint_id == ctx.session_endpoint), None
-        )
+        cands = ctx.candidates
+        s = next((i for i in survivors if cands[i].endpoint_id == ctx.session_endpoint), None)
         if s is None:
             return survivors
-        rel = ctx.rel_load
-        best_other = min((rel[i] for i in survivors if i != s), default=None)
-        if best_other is not None and rel[s] > self.load_factor * best_other + 1.0:
+        # The session's replica holds its conversation: where the prefix table says
+        # nothing (hashing off, a prompt too short to hash) all of it counts as held.
+        home = cands[s]
+        held = ctx.cached_tokens.get(home.endpoint_id, ctx.prompt_tokens)
+        work = (home.prefill + max(0.0, ctx.prompt_tokens - held)) / home.weight
+        if any(ctx.work(i) < work for i in survivors if i != s):
             return survivors
         ctx.tier = "session"
         return [s]
@@ -128,27 +146,16 @@ class SessionAffinity:
 
 @attrs.frozen
 class PrefixAffinity:
-    load_factor: float
-    worth: float = PREFIX_WORTH
-
     def filter(self, ctx: Context, survivors: list[int]) -> list[int]:
-        if ctx.tier is not None or not ctx.prefix_matches:
+        if ctx.tier is not None or not ctx.cached_tokens:
             return survivors
-        rel = ctx.rel_load
-        base = self.load_factor * min(rel[i] for i in survivors)
-        best, kept = 0.0, []
-        for i in survivors:
-            m = ctx.prefix_match(i)
-            if m <= 0.0 or rel[i] > base + max(1.0, self.worth * m):
-                continue
-            if m > best:
-                best, kept = m, [i]
-            elif m == best:
-                kept.append(i)
-        if not kept:
+        cached, cands = ctx.cached_tokens, ctx.candidates
+        if not any(cands[i].endpoint_id in cached for i in survivors):
             return survivors
+        work = [ctx.work(i) for i in survivors]
+        least = min(work)
         ctx.tier = "prefix"
-        return kept
+        return [i for i, w in zip(survivors, work, strict=True) if w <= least + WORK_TIE]
 
 
 # -- scorers ----------------------------------------------------------------------------
@@ -168,6 +175,15 @@ class Load:
 
     def cost(self, ctx: Context, i: int) -> float:
         return ctx.estimates[i].load / self.unit / ctx.candidates[i].weight
+
+
+@attrs.frozen
+class Prefill:
+    unit: float = PREFILL_UNIT
+
+    def cost(self, ctx: Context, i: int) -> float:
+        c = ctx.candidates[i]
+        return c.prefill / self.unit / c.weight
 
 
 @attrs.frozen
@@ -252,13 +268,13 @@ def default_scheduler(
 ) -> Scheduler:
     """The built-in composition for one routing profile; `filters` run after the
     built-in ones, `scorers` add to the built-in terms, `picker` replaces LowestCost."""
-    f = scoring.session_load_factor
     return Scheduler(
         saturation=Saturation(scoring, stale_after),
-        filters=(Fresh(), Room(), SessionAffinity(f), PrefixAffinity(f), *filters),
+        filters=(Fresh(), Room(), SessionAffinity(), PrefixAffinity(), *filters),
         scorers=(
             (Queue(scoring.target_waiting), profile.queue),
             (Load(), profile.inflight),
+            (Prefill(), profile.prefill),
             (KvCache(scoring.kv_ceiling), profile.kv),
             (Staleness(stale_after), profile.staleness),
             (Unknown(), 1.0),

@@ -68,6 +68,9 @@ class Candidate:
     capacity: float | None = None
     # The endpoint's pool (configuration): for plugins that prefer one over another.
     pool: str = "default"
+    # Estimated uncached prompt tokens of the router's requests to it that have not had
+    # their first token yet: the prefill work it still has ahead (the router's count).
+    prefill: float = 0.0
 
 
 @attrs.frozen
