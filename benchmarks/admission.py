@@ -14,7 +14,7 @@ store; ``queue_ttl`` shortened so that expiries happen within the run, see below
   it does for a real llama-server, so saturation is "requests in flight / 8".
 * ``vllm``: ``--personality vllm --max-num-seqs 16 --decode-step-ms 40``: vLLM's
   metrics and a large KV cache, with no capacity the router is told; it sees only
-  what a vLLM replica reports (its queue, its KV usage) and learns the rest. The
+  what a vLLM replica reports (its queue, its KV usage), nothing more. The
   batch and the step are scaled down from the personality's 256 sequences and 10 ms
   so that twice its capacity fits on two shared cores with the router and the load
   generator (at 32 sequences, 150 requests/s, the machine itself could not keep up

@@ -208,8 +208,9 @@ def test_session_stays_while_its_prefill_work_is_the_least() -> None:
 
 
 def test_session_moves_when_its_prefill_work_exceeds_a_miss_elsewhere() -> None:
-    # 2,500 tokens still to prefill at home; the whole 2,000-token prompt at o is less.
-    cands = [cand("s", prefill=2500), cand("o", running=2)]
+    # 4,500 tokens still to prefill at home; the whole 2,000-token prompt at o, counted
+    # twice (MISS_WEIGHT), is less.
+    cands = [cand("s", prefill=4500), cand("o", running=2)]
     assert pick(cands, session="s") == ("o", "score")
     # What the prefix table says the home holds counts: a home that holds none of it
     # is a miss like any other, and the less worked replica wins.
@@ -217,8 +218,17 @@ def test_session_moves_when_its_prefill_work_exceeds_a_miss_elsewhere() -> None:
     assert pick(cands, session="s", prefix={"s": 0.0}) == ("o", "prefix")
 
 
-def test_session_spills_off_saturated_endpoint() -> None:
+def test_session_stays_on_its_full_replica_unless_it_throttles() -> None:
+    # Its engine's queue is at target: the turn waits there, cached, rather than
+    # computing the whole conversation elsewhere.
     cands = [cand("s", waiting=4), cand("o", running=6)]
+    assert pick(cands, session="s") == ("s", "session")
+    # A 429 moves it.
+    cands = [cand("s", throttled=True), cand("o", running=6)]
+    assert pick(cands, session="s") == ("o", "score")
+    # So does a replica with room on a lower priority value (a fallback tier's
+    # session comes back).
+    cands = [cand("s", priority=1), cand("o", running=6)]
     assert pick(cands, session="s") == ("o", "score")
 
 
@@ -231,25 +241,27 @@ def test_session_alone_stays() -> None:
 
 
 def test_session_work_is_per_unit_of_weight() -> None:
-    # Weight 2 with 3,000 tokens ahead works through them as fast as weight 1 with 1,500.
-    cands = [cand("s", prefill=3000, weight=2.0), cand("o")]
+    # Weight 2 with 6,000 tokens ahead works through them as fast as weight 1 with 3,000,
+    # less than a miss at o (4,000); at weight 1 it is more.
+    cands = [cand("s", prefill=6000, weight=2.0), cand("o")]
     assert pick(cands, session="s") == ("s", "session")
-    assert pick([cand("s", prefill=3000), cand("o")], session="s") == ("o", "score")
+    assert pick([cand("s", prefill=6000), cand("o")], session="s") == ("o", "score")
 
 
 # -- pick: prefix -------------------------------------------------------------
 
 
 def test_prefix_goes_where_its_prefill_work_is_least() -> None:
-    # a holds 90% (200 tokens to compute), b half (1,000): a, whatever is running.
+    # a holds 90% (200 tokens to compute, 400 of work), b half (1,000, 2,000 of work):
+    # a, whatever is running.
     cands = [cand("a", running=40), cand("b", running=2), cand("c", running=2)]
     assert pick(cands, prefix={"a": 0.9, "b": 0.5}) == ("a", "prefix")
-    # a has 1,000 tokens of others' prefill ahead: b's 1,000 for this prompt is less
-    # than a's 1,200.
-    cands = [cand("a", prefill=1000), cand("b"), cand("c")]
+    # a has 2,000 tokens of others' prefill ahead: b's 2,000 of work is less than a's
+    # 2,400.
+    cands = [cand("a", prefill=2000), cand("b"), cand("c")]
     assert pick(cands, prefix={"a": 0.9, "b": 0.5}) == ("b", "prefix")
     # Both holders busier than a miss at idle c: the prompt spills to c.
-    cands = [cand("a", prefill=2500), cand("b", prefill=1500), cand("c")]
+    cands = [cand("a", prefill=4000), cand("b", prefill=3000), cand("c")]
     assert pick(cands, prefix={"a": 0.9, "b": 0.5}) == ("c", "prefix")
 
 
@@ -493,9 +505,10 @@ def blind(ep: str, inflight: int, weight: float = 1.0) -> Candidate:
 def test_saturated_never_chosen_over_room_in_its_tier(
     scenario: tuple[list[Candidate], str | None, dict[str, float]],
 ) -> None:
-    """No tier (session, prefix or score) chooses a replica full by its engine's
-    account while one with room exists, and the choice is in the best priority tier
-    that has room."""
+    """While a replica has room, the choice is in the best priority tier that has room,
+    and only the session tier chooses a replica full by its engine's account: the
+    session's own replica, never one that answered 429, and never on a worse priority
+    tier than the best one with room."""
     cands, session, prefix = scenario
     d = SCORER.pick(cands, session_endpoint=session, prefix_matches=prefix, rng=random.Random(0))
     assert d is not None
@@ -505,8 +518,13 @@ def test_saturated_never_chosen_over_room_in_its_tier(
     if not room:
         return
     best_tier = min(c.priority for c in room)
-    assert chosen.priority == best_tier, (chosen, room)
-    assert not SAT.saturated(chosen, prior), (chosen, d.tier, room)
+    if d.tier == "session":  # it may stay, full, but not on a worse tier than room's
+        assert chosen.priority <= best_tier, (chosen, room)
+    else:
+        assert chosen.priority == best_tier, (chosen, room)
+    if SAT.saturated(chosen, prior):
+        assert d.tier == "session" and chosen.endpoint_id == session, (chosen, d.tier, room)
+        assert not chosen.throttled
 
 
 @settings(max_examples=examples(150))

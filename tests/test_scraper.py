@@ -108,26 +108,16 @@ def test_total_slots_is_strict() -> None:
         assert total_slots(bad) is None, bad
 
 
-async def test_a_capacity_is_learned_from_the_engines_queue_when_nothing_says_it() -> None:
-    idle = b"vllm:num_requests_running 32\nvllm:num_requests_waiting 0\n"
+async def test_a_queue_never_becomes_a_capacity() -> None:
+    """Nothing guesses a capacity: an engine queueing behind 32 running sequences is full
+    by its queue, and a configured capacity stays what it says."""
     queued = b"vllm:num_requests_running 32\nvllm:num_requests_waiting 6\n"
-    pages = [idle, queued + b"vllm:kv_cache_usage_perc 0.4\n", queued]
-
-    def serve(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=pages.pop(0))
-
-    s = scraper(httpx.MockTransport(serve))
+    s = scraper(httpx.MockTransport(lambda r: httpx.Response(200, content=queued)))
     (state,) = s.endpoints.all()
-    await s.scrape_one(state)
-    assert (state.capacity, state.capacity_source) == (None, None)  # no queue yet
-    await s.scrape_one(state)
-    assert (state.capacity, state.capacity_source) == (None, None)  # one: maybe a burst
-    await s.scrape_one(state)
-    assert (state.capacity, state.capacity_source) == (32, "learned")
-    assert state.candidate(trio.current_time()).capacity == 32
-    # A configured capacity is never second-guessed.
+    for _ in range(3):
+        await s.scrape_one(state)
+    assert (state.capacity, state.capacity_source) == (None, None)
     pinned = scraper(httpx.MockTransport(lambda r: httpx.Response(200, content=queued)), 256)
     (state,) = pinned.endpoints.all()
     await pinned.scrape_one(state)
     assert (state.capacity, state.capacity_source) == (256, "configured")
-    assert state.learned is None

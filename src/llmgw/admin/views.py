@@ -71,10 +71,10 @@ class EndpointView:
     weight: float
     priority: int
     # Sequences its engine runs at once, when known, and from where: "configured"
-    # (configuration or the control plane's launch flags), "engine" (llama.cpp's
-    # /props) or "learned" (from its queue; llmgw.router.scheduling.capacity).
+    # (configuration or the control plane's launch flags) or "engine" (llama.cpp's
+    # /props). Never guessed: unknown, its queue alone says when it is full.
     capacity: float | None
-    capacity_source: Literal["configured", "engine", "learned"] | None
+    capacity_source: Literal["configured", "engine"] | None
     draining: bool
     engine: str | None
     waiting: float | None

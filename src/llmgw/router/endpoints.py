@@ -15,7 +15,6 @@ import attrs
 
 from llmgw.router.breaker import Breaker
 from llmgw.router.scheduling import Candidate
-from llmgw.router.scheduling.capacity import Learned
 from llmgw.router.scrape import EngineSample
 
 
@@ -58,7 +57,6 @@ class EndpointState:
         "last_error",
         "last_scrape",
         "last_scrape_attempt",
-        "learned",
         "prefill",
         "props_tried",
         "reported_capacity",
@@ -81,8 +79,6 @@ class EndpointState:
         # nothing; and when the router last asked.
         self.reported_capacity: int | None = None
         self.props_tried: float | None = None
-        # Learned from its queue when nothing says it (scheduling.capacity).
-        self.learned: Learned | None = None
 
     def _capacity(self) -> tuple[float | None, str | None]:
         """Sequences the engine runs at once and where that comes from: configured (or
@@ -92,8 +88,6 @@ class EndpointState:
             return self.endpoint.capacity, "configured"
         if self.reported_capacity is not None:
             return self.reported_capacity, "engine"
-        if self.learned is not None and self.learned.capacity is not None:
-            return self.learned.capacity, "learned"
         return None, None
 
     @property

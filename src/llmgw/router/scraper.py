@@ -3,8 +3,8 @@
 llama.cpp also says how many slots it runs (``GET /props``: ``total_slots``); for a
 llama.cpp endpoint whose capacity nothing configured, that is read too, at most every
 :data:`PROPS_EVERY` seconds until it answers, and becomes the endpoint's capacity.
-Where nothing says a replica's capacity, it is learned from the engine's queue
-(:mod:`llmgw.router.scheduling.capacity`).
+Where nothing says a replica's capacity, none is guessed: its queue says when it is
+full (:mod:`llmgw.router.scheduling.state`).
 Both pages are read up to a bound (:data:`MAX_METRICS_BYTES`, :data:`MAX_PROPS_BYTES`):
 an engine cannot make the router hold an unbounded page.
 """
@@ -20,7 +20,6 @@ import trio
 from llmgw.config import ScoringConfig
 from llmgw.router.endpoints import EndpointRegistry, EndpointState
 from llmgw.router.metrics import RouterMetrics
-from llmgw.router.scheduling.capacity import learn
 from llmgw.router.scrape import parse_metrics
 
 # A vLLM page is ~100 KB (histograms, a few label sets); far more is not a metrics page.
@@ -134,16 +133,6 @@ class Scraper:
         state.inflight_at_scrape = state.inflight
         state.last_scrape = now
         state.last_error = None
-        if state.endpoint.capacity is None and state.reported_capacity is None:
-            state.learned = learn(
-                state.learned,
-                running=sample.running,
-                waiting=sample.waiting,
-                kv_usage=sample.kv_usage,
-                load=max((sample.running or 0.0) + (sample.waiting or 0.0), state.inflight),
-                target_waiting=self.scoring.target_waiting,
-                kv_ceiling=self.scoring.kv_ceiling,
-            )
         if (
             sample.engine == "llamacpp"
             and state.endpoint.capacity is None

@@ -33,7 +33,13 @@ import attrs
 
 from llmgw.router.scheduling.state import Candidate, Estimate, Prior, Saturation
 
-__all__ = ["Context", "Decision", "Filter", "Picker", "Scheduler", "Scorer"]
+__all__ = ["MISS_WEIGHT", "Context", "Decision", "Filter", "Picker", "Scheduler", "Scorer"]
+
+# A prompt's tokens a replica does not hold count twice in its prefill work: they are
+# computed there, and they take cache blocks that held someone else's prefix, which
+# its owner then computes again (in a full cache; an emptier one loses nothing, but
+# the router cannot see which).
+MISS_WEIGHT = 2.0
 
 
 @attrs.frozen
@@ -78,9 +84,10 @@ class Context:
 
     def work(self, i: int) -> float:
         """Candidate `i`'s prefill work if it took this request, per unit of weight:
-        what it still has to prefill plus this prompt's part it does not hold."""
+        what it still has to prefill, plus this prompt's part it does not hold counted
+        :data:`MISS_WEIGHT` times."""
         c = self.candidates[i]
-        return (c.prefill + self.uncached(i)) / c.weight
+        return (c.prefill + MISS_WEIGHT * self.uncached(i)) / c.weight
 
 
 class Filter(Protocol):

@@ -2,7 +2,7 @@
 
 :func:`default_scheduler` is what every ``[router.profiles.*]`` entry runs::
 
-    filters:  Fresh -> Room -> SessionAffinity -> PrefixAffinity
+    filters:  Fresh -> SessionAffinity -> Room -> PrefixAffinity
     scorers:  Queue*queue + Load*inflight + Prefill*prefill + KvCache*kv
               + Staleness*staleness + Unknown + Stale + Throttle + PrefixBonus*prefix
               (weights: the profile)
@@ -17,20 +17,26 @@ Filters
 * :class:`SessionAffinity` and :class:`PrefixAffinity` decide by *prefill work*:
   a replica's work for a request is the prompt tokens it still has to prefill for
   the router's requests that have not had their first token (``Candidate.prefill``)
-  plus the tokens of this prompt its prefix cache does not hold
-  (:meth:`~.pipeline.Context.work`, per unit of weight). A cache miss on a
-  2,000-token prompt is 2,000 tokens of work; a queue of requests that hit the
-  cache is a few hundred. So a prompt stays on the replica that holds it until that
+  plus the tokens of this prompt its prefix cache does not hold, counted twice
+  (:data:`~.pipeline.MISS_WEIGHT`: computed there, and evicting another prefix that
+  is then computed again), per unit of weight (:meth:`~.pipeline.Context.work`). A
+  cache miss on a 2,000-token prompt is 4,000 tokens of work; a queue of requests
+  that hit the cache is a few hundred. So a prompt stays on the replica that holds it until that
   replica has more prefill ahead of it than a miss elsewhere would cost (or it is
   full by its engine's account: Room left it out), the trade llm-d's 2026 scheduler
   makes with its count of uncached prefill tokens in flight. Prompt sizes are
   estimated from bytes (``usage.BYTES_PER_TOKEN``), which all replicas share, so
   the comparison holds without a tokenizer.
 
-  - :class:`SessionAffinity`: a session stays on its replica unless another
-    survivor's work is lower. Where the prefix table says nothing of the session's
-    replica (hashing off, a prompt shorter than a block) it is taken to hold the
-    whole conversation.
+  - :class:`SessionAffinity` (before Room): a session stays on its replica unless
+    another fresh replica's work is lower, its own answered 429, or it is on a
+    higher priority value than a replica with room; also when its engine is full:
+    moving a conversation computes all of it again, and the engine's queue holds
+    the turn meanwhile. (Measured: leaving full replicas moved the sessions the
+    queue would have served sooner from their cache, and halved a 4-slot fleet's
+    throughput; benchmarks/README.md.) Where the prefix table says nothing of the
+    session's replica (hashing off, a prompt shorter than a block) it is taken to
+    hold the whole conversation.
   - :class:`PrefixAffinity`: when a survivor holds part of the prompt, the survivors
     with the least work (within :data:`WORK_TIE`) are kept. When the home has too
     much work the prompt spills to the least-worked replica, which then holds it
@@ -43,8 +49,8 @@ Scorers (cost, lower is better; a replica at its targets scores about 1 per term
 ------------------------------------------------------------------------------------
 ``Queue``: ``w / target_waiting / weight``; ``Load``: ``load / LOAD_UNIT / weight``
 (a scale, not a limit); ``Prefill``: ``prefill / PREFILL_UNIT / weight`` (the prompt
-tokens still to prefill there, a scale too); ``KvCache``: ``kv / kv_ceiling`` (0 when unknown with no
-prior); ``Staleness``: ``max(0, age - h) / h`` with ``h = stale_after / 2`` (no
+tokens still to prefill there, a scale too); ``KvCache``: ``kv / kv_ceiling`` (0 when
+unknown with no prior); ``Staleness``: ``max(0, age - h) / h`` with ``h = stale_after / 2`` (no
 penalty in the first half, so scrapes milliseconds apart do not decide between idle
 peers); ``Unknown``: :data:`UNKNOWN_PENALTY` per unknown metric; ``Stale``:
 :data:`STALE_PENALTY`; ``Throttle``: :data:`THROTTLE_PENALTY` after a 429;
@@ -58,7 +64,14 @@ from collections.abc import Mapping
 import attrs
 
 from llmgw.config import RoutingProfile, ScoringConfig
-from llmgw.router.scheduling.pipeline import Context, Filter, Picker, Scheduler, Scorer
+from llmgw.router.scheduling.pipeline import (
+    MISS_WEIGHT,
+    Context,
+    Filter,
+    Picker,
+    Scheduler,
+    Scorer,
+)
 from llmgw.router.scheduling.state import Saturation
 
 __all__ = [
@@ -131,13 +144,17 @@ class SessionAffinity:
             return survivors
         cands = ctx.candidates
         s = next((i for i in survivors if cands[i].endpoint_id == ctx.session_endpoint), None)
-        if s is None:
+        if s is None or cands[s].throttled:
+            return survivors
+        # Priority stays Room's to decide: a session on a fallback tier comes back.
+        room = [cands[i].priority for i in survivors if not ctx.saturated[i]]
+        if room and cands[s].priority > min(room):
             return survivors
         # The session's replica holds its conversation: where the prefix table says
         # nothing (hashing off, a prompt too short to hash) all of it counts as held.
         home = cands[s]
         held = ctx.cached_tokens.get(home.endpoint_id, ctx.prompt_tokens)
-        work = (home.prefill + max(0.0, ctx.prompt_tokens - held)) / home.weight
+        work = (home.prefill + MISS_WEIGHT * max(0.0, ctx.prompt_tokens - held)) / home.weight
         if any(ctx.work(i) < work for i in survivors if i != s):
             return survivors
         ctx.tier = "session"
@@ -270,7 +287,7 @@ def default_scheduler(
     built-in ones, `scorers` add to the built-in terms, `picker` replaces LowestCost."""
     return Scheduler(
         saturation=Saturation(scoring, stale_after),
-        filters=(Fresh(), Room(), SessionAffinity(), PrefixAffinity(), *filters),
+        filters=(Fresh(), SessionAffinity(), Room(), PrefixAffinity(), *filters),
         scorers=(
             (Queue(scoring.target_waiting), profile.queue),
             (Load(), profile.inflight),

@@ -17,9 +17,11 @@ it (the :class:`Prior`), or by nothing when none does. Then::
 
 ``capacity`` is how many sequences the engine runs at once, when something says so:
 the control plane (from the flags it launched the engine with), the endpoint's
-configuration, the engine itself (llama.cpp's ``/props``), or the engine's own queue
-(:mod:`.capacity`: the number it runs while it holds a queue). Nothing guesses it:
-before any of these, the engine's own queue alone says when it is full.
+configuration, or the engine itself (llama.cpp's ``/props``). Nothing guesses it:
+without one, the engine's own queue alone says when it is full. (A capacity learned
+from the queue was tried and measured: on an engine that queues for its step's token
+budget, not its sequence limit, it learned the number running then as the limit and
+held the engine there, at half its throughput; benchmarks/README.md.)
 
 Saturation (:meth:`Saturation.saturated`, :meth:`Saturation.level`)
 -------------------------------------------------------------------
