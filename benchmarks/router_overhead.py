@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -250,25 +249,6 @@ class Router:
 # -- processes ---------------------------------------------------------------------------
 
 
-def peer_binary(venv: Path, name: str) -> Path | None:
-    path = venv / "bin" / name
-    return path if path.exists() else None
-
-
-def peer_version(venv: Path, dist: str) -> str:
-    out = subprocess.run(
-        [
-            str(venv / "bin" / "python"),
-            "-c",
-            f"import importlib.metadata as m; print(m.version({dist!r}))",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    return out.stdout.strip() or "?"
-
-
 def start_engines(fleet: c.Fleet, pattern: Pattern) -> tuple[list[str], list[c.Proc]]:
     bases: list[str] = []
     procs: list[c.Proc] = []
@@ -330,66 +310,14 @@ def start_llmgw(fleet: c.Fleet, pattern: Pattern, bases: Sequence[str]) -> Route
     )
 
 
-def vllm_router_argv(
-    binary: Path, port: int, metrics_port: int, bases: Sequence[str], policy: str
-) -> list[str]:
-    return [
-        str(binary),
-        "--host", c.LOOPBACK,
-        "--port", str(port),
-        "--worker-urls", *bases,
-        "--policy", policy,
-        "--prometheus-host", c.LOOPBACK,
-        "--prometheus-port", str(metrics_port),
-        "--log-level", "warning",
-        # Only how soon it looks at the replicas when starting (they are up already).
-        "--worker-startup-check-interval", "1",
-        "--worker-startup-timeout-secs", "60",
-    ]  # fmt: skip
-
-
 def start_vllm_router(
     fleet: c.Fleet, binary: Path, pattern: Pattern, bases: Sequence[str], policy: str
 ) -> Router:
-    # It cannot report a port it picked: it is given held ones (it binds with
-    # SO_REUSEADDR, as Rust's std does on Unix).
-    port, metrics_port = fleet.reserve_port(), fleet.reserve_port()
-    argv = vllm_router_argv(binary, port, metrics_port, bases, policy)
-    proc = c.Proc(argv, fleet.logdir / f"vllm-router-{policy}-{pattern.name}.log")
-    fleet.procs.append(proc)
-    base = f"http://{c.LOOPBACK}:{port}"
-    proc.wait_http(f"{base}/health", timeout=60.0)
-    # As printed: the ports this run happened to get are not part of the settings.
-    shown = {str(port): "PORT", str(metrics_port): "PORT2"}
-    flags = " ".join(shown.get(a, a) for a in argv[1:] if not a.startswith("http://")).replace(
-        "--worker-urls", "--worker-urls URL1 URL2"
+    peer = c.start_vllm_router(
+        fleet, binary, bases, policy, name=f"vllm-router-{policy}-{pattern.name}"
     )
-    return Router(
-        VLLM_RR if policy == "round_robin" else VLLM_CA,
-        "vllm-router",
-        base,
-        proc,
-        f"http://{c.LOOPBACK}:{metrics_port}/metrics",
-        flags,
-    )
-
-
-def sglang_router_argv(
-    binary: Path, port: int, metrics_port: int, bases: Sequence[str], policy: str
-) -> list[str]:
-    return [
-        str(binary), "launch",
-        "--host", c.LOOPBACK,
-        "--port", str(port),
-        "--worker-urls", *bases,
-        "--policy", policy,
-        "--prometheus-host", c.LOOPBACK,
-        "--prometheus-port", str(metrics_port),
-        "--log-level", "warn",
-        # As for vllm-router: only how soon it looks at the replicas when starting.
-        "--worker-startup-check-interval", "1",
-        "--worker-startup-timeout-secs", "60",
-    ]  # fmt: skip
+    name = VLLM_RR if policy == "round_robin" else VLLM_CA
+    return Router(name, peer.kind, peer.base, peer.proc, peer.metrics_url, peer.flags)
 
 
 def probe_worker_paths(bases: Sequence[str]) -> dict[str, dict[str, int | str]]:
@@ -440,56 +368,13 @@ def worker_paths_missing(probe: dict[str, dict[str, int | str]]) -> list[str]:
 def start_sglang_router(
     fleet: c.Fleet, binary: Path, pattern: Pattern, bases: Sequence[str], policy: str
 ) -> Router:
-    """sglang-router in front of `bases`, started like start_vllm_router; raises
-    RuntimeError when it does not take both replicas within 60 s."""
-    # Held ports, as for vllm-router (its listeners bind with SO_REUSEADDR too).
-    port, metrics_port, hub_port = fleet.reserve_port(), fleet.reserve_port(), fleet.reserve_port()
-    argv = sglang_router_argv(binary, port, metrics_port, bases, policy)
-    # It loads a tokenizer for each worker's model from the Hugging Face hub (the
-    # tokenizer_path of /get_model_info; unused by its HTTP router): the hub is a held
-    # loopback port here, which refuses, and its cache a directory of this run, so no
-    # traffic leaves 127.0.0.1 and no token of the user's is read.
-    hub_home = fleet.logdir / "sglang-hf-home"
-    env = {"HF_ENDPOINT": f"http://{c.LOOPBACK}:{hub_port}", "HF_HOME": str(hub_home)}
-    name = f"sglang-router-{policy}-{pattern.name}"
-    proc = c.Proc(argv, fleet.logdir / f"{name}.log", env)
-    fleet.procs.append(proc)
-    base = f"http://{c.LOOPBACK}:{port}"
-    # /health answers before any worker is registered; /readiness counts them (and
-    # answers a server error, which its log shows as an ERROR line, until one is).
-    deadline = time.monotonic() + 60.0
-    healthy = 0
-    while time.monotonic() < deadline:
-        if proc.popen.poll() is not None:
-            break
-        try:
-            r = httpx.get(f"{base}/readiness", timeout=2, trust_env=False)
-            healthy = int(r.json().get("healthy_workers", 0)) if r.status_code == 200 else 0
-        except (httpx.HTTPError, ValueError):
-            healthy = 0
-        if healthy == len(bases):
-            break
-        time.sleep(0.1)
-    if healthy != len(bases):
-        output = proc.output(2000)
-        fleet.stop([proc])
-        raise RuntimeError(
-            f"sglang-router ({policy}) took {healthy} of {len(bases)} replicas in 60 s; "
-            f"its log {proc.log}:\n{output}"
-        )
-    shown = {str(port): "PORT", str(metrics_port): "PORT2"}
-    flags = " ".join(shown.get(a, a) for a in argv[1:] if not a.startswith("http://")).replace(
-        "--worker-urls", "--worker-urls URL1 URL2"
+    """sglang-router in front of `bases` (benchmarks/_common.py starts it: no traffic
+    leaves loopback); RuntimeError when it does not take every replica within 60 s."""
+    peer = c.start_sglang_router(
+        fleet, binary, bases, policy, name=f"sglang-router-{policy}-{pattern.name}"
     )
-    flags += f"; env HF_ENDPOINT=http://{c.LOOPBACK}:PORT3 (refused) HF_HOME=RUNDIR/{hub_home.name}"
-    return Router(
-        SGLANG_RR if policy == "round_robin" else SGLANG_CA,
-        "sglang-router",
-        base,
-        proc,
-        f"http://{c.LOOPBACK}:{metrics_port}/metrics",
-        flags,
-    )
+    name = SGLANG_RR if policy == "round_robin" else SGLANG_CA
+    return Router(name, peer.kind, peer.base, peer.proc, peer.metrics_url, peer.flags)
 
 
 def count_events(base: str, model: str, tokens: int) -> int:
@@ -1087,8 +972,8 @@ async def main_async(
     peers_venv: Path,
     wrk: str,
 ) -> dict[str, Any]:
-    vllm_bin = peer_binary(peers_venv, "vllm-router") if peers else None
-    sglang_bin = peer_binary(peers_venv, "sglang-router") if peers and sglang else None
+    vllm_bin = c.peer_binary("vllm-router", peers_venv) if peers else None
+    sglang_bin = c.peer_binary("sglang-router", peers_venv) if peers and sglang else None
     # Per engine pattern: what the replicas answered on the paths sglang-router reads,
     # what they lack of them, and whether sglang-router could not be started.
     sglang_workers: dict[str, dict[str, Any]] = {}
@@ -1195,14 +1080,14 @@ async def main_async(
             "threads": WRK_THREADS,
         },
         "vllm_router": (
-            {"version": peer_version(peers_venv, "vllm-router"), "binary": str(vllm_bin)}
+            {"version": c.peer_version("vllm-router", peers_venv), "binary": str(vllm_bin)}
             if vllm_bin is not None
             else None
         ),
         "peers_venv": str(peers_venv),
         "sglang_router": (
             {
-                "version": peer_version(peers_venv, "sglang-router"),
+                "version": c.peer_version("sglang-router", peers_venv),
                 "binary": str(sglang_bin),
                 "worker_paths": sglang_workers,
             }
@@ -1272,7 +1157,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if not args.no_peers and peer_binary(args.peers_venv, "vllm-router") is None:
+    if not args.no_peers and c.peer_binary("vllm-router", args.peers_venv) is None:
         print(
             f"router_overhead: no vllm-router in {args.peers_venv}: run benchmarks/setup_peers.sh "
             "(or pass --no-peers to measure llmgw against direct only)",
@@ -1282,7 +1167,7 @@ def main(argv: list[str] | None = None) -> int:
     if (
         not args.no_peers
         and not args.no_sglang
-        and peer_binary(args.peers_venv, "sglang-router") is None
+        and c.peer_binary("sglang-router", args.peers_venv) is None
     ):
         print(
             f"router_overhead: no sglang-router in {args.peers_venv}: run "
