@@ -12,6 +12,7 @@ import pytest
 
 from llmgw.agent.adapters import SglangAdapter, SimAdapter, VllmAdapter
 from llmgw.agent.adapters.base import flag_int, flag_name
+from llmgw.agent.adapters.sim import sim_capacity
 from llmgw.agent.discovery import fake_gpus
 from llmgw.config import DeploymentProfile
 from llmgw.control.fleet import EngineInfo, NodeInfo
@@ -441,3 +442,18 @@ def test_capacity_is_what_the_engine_was_launched_with() -> None:
     assert SIM.command(start("sim", weights="sim"), NODE).capacity == 64
     vllm_like = start("sim", weights="sim", args=["--personality", "vllm"])
     assert SIM.command(vllm_like, NODE).capacity == 256
+
+
+@pytest.mark.parametrize(
+    ("argv", "capacity"),
+    [
+        ([], 64),
+        (["--personality", "vllm"], 256),
+        (["--personality=llamacpp"], 4),
+        (["--personality", "sglang", "--max-num-seqs", "8"], 8),
+        (["--max-num-seqs=12", "--personality", "vllm"], 12),
+        (["--personality", "nope"], 64),
+    ],
+)
+def test_a_simulators_capacity_from_its_launch_flags(argv: list[str], capacity: int) -> None:
+    assert sim_capacity(argv) == capacity

@@ -161,21 +161,6 @@ def test_help_documents_every_personality() -> None:
     assert "--kv-blocks 16384" in text  # the vllm personality's values, as flags
 
 
-@pytest.mark.parametrize(
-    ("argv", "capacity"),
-    [
-        ([], 64),
-        (["--personality", "vllm"], 256),
-        (["--personality=llamacpp"], 4),
-        (["--personality", "sglang", "--max-num-seqs", "8"], 8),
-        (["--max-num-seqs=12", "--personality", "vllm"], 12),
-        (["--personality", "nope"], 64),
-    ],
-)
-def test_capacity_from_launch_flags(argv: list[str], capacity: int) -> None:
-    assert personalities.capacity_from_args(argv) == capacity
-
-
 # -- what the stress personalities are for ---------------------------------------------------
 
 

@@ -38,7 +38,7 @@ builds the ``EngineConfig`` with explicit overrides on top.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -47,7 +47,7 @@ import attrs
 from llmgw.sim.metrics import MetricsFormat
 from llmgw.sim.model import EngineConfig
 
-__all__ = ["NAMES", "PERSONALITIES", "Personality", "capacity_from_args", "get"]
+__all__ = ["NAMES", "PERSONALITIES", "Personality", "engine_config", "get"]
 
 
 def _frozen_mapping(values: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -168,27 +168,3 @@ def get(name: str) -> Personality:
         return PERSONALITIES[name]
     except KeyError:
         raise ValueError(f"unknown personality {name!r} (known: {', '.join(NAMES)})") from None
-
-
-def _flag(argv: Sequence[str], flag: str) -> str | None:
-    """The last value given to `flag` (``--flag V`` or ``--flag=V``) in `argv`."""
-    found: str | None = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            found = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            found = arg[len(flag) + 1 :]
-    return found
-
-
-def capacity_from_args(argv: Sequence[str]) -> int:
-    """The running-batch size an ``llmgw-sim`` started with `argv` will have: its
-    ``--max-num-seqs``, else its ``--personality``'s, else the default. (For a launcher
-    that reports capacity from launch flags; an invalid value falls back the same way,
-    since the simulator would refuse to start with it anyway.)"""
-    explicit = _flag(argv, "--max-num-seqs")
-    if explicit is not None and explicit.isdigit() and int(explicit) >= 1:
-        return int(explicit)
-    name = _flag(argv, "--personality")
-    personality = PERSONALITIES.get(name) if name is not None else None
-    return engine_config(personality).max_num_seqs

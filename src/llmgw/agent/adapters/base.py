@@ -44,6 +44,7 @@ __all__ = [
     "base_url",
     "flag_int",
     "flag_name",
+    "flag_value",
     "probe_version",
 ]
 
@@ -133,10 +134,9 @@ def flag_name(arg: str) -> str | None:
     return name[:dashes] + name[dashes:].replace("_", "-")
 
 
-def flag_int(args: Sequence[str], *names: str) -> int | None:
-    """The positive integer the last of `names` is given in `args` (``--flag N`` or
-    ``--flag=N``), or None when absent or not a positive integer (the engine itself
-    refuses a bad value)."""
+def flag_value(args: Sequence[str], *names: str) -> str | None:
+    """The value the last of `names` is given in `args` (``--flag V`` or ``--flag=V``),
+    or None when absent."""
     value: str | None = None
     for i, arg in enumerate(args):
         name = flag_name(arg)
@@ -146,6 +146,14 @@ def flag_int(args: Sequence[str], *names: str) -> int | None:
             value = arg.split("=", 1)[1]
         elif i + 1 < len(args):
             value = args[i + 1]
+    return value
+
+
+def flag_int(args: Sequence[str], *names: str) -> int | None:
+    """The positive integer the last of `names` is given in `args` (``--flag N`` or
+    ``--flag=N``), or None when absent or not a positive integer (the engine itself
+    refuses a bad value)."""
+    value = flag_value(args, *names)
     try:
         n = int(value) if value is not None else None
     except ValueError:

@@ -12,14 +12,26 @@ like one. Health is ``/health``; metrics are vLLM-format by default.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 from llmgw import __version__
-from llmgw.agent.adapters.base import BaseAdapter, LaunchSpec, base_url
+from llmgw.agent.adapters.base import BaseAdapter, LaunchSpec, base_url, flag_int, flag_value
 from llmgw.control.fleet import EngineInfo, NodeInfo
-from llmgw.sim.personalities import capacity_from_args
+from llmgw.sim.personalities import PERSONALITIES, engine_config
 from llmgw.transport.messages import StartShard
 
-__all__ = ["SimAdapter"]
+__all__ = ["SimAdapter", "sim_capacity"]
+
+
+def sim_capacity(args: Sequence[str]) -> int:
+    """The running-batch size an ``llmgw-sim`` started with `args` will have: its
+    ``--max-num-seqs``, else its ``--personality``'s, else the default. (An invalid
+    value falls back the same way: the simulator would refuse to start with it.)"""
+    explicit = flag_int(args, "--max-num-seqs")
+    if explicit is not None:
+        return explicit
+    name = flag_value(args, "--personality")
+    return engine_config(PERSONALITIES.get(name) if name is not None else None).max_num_seqs
 
 
 class SimAdapter(BaseAdapter):
@@ -56,5 +68,5 @@ class SimAdapter(BaseAdapter):
             health_url=f"{url}/health",
             endpoint_url=url if serves else None,
             metrics_url=f"{url}/metrics",
-            capacity=capacity_from_args(cmd.profile.args),
+            capacity=sim_capacity(cmd.profile.args),
         )
