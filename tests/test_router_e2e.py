@@ -335,16 +335,15 @@ def test_client_disconnect_frees_the_engine_slot() -> None:
             assert sim_metric(bases[0], "vllm:num_requests_running") == 1
         # The router counts the disconnect once it is done with the request (the
         # upstream call cut, the request accounted); the engine frees its slot when it
-        # sees the cut, in its own time.
+        # sees the cut, in its own time. (The default bound: 5 s was too short once, in
+        # a run beside a second copy of the suite on the same 2 cores.)
         wait_for(
             lambda: srv.metric("llmgw_client_disconnects_total", model="m") == 1,
             "the disconnect counted",
-            5,
         )
         wait_for(
             lambda: sim_metric(bases[0], "vllm:num_requests_running") == 0,
             "the engine's slot freed",
-            5,
         )
         assert srv.endpoints()["s0"]["inflight"] == 0
         # The cut stream was still accounted, as an estimate.
