@@ -54,3 +54,64 @@ async def test_router_serves_from_a_library_caller() -> None:
         assert len(records) == 1
         assert records[0].model == "m" and records[0].endpoint == "s0"
         assert records[0].usage.completion_tokens == 3 and not records[0].usage.estimated
+
+
+async def test_a_client_gone_at_a_send_is_counted_as_a_disconnect() -> None:
+    """The server may notice a client that left at a send (the write fails) before its
+    receive() reports http.disconnect: the router counts it either way. (A CI run with
+    a second copy of the suite beside it caught the send path winning, and the
+    disconnect uncounted.)"""
+    with sim(model="m") as (_, base):
+        config = llmgw.load_config(
+            data={
+                "listen": "127.0.0.1:0",
+                "admin_listen": "127.0.0.1:0",
+                "store": {"url": ""},
+                "endpoints": [{"id": "s0", "url": base, "models": ["m"]}],
+            },
+            environ={},
+        )
+        router = llmgw.Router(config)
+        body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
+        body += b'"max_tokens": 500, "stream": true}'
+        requested = False
+
+        async def receive() -> dict[str, object]:
+            nonlocal requested
+            if not requested:
+                requested = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await trio.sleep_forever()  # never a disconnect: only the send says so
+            raise AssertionError("unreachable")
+
+        bodies = 0
+
+        async def send(message: dict[str, object]) -> None:
+            nonlocal bodies
+            if message["type"] == "http.response.body":
+                bodies += 1
+                if bodies == 2:
+                    raise OSError("the client has gone")
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "query_string": b"",
+            "headers": [(b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 1),
+        }
+        with trio.fail_after(30):
+            try:
+                await router.app(scope, receive, send)
+            except BaseException as exc:  # the failed send, as the server would see it
+                if isinstance(exc, BaseExceptionGroup):
+                    assert exc.split(OSError)[1] is None, exc
+                else:
+                    assert isinstance(exc, OSError), exc
+        await router.upstream.aclose()
+        counted = router.metrics.registry.get_sample_value(
+            "llmgw_client_disconnects_total", {"model": "m", "phase": "stream"}
+        )
+        assert counted == 1
+        assert router.endpoints.get("s0").inflight == 0  # type: ignore[union-attr]

@@ -173,7 +173,13 @@ class ClientApp:
         async def tracked_send(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.body" and not message.get("more_body"):
                 watch.complete = True
-            await send(message)
+            try:
+                await send(message)
+            except OSError:
+                # What an ASGI server raises on a send to a client that has gone: the
+                # disconnect may be seen here before the watcher's receive() sees it.
+                watch.gone = watch.gone or not watch.complete
+                raise
 
         session = header(scope, router.session_header)
         call = _Call(
@@ -186,19 +192,22 @@ class ClientApp:
             session.decode(errors="replace") if session else None,
         )
         refused: HttpError | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch.run, receive, nursery.cancel_scope)
-            try:
-                await self._serve(call)
-            except HttpError as err:
-                refused = err  # raised outside, so no exception group wraps it
-            finally:
-                nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch.run, receive, nursery.cancel_scope)
+                try:
+                    await self._serve(call)
+                except HttpError as err:
+                    refused = err  # raised outside, so no exception group wraps it
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            # Counted however it was noticed: the watcher's receive(), or a failed send.
+            if watch.gone:
+                kind = "stream" if call.stream else "request"
+                router.metrics.disconnects.labels(body.model, kind).inc()
         if refused is not None:
             raise refused
-        if watch.gone:
-            kind = "stream" if call.stream else "request"
-            router.metrics.disconnects.labels(body.model, kind).inc()
 
     async def _serve(self, call: _Call) -> None:
         """Admission by priority band, then routing. The request waits in its band's
