@@ -568,12 +568,14 @@ async def test_an_invalid_message_ends_the_stream() -> None:
     is a broken peer: the stream ends with INVALID_ARGUMENT, the handler's receive
     with ConnectionClosed."""
     reasons: list[str] = []
+    closed = trio.Event()
 
     async def handler(conn: AgentConnection) -> None:
         try:
             await conn.receive()
         except ConnectionClosed as exc:
             reasons.append(str(exc))
+            closed.set()
             raise
 
     def stock_client(port: int) -> object:
@@ -588,6 +590,9 @@ async def test_an_invalid_message_ends_the_stream() -> None:
         async with serving(handler) as listener:
             assert listener.port is not None
             code = await trio.to_thread.run_sync(stock_client, listener.port)
+            # The client may hear the refusal before the handler's receive() does:
+            # leaving `serving` first would cancel the handler instead.
+            await closed.wait()
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert reasons and "invalid message" in reasons[0]
 
