@@ -275,7 +275,7 @@ class ClientApp:
         router = self.router
         chain = call.chain
         prompt_text = await self._prompt_text(call) if router.prefixes else None
-        prompt_tokens = estimate_prompt_tokens(len(call.body.raw))
+        prompt_tokens = call.prompt_tokens
         budget = router.config.router.retries + 1
         last: AttemptFailed | None = None
         attempted: ModelConfig | None = None
@@ -442,9 +442,7 @@ class ClientApp:
             # and what was already relayed still counts.
             router.record_attempt(state, ticket, Outcome.CLIENT_GONE, None)
             if partial.ttft is not None:
-                partial.usage = Usage(
-                    estimate_prompt_tokens(len(call.body.raw)), partial.events, estimated=True
-                )
+                partial.usage = Usage(call.prompt_tokens, partial.events, estimated=True)
                 router.finish(
                     model,
                     state,
@@ -475,6 +473,7 @@ class _Call:
         "caller",
         "chain",
         "key",
+        "prompt_tokens",
         "queued",
         "scope",
         "send",
@@ -507,6 +506,9 @@ class _Call:
         self.stream = body.stream and not scope["path"].endswith("/embeddings")
         self.wants_usage = self.stream and body.include_usage
         self.session_key = session_key
+        # Estimated from the body's size: the prefill work routing charges, and the
+        # usage of a stream cut before the engine reported any.
+        self.prompt_tokens = estimate_prompt_tokens(len(body.raw))
 
 
 class _DisconnectWatch:

@@ -77,17 +77,18 @@ class Context:
     def prefix_match(self, i: int) -> float:
         return self.prefix_matches.get(self.candidates[i].endpoint_id, 0.0)
 
-    def uncached(self, i: int) -> float:
-        """Tokens of this prompt candidate `i` would have to prefill."""
-        held = self.cached_tokens.get(self.candidates[i].endpoint_id, 0.0)
+    def uncached(self, i: int, unknown_held: float = 0.0) -> float:
+        """Tokens of this prompt candidate `i` would have to prefill; `unknown_held` is
+        what it is taken to hold where the prefix table says nothing of it."""
+        held = self.cached_tokens.get(self.candidates[i].endpoint_id, unknown_held)
         return max(0.0, self.prompt_tokens - held)
 
-    def work(self, i: int) -> float:
+    def work(self, i: int, unknown_held: float = 0.0) -> float:
         """Candidate `i`'s prefill work if it took this request, per unit of weight:
         what it still has to prefill, plus this prompt's part it does not hold counted
         :data:`MISS_WEIGHT` times."""
         c = self.candidates[i]
-        return (c.prefill + MISS_WEIGHT * self.uncached(i)) / c.weight
+        return (c.prefill + MISS_WEIGHT * self.uncached(i, unknown_held)) / c.weight
 
 
 class Filter(Protocol):

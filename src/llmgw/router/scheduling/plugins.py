@@ -64,14 +64,7 @@ from collections.abc import Mapping
 import attrs
 
 from llmgw.config import RoutingProfile, ScoringConfig
-from llmgw.router.scheduling.pipeline import (
-    MISS_WEIGHT,
-    Context,
-    Filter,
-    Picker,
-    Scheduler,
-    Scorer,
-)
+from llmgw.router.scheduling.pipeline import Context, Filter, Picker, Scheduler, Scorer
 from llmgw.router.scheduling.state import Saturation
 
 __all__ = [
@@ -152,9 +145,7 @@ class SessionAffinity:
             return survivors
         # The session's replica holds its conversation: where the prefix table says
         # nothing (hashing off, a prompt too short to hash) all of it counts as held.
-        home = cands[s]
-        held = ctx.cached_tokens.get(home.endpoint_id, ctx.prompt_tokens)
-        work = (home.prefill + MISS_WEIGHT * max(0.0, ctx.prompt_tokens - held)) / home.weight
+        work = ctx.work(s, unknown_held=ctx.prompt_tokens)
         if any(ctx.work(i) < work for i in survivors if i != s):
             return survivors
         ctx.tier = "session"
