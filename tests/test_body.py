@@ -6,7 +6,10 @@ import json
 import tracemalloc
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from llmgw.router.affinity import prompt_text_for_affinity
 from llmgw.router.body import BodyError, parse
 
 
@@ -109,3 +112,46 @@ def test_affinity_reads_messages_or_prompt() -> None:
     assert parse(body(messages=messages)).affinity_fields() == {"messages": messages}
     assert parse(body(prompt="once")).affinity_fields() == {"prompt": "once"}
     assert parse(body(input="x")).affinity_fields() == {}
+
+
+_TEXT = st.text(
+    alphabet=st.sampled_from(["a", "é", "\u4e2d", "\U0001f600", '"', "\\", "\n", "\x01"])
+)
+_MESSAGE = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["system", "user", "assistant"]),
+        "content": st.one_of(
+            _TEXT,
+            st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _TEXT}), max_size=2),
+        ),
+    }
+)
+
+
+@given(
+    messages=st.lists(_MESSAGE, max_size=4),
+    chars=st.integers(1, 40),
+    ascii_only=st.booleans(),
+)
+def test_affinity_decoded_to_its_budget_hashes_the_same_text(
+    messages: list[dict[str, object]], chars: int, ascii_only: bool
+) -> None:
+    """Escapes and multi-byte characters at the cut: the prefix is the whole one's."""
+    raw = json.dumps({"model": "m", "messages": messages}, ensure_ascii=ascii_only).encode()
+    b = parse(raw)
+    whole = prompt_text_for_affinity(b.affinity_fields(), limit=chars)
+    assert prompt_text_for_affinity(b.affinity_fields(chars), limit=chars) == whole
+
+
+def test_a_huge_content_is_decoded_only_as_far_as_affinity_reads() -> None:
+    content = 'ab\u4e2d\\"' * 1_000_000  # ~9 MB of JSON
+    b = parse(body(messages=[{"role": "user", "content": content}]))
+    tracemalloc.start()
+    try:
+        fields = b.affinity_fields(4096)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1024 * 1024, peak  # the whole string is ~5M characters, ~15 MB
+    assert fields["messages"][0]["content"] == content[: len(fields["messages"][0]["content"])]
+    assert len(fields["messages"][0]["content"]) >= 4096

@@ -114,6 +114,49 @@ def test_a_huge_body_of_small_values_costs_its_size_and_stalls_nothing(gw: Serve
     assert worst < 0.5, worst
 
 
+def test_three_32_mib_requests_in_flight_keep_the_gateway_under_300_mb(gw: Server) -> None:
+    # The bound: three at once took the old gateway to 2.69 GB.
+    # Just under router.max_body_bytes (32 MiB): the largest body a client may send.
+    content = b"a b " * (8 * 1024 * 1024 - 32)
+    huge = b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "%s"}]}' % (
+        content
+    )
+    assert 32 * 1024 * 1024 - 100 < len(huge) <= 32 * 1024 * 1024
+    statuses: list[int] = []
+    pid = gw.proc.popen.pid
+    peak = rss_mib(pid)
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.02):  # the sampling period of the measurement
+            peak = max(peak, rss_mib(pid))
+
+    def send() -> None:
+        r = httpx.post(
+            f"{gw.base}/v1/chat/completions",
+            content=huge,
+            headers={"content-type": "application/json"},
+            timeout=60,
+        )
+        statuses.append(r.status_code)
+
+    sampler = threading.Thread(target=sample)
+    senders = [threading.Thread(target=send) for _ in range(3)]
+    sampler.start()
+    for t in senders:
+        t.start()
+    try:
+        for t in senders:
+            t.join()
+    finally:
+        done.set()
+        sampler.join()
+    # Each was read whole and judged: too long for the model's context, not too large.
+    assert statuses == [400, 400, 400], statuses
+    assert peak <= 300, peak
+
+
 def test_a_store_that_fails_during_authentication_is_a_503_with_retry_after(
     pg_cluster: TempCluster,
 ) -> None:

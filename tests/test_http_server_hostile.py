@@ -223,3 +223,78 @@ async def test_an_upgrade_request_is_served_plainly_then_the_connection_closes()
     assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 200 ")
     assert b'"path": "/a"' in answer
     assert server.app.calls == 1
+
+
+# A listener in its own process with 64 file descriptors: the connections below use
+# them up, so accept() fails with EMFILE until they close.
+_FD_STARVED = """
+import functools, logging, resource, sys, trio
+from llmgw.http.server import HttpServerConfig, serve
+from llmgw.units import Address
+
+async def app(scope, receive, send):
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+async def main():
+    async def forever():
+        await trio.sleep_forever()
+    async def report(task_status=trio.TASK_STATUS_IGNORED):
+        run = functools.partial(serve, shutdown_trigger=forever)
+        urls = await nursery.start(run, app, Address("127.0.0.1", 0), HttpServerConfig())
+        print(urls[0].rsplit(":", 1)[1], flush=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(report)
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+trio.run(main)
+"""
+
+
+def test_out_of_file_descriptors_the_listener_logs_once_and_serves_again(
+    tmp_path: Any,
+) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from .waiting import wait_for
+
+    errors = tmp_path / "stderr"
+    with errors.open("w") as sink:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _FD_STARVED], stdout=subprocess.PIPE, stderr=sink, text=True
+        )
+    held: list[socket.socket] = []
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+
+        def failures() -> int:
+            return errors.read_text().count("accept failed")
+
+        for _ in range(80):  # more than the child has descriptors for
+            held.append(socket.create_connection(("127.0.0.1", port)))
+        wait_for(failures, "accept() to fail with EMFILE", WAIT)
+        # The behaviour under test is time spent out of descriptors: the accept loop
+        # retries every 100 ms, and the old one logged every failure (622 lines in #15).
+        time.sleep(1.5)
+        assert failures() == 1, errors.read_text()
+        assert "out of file descriptors" in errors.read_text()
+        for sock in held:
+            sock.close()
+        held.clear()
+
+        def served() -> bool:
+            with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as sock:
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                return sock.recv(100).startswith(b"HTTP/1.1 200 ")
+
+        assert wait_for(served, "a new client served once descriptors are free", WAIT)
+    finally:
+        for sock in held:
+            sock.close()
+        child.kill()
+        child.wait()

@@ -51,6 +51,8 @@ from llmgw.http import sockio
 
 #: The response head at most, 1xx heads before it included (bytes).
 MAX_HEAD = 64 * 1024
+#: Request bodies up to this size are sent in one write with their head.
+_JOIN_BELOW = 256 * 1024
 #: Framing bytes in a row with no body data between (chunk-size lines with their
 #: extensions, trailer fields), at most: a bound on what llhttp may hold of an unending
 #: field, counted per piece fed (so exceeded by up to one piece before it is seen).
@@ -466,7 +468,9 @@ class Pool:
         for k, v in headers:
             head += (k, b": ", v, b"\r\n")
         head.append(b"content-length: %d\r\n\r\n" % len(body))
-        data = b"".join(head) + body
+        # One write for a small request; a large body is written after its head, not
+        # copied behind it (three 32 MiB requests held 96 MiB more).
+        data = (b"".join(head) + body,) if len(body) <= _JOIN_BELOW else (b"".join(head), body)
         # A pooled connection the server closed meanwhile fails before any byte of
         # an answer; that is retried once on a new connection.
         while True:
@@ -485,10 +489,11 @@ class Pool:
                 conn.close()
                 raise
 
-    async def _exchange(self, conn: _Conn, data: bytes) -> Response:
+    async def _exchange(self, conn: _Conn, data: tuple[bytes, ...]) -> Response:
         sock = conn.sock
         try:
-            await sockio.send_all(sock, data)
+            for part in data:
+                await sockio.send_all(sock, part)
         except (trio.ClosedResourceError, OSError):
             raise _StaleConnection from None
         parser = ResponseParser()

@@ -370,13 +370,14 @@ class ClientApp:
         prefixes = self.router.prefixes
         assert prefixes is not None
         body = call.body
+        chars = prefixes.block_chars * prefixes.max_blocks
         try:
             if len(body.raw) > BIG_BODY:
                 fields = await trio.to_thread.run_sync(
-                    body.affinity_fields, limiter=self._big_parses
+                    body.affinity_fields, chars, limiter=self._big_parses
                 )
             else:
-                fields = body.affinity_fields()
+                fields = body.affinity_fields(chars)
         except BodyError as exc:
             raise HttpError(400, str(exc), param=exc.param) from None
         return prefixes.text(fields)

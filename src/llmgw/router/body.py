@@ -102,11 +102,16 @@ class RequestBody:
             return None
         return _decode(raw, name)
 
-    def affinity_fields(self) -> dict[str, Any]:
+    def affinity_fields(self, chars: int | None = None) -> dict[str, Any]:
         """The members prefix affinity reads (``messages`` or ``prompt``), decoded.
 
-        Their whole value is decoded, so for a large body call this from a worker
-        thread (:data:`BIG_BODY`)."""
+        With `chars` (the characters affinity hashes at most), a chat body is decoded
+        only as far as they reach: messages past them are left out and a longer string
+        content is cut, so a 32 MiB prompt costs no 32 MiB string. Otherwise their
+        whole value is decoded: for a large body call this from a worker thread
+        (:data:`BIG_BODY`)."""
+        if chars is not None and "messages" in self.members:
+            return {"messages": _messages_prefix(self.members["messages"], chars)}
         for name in ("messages", "prompt"):
             if name in self.members:
                 return {name: self.member(name)}
@@ -140,6 +145,56 @@ def parse(raw: bytes) -> RequestBody:
     except RecursionError:
         raise BodyError("the request body is nested too deeply") from None
     return RequestBody(raw, members)
+
+
+_MESSAGES = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])
+# The JSON text of one character is at most 12 bytes (an escaped surrogate pair).
+_JSON_BYTES_PER_CHAR = 12
+
+
+def _messages_prefix(raw: msgspec.Raw, chars: int) -> Any:
+    """``messages`` decoded as far as `chars` characters of content reach: each message
+    kept as a mapping with its ``role`` and ``content``, a string content longer than
+    that cut to a prefix (the engine gets the client's bytes, not this)."""
+    try:
+        messages = _MESSAGES.decode(raw)
+    except msgspec.ValidationError:
+        return _decode(raw, "messages")  # not a list of objects: affinity skips it
+    except msgspec.DecodeError as exc:
+        raise BodyError(f"messages: not valid JSON: {exc}", "messages") from None
+    out: list[dict[str, Any]] = []
+    budget = chars
+    for message in messages:
+        if budget <= 0:
+            break
+        role = message.get("role")
+        content = message.get("content")
+        decoded = {
+            "role": None if role is None else _decode(role, "messages"),
+            "content": None if content is None else _content_prefix(content, budget),
+        }
+        text = decoded["content"]
+        budget -= len(text) if isinstance(text, str) else 1
+        out.append(decoded)
+    return out
+
+
+def _content_prefix(raw: msgspec.Raw, chars: int) -> Any:
+    """A JSON value; a string of more than `chars` characters decoded to a prefix of at
+    least `chars` of them."""
+    data = memoryview(raw)
+    cut = 1 + chars * _JSON_BYTES_PER_CHAR
+    if len(data) <= cut + 1 or data[0] != ord('"'):
+        return _decode(raw, "messages")
+    # Step back over a cut inside an escape or a UTF-8 sequence (at most 11 bytes).
+    for end in range(cut, cut - 12, -1):
+        try:
+            text = msgspec.json.decode(bytes(data[:end]) + b'"')
+        except msgspec.DecodeError:
+            continue
+        if isinstance(text, str):
+            return text
+    raise BodyError("messages: a content string is not valid JSON", "messages")
 
 
 def _decode(raw: msgspec.Raw, name: str) -> Any:
