@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -373,3 +374,65 @@ def test_bad_answers_open_the_breaker() -> None:
         r, data, _ = ask(srv, "good")
         assert r.status_code == 503
         assert json.loads(data)["error"]["code"] == "no_healthy_replica"
+
+
+def test_a_client_that_stops_reading_is_cut_after_idle_and_frees_the_engine(
+    gateway: tuple[Server, str],
+) -> None:
+    # Deadlines fired only when a read blocked: a client that stopped reading a fast
+    # stream kept it, and its engine request, past `total`.
+    srv, base = gateway
+    before = srv.metric("llmgw_client_disconnects_total", model="m") or 0
+    body = json.dumps(
+        {
+            "model": "m",
+            "case": "sse_forever",
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+    ).encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", int(srv.base.rsplit(":", 1)[1])))
+        started = time.monotonic()
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        # Read nothing: the kernel's buffers fill, then llmgw's writes stall.
+        wait_closed_by_router(base, "sse_forever")
+        took = time.monotonic() - started
+    assert took < TOTAL, took  # cut by the stalled send (idle = 1 s), not by total
+    wait_for(
+        lambda: srv.metric("llmgw_client_disconnects_total", model="m") == before + 1,
+        "the cut client counted as a disconnect",
+        timeout=5,
+    )
+    wait_for(lambda: srv.endpoints()["h"]["inflight"] == 0, "the attempt ended", timeout=5)
+
+
+def test_an_https_endpoint_that_fails_is_named_by_its_id_only() -> None:
+    # https endpoints go through httpx, whose messages carry the URL. A port bound
+    # but not listening refuses every connection.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        base = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        https = base.replace("http://", "https://")
+        with server("--endpoint", f"h={https}=m", config=CONFIG) as srv:
+            r, data, _ = ask(srv, "ok")
+    assert r.status_code == 502, data[:300]
+    message = json.loads(data)["error"]["message"]
+    check_error(base, message, "connection failed")
+
+
+def test_a_32_mib_event_is_buffered_in_linear_time() -> None:
+    # Each read used to copy the event so far: 48 MiB took 40 s. Linear, 32 MiB is
+    # 512 reads of 64 KiB, a fraction of a second; quadratic, minutes.
+    config = CONFIG.replace('max_event_bytes = "256KiB"', 'max_event_bytes = "32MiB"')
+    with engine() as base, server("--endpoint", f"h={base}=m", config=config) as srv:
+        start = rss(srv)
+        with responsive(srv):
+            r, data, took = ask(srv, "sse_huge_event", stream=True)
+        check_error_response(r, data, base, 502, "router.max_event_bytes")
+        assert took < TOTAL, took
+        assert rss(srv) - start < 80 * MiB  # the event held once, not copied per read
