@@ -407,3 +407,50 @@ def exercise_keys(base: str, admin: str) -> tuple[dict[str, str], dict[str, str]
         {name: key["secret"] for name, key in created.items()},
         {name: key["id"] for name, key in created.items()},
     )
+
+
+def test_refusals_are_counted_per_model_and_key_in_usage_and_metrics(tmp_path: Path) -> None:
+    """A 429 was counted only in llmgw_rejected_requests_total{reason}: the dashboard and
+    usage showed 0 errors while clients received 429s (issue #17)."""
+    db = tmp_path / "llmgw.db"
+    keys = create_keys(db, app={"rpm": 2})
+    key_id, secret = keys["app"][0].id, keys["app"][1]
+    config = CONFIG.format(path=db) + "[auth]\nkey_metrics = true\n"
+    messages: Any = [{"role": "user", "content": "x"}]
+    with (
+        sim(model="m") as (_, engine),
+        server("--endpoint", f"s0={engine}=m", config=config) as srv,
+    ):
+        srv.wait_scraped()
+        statuses = []
+        for _ in range(5):
+            try:
+                client(srv.base, secret).chat.completions.create(
+                    model="m", messages=messages, max_tokens=2
+                )
+                statuses.append(200)
+            except openai.RateLimitError:
+                statuses.append(429)
+        assert statuses == [200, 200, 429, 429, 429]
+        # A model nobody configured is refused too, under no model's name.
+        with pytest.raises(openai.NotFoundError):
+            client(srv.base, secret).chat.completions.create(
+                model="made-up", messages=messages, max_tokens=2
+            )
+
+        def usage() -> dict[str, int] | None:
+            rows = httpx.get(
+                f"{srv.admin}/api/v1/usage", params={"group_by": "model"}, timeout=5
+            ).json()["usage"]
+            got = {r["group"]: (r["requests"], r["errors"]) for r in rows}
+            return got if got.get("m") == (5, 3) else None
+
+        assert wait_for(usage, "three refusals among five requests in usage", timeout=10) == {
+            "m": (5, 3)
+        }
+        assert srv.metric("llmgw_key_requests_total", key=key_id, model="m", status="429") == 3
+        rejected = srv.metric("llmgw_rejected_requests_total", model="m")
+        assert rejected == 3, rejected
+        assert srv.metric("llmgw_rejected_requests_total", model="", reason="model_not_found") == 1
+        text = httpx.get(f"{srv.admin}/metrics", timeout=5).text
+    assert "made-up" not in text  # a client's name never becomes a label

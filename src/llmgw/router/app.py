@@ -59,6 +59,9 @@ class HttpError(Exception):
         self.code = code
         self.param = param
         self.headers = headers or []
+        #: The configured model the request was for, once known ("" before: a name a
+        #: client made up never becomes a label).
+        self.model = ""
 
 
 async def send_error(send: Send, err: HttpError) -> None:
@@ -108,7 +111,7 @@ class ClientApp:
         except ClientGone:
             return
         except HttpError as err:
-            self.router.metrics.rejected.labels(err.code or str(err.status)).inc()
+            self.router.metrics.rejected.labels(err.code or str(err.status), err.model).inc()
             await send_error(send, err)
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -207,6 +210,12 @@ class ClientApp:
                 kind = "stream" if call.stream else "request"
                 router.metrics.disconnects.labels(body.model, kind).inc()
         if refused is not None:
+            # Refused once the model was known (429, 503, 502/504 after every attempt,
+            # 403, ...): a client-visible failure that usage and the dashboard count.
+            refused.model = chain[0].name
+            router.refused(
+                refused.model, refused.status, trio.current_time() - started, call.caller
+            )
             raise refused
 
     async def _serve(self, call: _Call) -> None:
@@ -501,7 +510,9 @@ class _Call:
         self.started = started
         self.key = key
         self.send = send
-        self.caller = Caller()  # set by admission: the key, band and tenant
+        # The key at once (a refusal before admission is still the key's); admission
+        # adds the band and tenant.
+        self.caller = Caller(key.id if key is not None else None)
         self.queued = 0.0  # seconds admission held it
         # Embeddings never stream, whatever the body says.
         self.stream = body.stream and not scope["path"].endswith("/embeddings")

@@ -316,6 +316,23 @@ class Router:
             for sink in self.usage_sinks:
                 sink.record(record)
 
+    def refused(self, model: str, status: int, latency: float, caller: Caller) -> None:
+        """Account a request for `model` that llmgw answered with an error itself (no
+        endpoint served it): usage records and the dashboard count it as a failure."""
+        if self.usage_sinks:
+            record = UsageRecord(
+                model=model,
+                endpoint=None,
+                status=status,
+                usage=NO_USAGE,
+                latency=latency,
+                key_id=caller.key_id,
+                band=caller.band,
+                tenant=caller.tenant,
+            )
+            for sink in self.usage_sinks:
+                sink.record(record)
+
     # -- views --------------------------------------------------------------------
 
     def admission_view(self) -> dict[str, Any]:

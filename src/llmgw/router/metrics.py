@@ -39,8 +39,9 @@ class RouterMetrics:
         )
         self.rejected = Counter(
             "llmgw_rejected_requests_total",
-            "Client requests refused before reaching any engine, by reason.",
-            ["reason"],
+            "Client requests answered with an error by llmgw itself, by reason and the "
+            "configured model (empty when the request named none that exists).",
+            ["reason", "model"],
             registry=r,
         )
         self.in_flight = Gauge(
@@ -199,15 +200,16 @@ class KeyMetrics:
 
     Labelled by the key's id (``key_...``, shown by ``llmgw-ctl keys``), never its
     secret; names are not unique and may repeat. Counted like the store's usage
-    records: requests that reached an engine. Requests refused before that (401, 403,
-    429) are in ``llmgw_rejected_requests_total``; requests without a key are not here.
+    records: requests for a configured model, served or refused (429, 503, ...; no
+    endpoint). A 401 has no key to count under: it is in
+    ``llmgw_rejected_requests_total``; requests without a key are not here.
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
             "llmgw_key_requests_total",
-            "Client requests that reached an engine, by API key id, served model and "
-            "HTTP status (auth.key_metrics).",
+            "Client requests for a configured model, by API key id, model and HTTP "
+            "status, refusals included (auth.key_metrics).",
             ["key", "model", "status"],
             registry=registry,
         )
