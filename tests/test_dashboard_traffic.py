@@ -18,7 +18,7 @@ from llmgw.dashboard.traffic import UNBANDED, TrafficRing
 from llmgw.router.core import Router
 from llmgw.router.usage import Usage, UsageRecord, UsageSink
 
-RES = 10 ** (1 / 8)  # the histogram's bucket ratio: an estimate is within it
+RES = 10 ** (1 / 64)  # the histogram's bucket ratio: an estimate is within it
 
 
 class Clock:
@@ -247,6 +247,25 @@ def test_percentiles_from_known_latencies() -> None:
         assert got is not None and want / RES <= got <= want * RES, (got, want)
     # Sub-millisecond TTFTs fall in the bottom bucket; the estimate stays within the seen.
     assert p.ttft_p50 is not None and 0.0001 <= p.ttft_p50 <= 0.01
+
+
+def test_percentiles_close_together_are_told_apart() -> None:
+    # Clients measured p50/p90/p99 = 596/624/664 ms; the dashboard showed 635 for all
+    # three (8 buckets per decade put them in one).
+    clock = Clock(0.0)
+    r = ring(clock)
+    clock.t = 1.0
+    latencies = [0.560 + 0.110 * (i / 199) ** 2 for i in range(200)]
+    for latency in latencies:
+        r.record(rec(latency=latency))
+    clock.t = 5.0
+    p = r.series().points[0]
+    exact = [latencies[math.ceil(q * 200) - 1] for q in (0.5, 0.9, 0.99)]
+    got = [p.latency_p50, p.latency_p90, p.latency_p99]
+    assert got[0] is not None and got[1] is not None and got[2] is not None
+    assert got[0] < got[1] < got[2], got
+    for g, want in zip(got, exact, strict=True):
+        assert abs(g / want - 1) < 0.02, (got, exact)
 
 
 def test_percentiles_of_one_sample_are_exact_and_huge_values_are_kept() -> None:
