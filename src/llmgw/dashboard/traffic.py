@@ -130,7 +130,7 @@ class _Histogram:
         hi = min(_bound(i) if i < _LAST else self.hi, self.hi)
         if lo <= 0 or hi <= lo:
             return (lo + hi) / 2 if lo > 0 or hi > 0 else 0.0
-        return lo * (hi / lo) ** ((rank - seen - 0.5) / c)
+        return float(lo * (hi / lo) ** ((rank - seen - 0.5) / c))
 
 
 def _quantiles(h: _Histogram) -> tuple[float | None, float | None, float | None]:
