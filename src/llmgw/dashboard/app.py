@@ -602,10 +602,17 @@ def _local(target: str | None) -> str | None:
     (no open redirect to another site)."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
         return None
+    # It becomes a Location header: a CR or LF would start a header of the sender's
+    # choosing (Set-Cookie), so any control character drops it.
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in target):
+        return None
     return target
 
 
 def redirect(location: str, *headers: tuple[bytes, bytes]) -> Page:
+    # Never a header value with CR, LF or NUL in it, whatever a caller let through.
+    if any(c in location for c in "\r\n\0"):
+        raise ValueError(f"refusing a Location with a control character: {location!r}")
     return Page(303, b"", headers=((b"location", location.encode("latin-1")), *headers))
 
 
