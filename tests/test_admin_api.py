@@ -20,6 +20,7 @@ import httpx
 import jsonschema_rs
 import pytest
 import trio
+import trio.testing
 
 from llmgw.admin.api import AdminApp
 from llmgw.admin.http import ApiError
@@ -683,3 +684,24 @@ async def test_existing_views_pass_through_their_view_classes(tmp_path: Path) ->
         r = await a.client.get("/readyz")
         assert r.status_code == 200
         assert r.json() == {"status": "ready", "endpoints_scraped": 1}
+
+
+def test_a_trickled_body_is_cut_with_408_at_the_body_timeout() -> None:
+    """One byte a second resets the listener's wait for each chunk; the admin API
+    bounds the whole body (issue #17: /api/v1/keys and /admin/login hung)."""
+    from llmgw.admin.http import Request
+
+    async def main() -> None:
+        async def receive() -> dict[str, Any]:
+            await trio.sleep(1)
+            return {"type": "http.request", "body": b" ", "more_body": True}
+
+        req = Request({"type": "http", "headers": []}, receive, body_timeout=3.0)
+        start = trio.current_time()
+        with pytest.raises(ApiError) as refused:
+            await req.body()
+        assert refused.value.status == 408
+        assert refused.value.code == "body_timeout"
+        assert trio.current_time() - start == pytest.approx(3.0)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

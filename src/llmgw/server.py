@@ -223,6 +223,8 @@ async def _serve(
         models=registry,
         # Off loopback, the admin API wants an admin key.
         admin_auth=not _all_loopback(listening["admin_listen"]),
+        # The whole body, not each chunk: the login is on the public client port.
+        body_timeout=config.router.timeouts.client_body,
     )
     # The dashboard (DESIGN §8): on the admin listener beside the API, and on the client
     # port under /admin behind a login; both see the last 15 minutes of traffic.

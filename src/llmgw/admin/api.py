@@ -108,6 +108,7 @@ class AdminApp:
         admin_auth: bool = False,
         ready: Callable[[], bool] = lambda: True,
         max_body_bytes: int = MAX_BODY_BYTES,
+        body_timeout: float | None = None,
     ) -> None:
         if admin_auth and store is None:
             raise ValueError(NO_AUTH_STORE)
@@ -118,6 +119,7 @@ class AdminApp:
         self.admin_auth = admin_auth
         self.ready = ready
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
         self.routes: list[Route] = self._routes()
         self._openapi: bytes | None = None
 
@@ -410,7 +412,7 @@ class AdminApp:
         if scope["type"] != "http":
             await answer_non_http(scope, receive, send)
             return
-        req = Request(scope, receive, max_body=self.max_body_bytes)
+        req = Request(scope, receive, max_body=self.max_body_bytes, body_timeout=self.body_timeout)
         reply = await self.handle(req)
         await send(
             {

@@ -166,7 +166,8 @@ class DashboardApp:
         if scope["type"] != "http":
             await answer_non_http(scope, receive, send)
             return
-        page = await self.handle(Request(scope, receive, max_body=MAX_FORM_BYTES))
+        req = Request(scope, receive, max_body=MAX_FORM_BYTES, body_timeout=self.admin.body_timeout)
+        page = await self.handle(req)
         headers = [
             (b"content-type", page.content_type),
             (b"content-length", str(len(page.body)).encode()),
