@@ -705,3 +705,17 @@ def test_a_trickled_body_is_cut_with_408_at_the_body_timeout() -> None:
         assert trio.current_time() - start == pytest.approx(3.0)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def test_cross_site_changes_are_refused(tmp_path: Path) -> None:
+    """A page on another site cannot create a key through the operator's browser
+    (issue #17: a cross-site POST got 201 and the secret)."""
+    async with admin_api(tmp_path) as a:
+        for headers in (
+            {"sec-fetch-site": "cross-site"},
+            {"origin": "http://attacker.example"},
+        ):
+            r = await a.client.post("/api/v1/keys", json={"name": "x"}, headers=headers)
+            assert r.status_code == 403, headers
+            assert error(r)["code"] == "cross_site"
+        assert (await a.client.get("/api/v1/keys")).json() == {"keys": []}

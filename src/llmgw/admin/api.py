@@ -61,6 +61,7 @@ from llmgw.admin.views import (
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig
 from llmgw.control import views
+from llmgw.dashboard.web import same_origin
 from llmgw.http.asgi import Receive, Scope, Send, answer_non_http
 from llmgw.router.core import Router
 from llmgw.store.base import Store, StoreError
@@ -425,6 +426,12 @@ class AdminApp:
 
     async def handle(self, req: Request) -> Reply:
         """The reply to one request: a refusal as an error reply, never an exception."""
+        # A page the operator has open elsewhere can make the browser send requests
+        # here (loopback needs no key); the browser says where they come from.
+        if req.method not in ("GET", "HEAD", "OPTIONS") and not same_origin(req):
+            return ApiError(
+                403, "refused: the request comes from another site", "cross_site"
+            ).reply()
         if self.admin_auth and self.protected(req.path):
             try:
                 await self.authorize(req)
