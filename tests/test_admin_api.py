@@ -719,3 +719,18 @@ async def test_cross_site_changes_are_refused(tmp_path: Path) -> None:
             assert r.status_code == 403, headers
             assert error(r)["code"] == "cross_site"
         assert (await a.client.get("/api/v1/keys")).json() == {"keys": []}
+
+
+async def test_a_loopback_listener_answers_only_its_own_host_names() -> None:
+    """DNS rebinding (issue #17): Host: attacker.example got 201 and a key's secret."""
+    from llmgw.admin.api import LOOPBACK_HOSTS
+
+    app = AdminApp(Router(config()), hosts=LOOPBACK_HOSTS)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:9090") as c:
+        assert (await c.get("/healthz")).status_code == 200
+        assert (await c.get("/healthz", headers={"host": "[::1]:9090"})).status_code == 200
+        assert (await c.get("/healthz", headers={"host": "localhost"})).status_code == 200
+        r = await c.post("/api/v1/keys", json={"name": "x"}, headers={"host": "attacker.example"})
+        assert r.status_code == 421
+        assert error(r)["code"] == "misdirected"

@@ -110,6 +110,7 @@ class AdminApp:
         ready: Callable[[], bool] = lambda: True,
         max_body_bytes: int = MAX_BODY_BYTES,
         body_timeout: float | None = None,
+        hosts: frozenset[str] | None = None,
     ) -> None:
         if admin_auth and store is None:
             raise ValueError(NO_AUTH_STORE)
@@ -121,6 +122,7 @@ class AdminApp:
         self.ready = ready
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
+        self.hosts = hosts
         self.routes: list[Route] = self._routes()
         self._openapi: bytes | None = None
 
@@ -426,6 +428,10 @@ class AdminApp:
 
     async def handle(self, req: Request) -> Reply:
         """The reply to one request: a refusal as an error reply, never an exception."""
+        # DNS rebinding: a page at attacker.example resolving to 127.0.0.1 reaches a
+        # keyless loopback listener, but its requests still carry its own Host.
+        if self.hosts is not None and _host(req.header(b"host")) not in self.hosts:
+            return ApiError(421, "this listener does not serve that Host", "misdirected").reply()
         # A page the operator has open elsewhere can make the browser send requests
         # here (loopback needs no key); the browser says where they come from.
         if req.method not in ("GET", "HEAD", "OPTIONS") and not same_origin(req):
@@ -603,3 +609,15 @@ class AdminApp:
             raise ApiError(404, f"no node {node_id!r}", "node_not_found")
         controller.drain_node(node_id)
         return json_reply(202, views.node_json(controller, node_id))
+
+
+#: The names a loopback listener answers to (with its bound addresses).
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _host(value: str | None) -> str:
+    """The host part of a Host header, lower case, without port or IPv6 brackets."""
+    host = (value or "").strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host

@@ -53,6 +53,7 @@ ERROR_TYPES = {
     405: "invalid_request_error",
     408: "invalid_request_error",
     409: "conflict_error",
+    421: "invalid_request_error",
     413: "invalid_request_error",
     500: "server_error",
     503: "service_unavailable_error",
