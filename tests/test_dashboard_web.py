@@ -215,6 +215,12 @@ def test_login_on_an_admin_listener_off_loopback(tmp_path: Any) -> None:
                 assert (await client.get("/keys")).status_code == 200
                 await store.revoke_key(record.id)
                 assert (await client.get("/keys")).status_code == 303
+                # Five wrong secrets from one address, then 429 with Retry-After.
+                for _ in range(5):
+                    r = await client.post("/login", data={"csrf": token, "key": "wrong"})
+                    assert r.status_code == 401
+                r = await client.post("/login", data={"csrf": token, "key": secret})
+                assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
                 # Changes need the login too, before anything else is looked at.
                 refused = await client.post("/nodes/drain", data={"csrf": token, "node": "x"})
                 assert refused.status_code == 401

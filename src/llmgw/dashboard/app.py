@@ -54,6 +54,10 @@ __all__ = ["DashboardApp"]
 
 log = logging.getLogger("llmgw.dashboard")
 
+#: Failed logins a client address may make per LOGIN_WINDOW seconds, then 429.
+LOGIN_FAILURES = 5
+LOGIN_WINDOW = 60.0
+
 #: How often the pages refresh their live parts (seconds).
 REFRESH_SECONDS = 5.0
 
@@ -122,6 +126,7 @@ class DashboardApp:
         self.login_required = login_required
         self.traffic = traffic
         self.session_ttl = session_ttl
+        self._failures: dict[str, list[float]] = {}  # client address -> failed logins
         self.env = jinja2.Environment(
             loader=jinja2.PackageLoader("llmgw.dashboard", "templates"),
             autoescape=True,
@@ -302,9 +307,20 @@ class DashboardApp:
         store = self.admin.store
         if not self.login_required or store is None:
             return self.login_form(req, csrf)
+        # The login is on the public client port and needs no key: failures per client
+        # address are limited, so secrets cannot be guessed at the listener's pace.
+        client = str((req.scope.get("client") or ("?",))[0])
+        now = trio.current_time()
+        failures = [t for t in self._failures.get(client, ()) if now - t < LOGIN_WINDOW]
+        self._failures[client] = failures
+        if len(failures) >= LOGIN_FAILURES:
+            wait = max(1, int(LOGIN_WINDOW - (now - failures[0])) + 1)
+            page = self.message_page(429, "Too many failed logins", f"try again in {wait}s")
+            return attrs.evolve(page, headers=((b"retry-after", str(wait).encode()),))
         secret = form.get("key", "").strip()
         record = await store.lookup_key(secret) if secret else None
         if record is None:
+            failures.append(now)
             return self.login_form(
                 req,
                 csrf,
