@@ -20,6 +20,7 @@ import httpx
 import jsonschema_rs
 import pytest
 import trio
+import trio.testing
 
 from llmgw.admin.api import AdminApp
 from llmgw.admin.http import ApiError
@@ -683,3 +684,53 @@ async def test_existing_views_pass_through_their_view_classes(tmp_path: Path) ->
         r = await a.client.get("/readyz")
         assert r.status_code == 200
         assert r.json() == {"status": "ready", "endpoints_scraped": 1}
+
+
+def test_a_trickled_body_is_cut_with_408_at_the_body_timeout() -> None:
+    """One byte a second resets the listener's wait for each chunk; the admin API
+    bounds the whole body (issue #17: /api/v1/keys and /admin/login hung)."""
+    from llmgw.admin.http import Request
+
+    async def main() -> None:
+        async def receive() -> dict[str, Any]:
+            await trio.sleep(1)
+            return {"type": "http.request", "body": b" ", "more_body": True}
+
+        req = Request({"type": "http", "headers": []}, receive, body_timeout=3.0)
+        start = trio.current_time()
+        with pytest.raises(ApiError) as refused:
+            await req.body()
+        assert refused.value.status == 408
+        assert refused.value.code == "body_timeout"
+        assert trio.current_time() - start == pytest.approx(3.0)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def test_cross_site_changes_are_refused(tmp_path: Path) -> None:
+    """A page on another site cannot create a key through the operator's browser
+    (issue #17: a cross-site POST got 201 and the secret)."""
+    async with admin_api(tmp_path) as a:
+        for headers in (
+            {"sec-fetch-site": "cross-site"},
+            {"origin": "http://attacker.example"},
+        ):
+            r = await a.client.post("/api/v1/keys", json={"name": "x"}, headers=headers)
+            assert r.status_code == 403, headers
+            assert error(r)["code"] == "cross_site"
+        assert (await a.client.get("/api/v1/keys")).json() == {"keys": []}
+
+
+async def test_a_loopback_listener_answers_only_its_own_host_names() -> None:
+    """DNS rebinding (issue #17): Host: attacker.example got 201 and a key's secret."""
+    from llmgw.admin.api import LOOPBACK_HOSTS
+
+    app = AdminApp(Router(config()), hosts=LOOPBACK_HOSTS)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:9090") as c:
+        assert (await c.get("/healthz")).status_code == 200
+        assert (await c.get("/healthz", headers={"host": "[::1]:9090"})).status_code == 200
+        assert (await c.get("/healthz", headers={"host": "localhost"})).status_code == 200
+        r = await c.post("/api/v1/keys", json={"name": "x"}, headers={"host": "attacker.example"})
+        assert r.status_code == 421
+        assert error(r)["code"] == "misdirected"

@@ -94,7 +94,8 @@ def test_key_form_to_api_body() -> None:
 @pytest.mark.parametrize(
     ("target", "kept"),
     [("/fleet", "/fleet"), ("//evil.example/x", None), ("https://evil.example", None),
-     ("/\\evil.example", None), (None, None), ("", None)],
+     ("/\\evil.example", None), (None, None), ("", None),
+     ("/\r\nSet-Cookie: x=1", None), ("/keys\n", None), ("/a\0b", None), ("/a\x7f", None)],
 )  # fmt: skip
 def test_login_goes_back_only_within_the_dashboard(target: str | None, kept: str | None) -> None:
     assert _local(target) == kept
@@ -197,6 +198,13 @@ def test_login_on_an_admin_listener_off_loopback(tmp_path: Any) -> None:
                 )
                 assert r.status_code == 303 and r.headers["location"] == "/keys"
                 assert "Max-Age=60" in r.headers["set-cookie"]
+                # A `next` with CR/LF goes home: no header of the sender's making.
+                r = await client.post(
+                    "/login",
+                    data={"csrf": token, "key": secret, "next": "/\r\nSet-Cookie: evil=1"},
+                )
+                assert r.status_code == 303 and r.headers["location"] == "/"
+                assert "evil" not in str(r.headers.raw)
                 page = await client.get("/keys")
                 assert page.status_code == 200 and record.id in page.text
                 # Past its TTL the session is gone.
@@ -207,6 +215,12 @@ def test_login_on_an_admin_listener_off_loopback(tmp_path: Any) -> None:
                 assert (await client.get("/keys")).status_code == 200
                 await store.revoke_key(record.id)
                 assert (await client.get("/keys")).status_code == 303
+                # Five wrong secrets from one address, then 429 with Retry-After.
+                for _ in range(5):
+                    r = await client.post("/login", data={"csrf": token, "key": "wrong"})
+                    assert r.status_code == 401
+                r = await client.post("/login", data={"csrf": token, "key": secret})
+                assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
                 # Changes need the login too, before anything else is looked at.
                 refused = await client.post("/nodes/drain", data={"csrf": token, "node": "x"})
                 assert refused.status_code == 401

@@ -159,6 +159,14 @@ def _addresses(listeners: Sequence[trio.SocketListener]) -> list[str]:
     return [str(units.Address(*listener.socket.getsockname()[:2])) for listener in listeners]
 
 
+def _loopback_hosts(addresses: Sequence[str]) -> frozenset[str] | None:
+    if not _all_loopback(addresses):
+        return None  # off loopback every API request needs an admin key anyway
+    from llmgw.admin.api import LOOPBACK_HOSTS
+
+    return LOOPBACK_HOSTS | {units.parse_address(a).host.lower() for a in addresses}
+
+
 def _all_loopback(addresses: Sequence[str]) -> bool:
     return all(ipaddress.ip_address(units.parse_address(a).host).is_loopback for a in addresses)
 
@@ -223,6 +231,10 @@ async def _serve(
         models=registry,
         # Off loopback, the admin API wants an admin key.
         admin_auth=not _all_loopback(listening["admin_listen"]),
+        # The whole body, not each chunk: the login is on the public client port.
+        body_timeout=config.router.timeouts.client_body,
+        # A keyless loopback listener answers only to its own names (DNS rebinding).
+        hosts=_loopback_hosts(listening["admin_listen"]),
     )
     # The dashboard (DESIGN §8): on the admin listener beside the API, and on the client
     # port under /admin behind a login; both see the last 15 minutes of traffic.

@@ -61,6 +61,7 @@ from llmgw.admin.views import (
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig
 from llmgw.control import views
+from llmgw.dashboard.web import same_origin
 from llmgw.http.asgi import Receive, Scope, Send, answer_non_http
 from llmgw.router.core import Router
 from llmgw.store.base import Store, StoreError
@@ -108,6 +109,8 @@ class AdminApp:
         admin_auth: bool = False,
         ready: Callable[[], bool] = lambda: True,
         max_body_bytes: int = MAX_BODY_BYTES,
+        body_timeout: float | None = None,
+        hosts: frozenset[str] | None = None,
     ) -> None:
         if admin_auth and store is None:
             raise ValueError(NO_AUTH_STORE)
@@ -118,6 +121,8 @@ class AdminApp:
         self.admin_auth = admin_auth
         self.ready = ready
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
+        self.hosts = hosts
         self.routes: list[Route] = self._routes()
         self._openapi: bytes | None = None
 
@@ -410,7 +415,7 @@ class AdminApp:
         if scope["type"] != "http":
             await answer_non_http(scope, receive, send)
             return
-        req = Request(scope, receive, max_body=self.max_body_bytes)
+        req = Request(scope, receive, max_body=self.max_body_bytes, body_timeout=self.body_timeout)
         reply = await self.handle(req)
         await send(
             {
@@ -423,6 +428,16 @@ class AdminApp:
 
     async def handle(self, req: Request) -> Reply:
         """The reply to one request: a refusal as an error reply, never an exception."""
+        # DNS rebinding: a page at attacker.example resolving to 127.0.0.1 reaches a
+        # keyless loopback listener, but its requests still carry its own Host.
+        if self.hosts is not None and _host(req.header(b"host")) not in self.hosts:
+            return ApiError(421, "this listener does not serve that Host", "misdirected").reply()
+        # A page the operator has open elsewhere can make the browser send requests
+        # here (loopback needs no key); the browser says where they come from.
+        if req.method not in ("GET", "HEAD", "OPTIONS") and not same_origin(req):
+            return ApiError(
+                403, "refused: the request comes from another site", "cross_site"
+            ).reply()
         if self.admin_auth and self.protected(req.path):
             try:
                 await self.authorize(req)
@@ -594,3 +609,15 @@ class AdminApp:
             raise ApiError(404, f"no node {node_id!r}", "node_not_found")
         controller.drain_node(node_id)
         return json_reply(202, views.node_json(controller, node_id))
+
+
+#: The names a loopback listener answers to (with its bound addresses).
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _host(value: str | None) -> str:
+    """The host part of a Host header, lower case, without port or IPv6 brackets."""
+    host = (value or "").strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host

@@ -15,11 +15,13 @@ Handlers take a :class:`Request` and return a :class:`Reply`; a refusal is an
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 from urllib.parse import parse_qsl
 
 import attrs
+import trio
 
 from llmgw.http.asgi import BodyTooLarge, ClientLeft, Receive, Scope, read_body
 
@@ -49,7 +51,9 @@ ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     409: "conflict_error",
+    421: "invalid_request_error",
     413: "invalid_request_error",
     500: "server_error",
     503: "service_unavailable_error",
@@ -148,10 +152,18 @@ def _no_constants(name: str) -> Any:
 class Request:
     """One admin request: path parameters, the query string and a bounded body."""
 
-    def __init__(self, scope: Scope, receive: Receive, *, max_body: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        scope: Scope,
+        receive: Receive,
+        *,
+        max_body: int = MAX_BODY_BYTES,
+        body_timeout: float | None = None,
+    ) -> None:
         self.scope = scope
         self.receive = receive
         self.max_body = max_body
+        self.body_timeout = body_timeout
         self.path_params: dict[str, str] = {}
         self._query: dict[str, str] | None = None
 
@@ -207,8 +219,18 @@ class Request:
 
     async def body(self) -> bytes:
         """The whole body; 413 past `max_body` (refused unread when Content-Length says so)."""
+        # The listener bounds each wait for a chunk; this bounds the whole body, so a
+        # client sending 1 byte/s cannot hold a request (and a login) open for ever.
+        deadline = math.inf if self.body_timeout is None else self.body_timeout
         try:
-            return await read_body(self.scope, self.receive, self.max_body)
+            with trio.move_on_after(deadline):
+                return await read_body(self.scope, self.receive, self.max_body)
+            raise ApiError(
+                408,
+                f"the request body did not arrive within {self.body_timeout:g}s"
+                " (router.timeouts.client_body)",
+                "body_timeout",
+            )
         except ClientLeft:
             raise ApiError(
                 400, "the client went away before sending its body", "disconnected"

@@ -149,6 +149,10 @@ def _responses(app: AdminApp, route: Route) -> dict[int, Out]:
     if route.body is not None:
         extra[400] = "a malformed body or a bad value: the message names the key"
         extra[413] = "the body is larger than 1 MiB"
+        extra[408] = "the body did not arrive within router.timeouts.client_body"
+    if route.method not in ("GET", "HEAD", "OPTIONS"):
+        cross = "the browser says the request comes from another site"
+        extra[403] = f"{extra[403]}, or {cross}" if 403 in extra else cross
     if route.uses_store:
         extra[503] = "the store cannot be reached"
     for status, text in extra.items():

@@ -54,6 +54,10 @@ __all__ = ["DashboardApp"]
 
 log = logging.getLogger("llmgw.dashboard")
 
+#: Failed logins a client address may make per LOGIN_WINDOW seconds, then 429.
+LOGIN_FAILURES = 5
+LOGIN_WINDOW = 60.0
+
 #: How often the pages refresh their live parts (seconds).
 REFRESH_SECONDS = 5.0
 
@@ -122,6 +126,7 @@ class DashboardApp:
         self.login_required = login_required
         self.traffic = traffic
         self.session_ttl = session_ttl
+        self._failures: dict[str, list[float]] = {}  # client address -> failed logins
         self.env = jinja2.Environment(
             loader=jinja2.PackageLoader("llmgw.dashboard", "templates"),
             autoescape=True,
@@ -166,7 +171,8 @@ class DashboardApp:
         if scope["type"] != "http":
             await answer_non_http(scope, receive, send)
             return
-        page = await self.handle(Request(scope, receive, max_body=MAX_FORM_BYTES))
+        req = Request(scope, receive, max_body=MAX_FORM_BYTES, body_timeout=self.admin.body_timeout)
+        page = await self.handle(req)
         headers = [
             (b"content-type", page.content_type),
             (b"content-length", str(len(page.body)).encode()),
@@ -301,9 +307,20 @@ class DashboardApp:
         store = self.admin.store
         if not self.login_required or store is None:
             return self.login_form(req, csrf)
+        # The login is on the public client port and needs no key: failures per client
+        # address are limited, so secrets cannot be guessed at the listener's pace.
+        client = str((req.scope.get("client") or ("?",))[0])
+        now = trio.current_time()
+        failures = [t for t in self._failures.get(client, ()) if now - t < LOGIN_WINDOW]
+        self._failures[client] = failures
+        if len(failures) >= LOGIN_FAILURES:
+            wait = max(1, int(LOGIN_WINDOW - (now - failures[0])) + 1)
+            page = self.message_page(429, "Too many failed logins", f"try again in {wait}s")
+            return attrs.evolve(page, headers=((b"retry-after", str(wait).encode()),))
         secret = form.get("key", "").strip()
         record = await store.lookup_key(secret) if secret else None
         if record is None:
+            failures.append(now)
             return self.login_form(
                 req,
                 csrf,
@@ -602,10 +619,17 @@ def _local(target: str | None) -> str | None:
     (no open redirect to another site)."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
         return None
+    # It becomes a Location header: a CR or LF would start a header of the sender's
+    # choosing (Set-Cookie), so any control character drops it.
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in target):
+        return None
     return target
 
 
 def redirect(location: str, *headers: tuple[bytes, bytes]) -> Page:
+    # Never a header value with CR, LF or NUL in it, whatever a caller let through.
+    if any(c in location for c in "\r\n\0"):
+        raise ValueError(f"refusing a Location with a control character: {location!r}")
     return Page(303, b"", headers=((b"location", location.encode("latin-1")), *headers))
 
 
