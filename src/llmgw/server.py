@@ -11,7 +11,7 @@ from functools import partial
 import trio
 
 from llmgw import units
-from llmgw.admin.api import AdminApp
+from llmgw.admin.api import LOOPBACK_HOSTS, AdminApp
 from llmgw.config import Config, ControlConfig
 from llmgw.control.controller import Controller
 from llmgw.control.fleet_metrics import register_fleet_metrics
@@ -162,8 +162,6 @@ def _addresses(listeners: Sequence[trio.SocketListener]) -> list[str]:
 def _loopback_hosts(addresses: Sequence[str]) -> frozenset[str] | None:
     if not _all_loopback(addresses):
         return None  # off loopback every API request needs an admin key anyway
-    from llmgw.admin.api import LOOPBACK_HOSTS
-
     return LOOPBACK_HOSTS | {units.parse_address(a).host.lower() for a in addresses}
 
 

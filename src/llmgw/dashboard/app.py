@@ -57,6 +57,8 @@ log = logging.getLogger("llmgw.dashboard")
 #: Failed logins a client address may make per LOGIN_WINDOW seconds, then 429.
 LOGIN_FAILURES = 5
 LOGIN_WINDOW = 60.0
+#: Client addresses whose failures are remembered before the quiet ones are forgotten.
+MAX_LOGIN_CLIENTS = 4096
 
 #: How often the pages refresh their live parts (seconds).
 REFRESH_SECONDS = 5.0
@@ -311,6 +313,10 @@ class DashboardApp:
         # address are limited, so secrets cannot be guessed at the listener's pace.
         client = str((req.scope.get("client") or ("?",))[0])
         now = trio.current_time()
+        if len(self._failures) > MAX_LOGIN_CLIENTS:  # bounded: forget the quiet ones
+            self._failures = {
+                c: ts for c, ts in self._failures.items() if ts and now - ts[-1] < LOGIN_WINDOW
+            }
         failures = [t for t in self._failures.get(client, ()) if now - t < LOGIN_WINDOW]
         self._failures[client] = failures
         if len(failures) >= LOGIN_FAILURES:
