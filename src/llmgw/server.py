@@ -159,12 +159,6 @@ def _addresses(listeners: Sequence[trio.SocketListener]) -> list[str]:
     return [str(units.Address(*listener.socket.getsockname()[:2])) for listener in listeners]
 
 
-def _loopback_hosts(addresses: Sequence[str]) -> frozenset[str] | None:
-    if not _all_loopback(addresses):
-        return None  # off loopback every API request needs an admin key anyway
-    return LOOPBACK_HOSTS | {units.parse_address(a).host.lower() for a in addresses}
-
-
 def _all_loopback(addresses: Sequence[str]) -> bool:
     return all(ipaddress.ip_address(units.parse_address(a).host).is_loopback for a in addresses)
 
@@ -222,17 +216,22 @@ async def _serve(
             from llmgw.transport.grpc import GrpcListener
 
             listener = GrpcListener(config.agent_listen, tls=config.agent_tls)
+    admin_bound = listening["admin_listen"]
+    loopback = _all_loopback(admin_bound)
     admin = AdminApp(
         router,
         controller=controller,
         store=store,
         models=registry,
         # Off loopback, the admin API wants an admin key.
-        admin_auth=not _all_loopback(listening["admin_listen"]),
+        admin_auth=not loopback,
         # The whole body, not each chunk: the login is on the public client port.
         body_timeout=config.router.timeouts.client_body,
-        # A keyless loopback listener answers only to its own names (DNS rebinding).
-        hosts=_loopback_hosts(listening["admin_listen"]),
+        # A keyless loopback listener answers only to its own names (DNS rebinding);
+        # off loopback every API request needs an admin key anyway.
+        hosts=LOOPBACK_HOSTS | {units.parse_address(a).host.lower() for a in admin_bound}
+        if loopback
+        else None,
     )
     # The dashboard (DESIGN §8): on the admin listener beside the API, and on the client
     # port under /admin behind a login; both see the last 15 minutes of traffic.

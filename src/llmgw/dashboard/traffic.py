@@ -67,8 +67,7 @@ CLIENT_GONE = 499
 # bucket and the dashboard showed p50 = p90 = p99 = 635 ms.
 _PER_DECADE = 64
 _LOW = 1e-3
-_NBOUNDS = 6 * _PER_DECADE - 8  # the last bound is ~750 s
-_LAST = _NBOUNDS  # the bucket from the last bound up
+_LAST = 6 * _PER_DECADE - 8  # the bucket from the last bound (~750 s) up
 
 
 def _bound(k: int) -> float:
@@ -128,8 +127,8 @@ class _Histogram:
             seen += c
         lo = max(_bound(i - 1) if i > 0 else self.lo, self.lo)
         hi = min(_bound(i) if i < _LAST else self.hi, self.hi)
-        if lo <= 0 or hi <= lo:
-            return (lo + hi) / 2 if lo > 0 or hi > 0 else 0.0
+        if lo <= 0 or hi <= lo:  # one value seen in the bucket, or latencies of 0
+            return (lo + hi) / 2
         return float(lo * (hi / lo) ** ((rank - seen - 0.5) / c))
 
 
