@@ -375,5 +375,5 @@ async def test_existing_routes_and_unknown_paths() -> None:
         for method, path in (("DELETE", "/api/v1/nodes/gpu-1"), ("POST", "/api/v1/replicas")):
             r = await client.request(method, path)
             assert r.status_code == 405, (method, path)
-            assert r.headers["allow"] == "GET"
+            assert r.headers["allow"] == "GET, HEAD"
             assert r.json()["error"]["code"] == "method_not_allowed"

@@ -424,6 +424,7 @@ async def test_missing_api_and_server_errors(
     async with live_admin(tmp_path) as admin:
         # An admin API without this route (an older llmgw): its 404 names the route.
         admin.app.routes = [r for r in admin.app.routes if r.path != "/api/v1/models"]
+        del admin.app.quart  # made again from the routes left
         code, out, err = await ctl_async(capsys, "--admin", admin.url, "models")
         assert (code, out) == (1, "")
         assert err == (

@@ -12,36 +12,33 @@ import pytest
 import trio
 
 from llmgw.admin.api import AdminApp
-from llmgw.admin.http import Request
 from llmgw.config import Config, EndpointConfig
 from llmgw.dashboard import DashboardApp
 from llmgw.dashboard.app import _local
+from llmgw.dashboard import panels
 from llmgw.dashboard.panels import key_request
-from llmgw.dashboard.web import cookie_header, cookie_values, same_origin
+from llmgw.admin.web import same_origin
 from llmgw.router.core import Router
 
 
-def request(*headers: tuple[bytes, bytes]) -> Request:
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b""}
+def test_cookies_are_http_only_strict_and_host_prefixed_over_tls() -> None:
+    async def main(client: httpx.AsyncClient) -> None:
+        page = await client.get("/")
+        (cookie,) = page.headers.get_list("set-cookie")
+        if client.base_url.scheme == "https":
+            assert cookie.startswith("__Host-llmgw_csrf=")
+            assert "; Secure" in cookie and "; Path=/" in cookie
+        else:
+            assert cookie.startswith("llmgw_csrf=") and "Secure" not in cookie
+            assert "; Path=/admin" in cookie
+        assert "; HttpOnly" in cookie and "; SameSite=Strict" in cookie
+        # The token it set is the one the page's forms carry, and it is not set again.
+        again = await client.get("/fleet")
+        assert "set-cookie" not in again.headers
 
-    return Request({"type": "http", "headers": list(headers)}, receive)
-
-
-def test_cookie_values_reads_every_value_and_skips_malformed_parts() -> None:
-    req = request(
-        (b"cookie", b'llmgw_session=a; other=x; bad="unterminated; llmgw_session=b'),
-        (b"cookie", b"llmgw_session=c"),
-    )
-    assert cookie_values(req, "llmgw_session") == ["a", "b", "c"]
-    assert cookie_values(req, "missing") == []
-
-
-def test_cookie_header_flags() -> None:
-    name, value = cookie_header("s", "v", path="/admin", secure=True, max_age=60)
-    assert name == b"set-cookie"
-    assert value == b"s=v; Path=/admin; HttpOnly; SameSite=Strict; Max-Age=60; Secure"
-    assert b"Secure" not in cookie_header("s", "v", path="/", secure=False)[1]
+    app = dashboard(prefix="/admin")
+    for base in ("http://dash/admin", "https://dash/admin"):
+        run(app, main, base_url=base)
 
 
 @pytest.mark.parametrize(
@@ -69,7 +66,7 @@ def test_cookie_header_flags() -> None:
     ],
 )
 def test_same_origin(headers: tuple[tuple[bytes, bytes], ...], same: bool) -> None:
-    assert same_origin(request(*headers)) is same
+    assert same_origin({k.decode(): v.decode() for k, v in headers}) is same
 
 
 def test_key_form_to_api_body() -> None:
@@ -109,10 +106,14 @@ def dashboard(**kw: Any) -> DashboardApp:
     return DashboardApp(AdminApp(Router(config)), **kw)
 
 
-def run(app: DashboardApp, main: Callable[[httpx.AsyncClient], Awaitable[None]]) -> None:
+def run(
+    app: DashboardApp,
+    main: Callable[[httpx.AsyncClient], Awaitable[None]],
+    base_url: str = "http://dash",
+) -> None:
     async def wrapper() -> None:
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as client:
+        async with httpx.AsyncClient(transport=transport, base_url=base_url) as client:
             await main(client)
 
     trio.run(wrapper)
@@ -164,7 +165,8 @@ def test_a_login_without_a_store_explains_itself() -> None:
         # Behind a TLS-terminating proxy the cookies are Secure.
         client.cookies.clear()
         proxied = await client.get("/admin/login", headers={"x-forwarded-proto": "https"})
-        assert proxied.headers["set-cookie"].endswith("; Secure")
+        secure = proxied.headers["set-cookie"]
+        assert secure.startswith("__Host-llmgw_csrf=") and "; Secure" in secure
         # The bare prefix goes to the overview.
         bare = await client.get("/admin")
         assert bare.status_code == 303 and bare.headers["location"] == "/admin/"
@@ -332,13 +334,15 @@ def test_a_large_fleet_is_paged_with_problems_first() -> None:
     run(app, main)
 
 
-def test_a_page_that_fails_to_render_is_a_500_page_not_a_dropped_connection() -> None:
-    app = dashboard()
-
+def test_a_page_that_fails_to_render_is_a_500_page_not_a_dropped_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("template bug")
 
-    app.env.filters["num"] = broken  # the endpoints page formats numbers with it
+    # The endpoints page formats numbers with it (a filter taken when the app is built).
+    monkeypatch.setattr(panels, "fmt_num", broken)
+    app = dashboard()
 
     async def main(client: httpx.AsyncClient) -> None:
         r = await client.get("/endpoints")

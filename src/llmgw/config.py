@@ -302,6 +302,13 @@ class Config:
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
     agent_tls: TlsConfig | None = None
+    # HTTPS on the client port and the admin listener (served by hypercorn, HTTP/2 by
+    # ALPN); with `client_ca` a client certificate signed by it is required.
+    listen_tls: TlsConfig | None = None
+    admin_tls: TlsConfig | None = None
+    # More Host names the admin listener answers to (its loopback names and bound
+    # addresses always count); others get 421. Off loopback, only these when given.
+    admin_hosts: tuple[str, ...] = ()
     endpoints: tuple[EndpointConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
 
@@ -765,16 +772,22 @@ def check(config: Config) -> list[str]:
             problems.append(f"{key}.capacity: must be at least 1, got {ep.capacity}")
 
     problems.extend(catalog.check_models(config.models, set(r.profiles), "models"))
-    if config.agent_tls is not None:
-        if config.agent_tls.client_ca is None:
-            problems.append(
-                "agent_tls.client_ca: required: with TLS the agent port requires client "
-                "certificates; name the CA that signs the nodes' certificates"
-            )
+    if config.agent_tls is not None and config.agent_tls.client_ca is None:
+        problems.append(
+            "agent_tls.client_ca: required: with TLS the agent port requires client "
+            "certificates; name the CA that signs the nodes' certificates"
+        )
+    for name in ("agent_tls", "listen_tls", "admin_tls"):
+        tls = getattr(config, name)
         for key in ("cert", "key", "client_ca"):
-            path = getattr(config.agent_tls, key)
+            path = None if tls is None else getattr(tls, key)
             if path is not None and not Path(path).is_file():
-                problems.append(f"agent_tls.{key}: no such file: {path}")
+                problems.append(f"{name}.{key}: no such file: {path}")
+    for i, host in enumerate(config.admin_hosts):
+        if not host or any(c in host for c in "/@[] \t") or host.count(":") == 1:
+            problems.append(
+                f"admin_hosts[{i}]: a host name or address without a port, got {host!r}"
+            )
     _positive(problems, "auth.cache_ttl", config.auth.cache_ttl)
     _positive(problems, "auth.session_ttl", config.auth.session_ttl)
     if config.auth.required and not config.store.url:

@@ -5,18 +5,21 @@ from __future__ import annotations
 import ipaddress
 import logging
 import signal
+import ssl
 from collections.abc import Callable, Sequence
 from functools import partial
 
 import trio
 
 from llmgw import units
-from llmgw.admin.api import LOOPBACK_HOSTS, AdminApp
+from llmgw.admin.api import AdminApp
+from llmgw.admin.web import LOOPBACK_HOSTS, asgi, build_app, mount
 from llmgw.config import Config, ControlConfig
 from llmgw.control.controller import Controller
 from llmgw.control.fleet_metrics import register_fleet_metrics
 from llmgw.dashboard import DashboardApp, TrafficRing
 from llmgw.http.asgi import split, under
+from llmgw.http.hyper import ReloadableTls, TlsFiles, serve_hypercorn
 from llmgw.http.server import HttpServerConfig, serve_listeners
 from llmgw.models import ModelRegistry
 from llmgw.router.auth import Authenticator
@@ -159,6 +162,20 @@ def _addresses(listeners: Sequence[trio.SocketListener]) -> list[str]:
     return [str(units.Address(*listener.socket.getsockname()[:2])) for listener in listeners]
 
 
+def admin_hosts(config: Config, bound: Sequence[str], loopback: bool) -> frozenset[str] | None:
+    """The Host names the admin listener answers to, None for any.
+
+    A keyless loopback listener answers only to its own names (DNS rebinding: a page
+    at attacker.example resolving to 127.0.0.1 still sends its own Host), plus
+    `admin_hosts`. Off loopback every API request needs an admin key anyway, so the
+    names are checked only when `admin_hosts` lists them."""
+    named = {h.lower() for h in config.admin_hosts}
+    if not loopback and not named:
+        return None
+    addresses = {units.parse_address(a).host.lower() for a in bound}
+    return frozenset(named | addresses | (LOOPBACK_HOSTS if loopback else set()))
+
+
 def _all_loopback(addresses: Sequence[str]) -> bool:
     return all(ipaddress.ip_address(units.parse_address(a).host).is_loopback for a in addresses)
 
@@ -227,35 +244,33 @@ async def _serve(
         admin_auth=not loopback,
         # The whole body, not each chunk: the login is on the public client port.
         body_timeout=config.router.timeouts.client_body,
-        # A keyless loopback listener answers only to its own names (DNS rebinding);
-        # off loopback every API request needs an admin key anyway.
-        hosts=LOOPBACK_HOSTS | {units.parse_address(a).host.lower() for a in admin_bound}
-        if loopback
-        else None,
+        hosts=admin_hosts(config, admin_bound, loopback),
     )
     # The dashboard (DESIGN §8): on the admin listener beside the API, and on the client
     # port under /admin behind a login; both see the last 15 minutes of traffic.
     traffic = TrafficRing()
     router.usage_sinks.append(traffic)
-    admin_app = split(
-        AdminApp.owns,
-        admin,
-        DashboardApp(
+    admin_app = asgi(
+        build_app(
             admin,
-            traffic=traffic,
-            login_required=admin.admin_auth,
-            session_ttl=config.auth.session_ttl,
-        ),
+            dashboard=DashboardApp(
+                admin,
+                traffic=traffic,
+                login_required=admin.admin_auth,
+                session_ttl=config.auth.session_ttl,
+            ),
+        )
+    )
+    client_dashboard = DashboardApp(
+        admin,
+        prefix="/admin",
+        traffic=traffic,
+        login_required=True,
+        session_ttl=config.auth.session_ttl,
     )
     client_app = split(
         under("/admin"),
-        DashboardApp(
-            admin,
-            prefix="/admin",
-            traffic=traffic,
-            login_required=True,
-            session_ttl=config.auth.session_ttl,
-        ),
+        mount(build_app(admin, api=False, dashboard=client_dashboard), "/admin"),
         router.app,
     )
     drain = config.router.drain_timeout
@@ -300,10 +315,32 @@ async def _serve(
         # (`router.drain_timeout`); then the background work is cancelled (the
         # usage batcher flushes what it holds on the way out).
         async with trio.open_nursery() as listeners:
+            tls = {
+                name: ReloadableTls(TlsFiles(files.cert, files.key, files.client_ca))
+                for name, files in (("client", config.listen_tls), ("admin", config.admin_tls))
+                if files is not None
+            }
+            if tls and handle_signals:
+                background.start_soon(_reload_on_sighup, tls)
             for app, socks, name in (
                 (client_app, client_sockets, "client"),
                 (admin_app, admin_sockets, "admin"),
             ):
+                # The operator surface, and any TLS listener, on hypercorn; the plain
+                # client port on llmgw's own server (the hot path).
+                if name == "admin" or name in tls:
+                    await listeners.start(
+                        partial(
+                            serve_hypercorn,
+                            app,
+                            socks,
+                            tls=tls.get(name),
+                            read_timeout=timeouts.client_header,
+                            graceful_timeout=drain,
+                            shutdown_trigger=trigger,
+                        )
+                    )
+                    continue
                 await listeners.start(
                     partial(
                         serve_listeners,
@@ -322,6 +359,20 @@ async def _serve(
                 on_listening(listening)
             task_status.started(router)
         background.cancel_scope.cancel()
+
+
+async def _reload_on_sighup(contexts: dict[str, ReloadableTls]) -> None:
+    """SIGHUP: read every listener's certificate and key again (renewed certificates
+    without a restart); a file that does not load keeps the old one, logged."""
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            for name, tls in contexts.items():
+                try:
+                    tls.reload()
+                except (OSError, ssl.SSLError) as exc:
+                    log.error("SIGHUP: %s TLS not reloaded, keeping the old: %s", name, exc)
+                else:
+                    log.info("SIGHUP: %s TLS reloaded from %s", name, tls.files.cert)
 
 
 async def _watch_signals(stop: trio.Event) -> None:

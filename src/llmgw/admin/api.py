@@ -3,12 +3,12 @@
 `/metrics` renders inside the request, on the trio thread, so collectors read
 trio-owned state without locks.
 
-Every route is a :class:`~llmgw.admin.http.Route` in :attr:`AdminApp.routes`: the
-handler with its contract, from which ``GET /api/v1/openapi.json`` is generated
-(:mod:`llmgw.admin.openapi`). Routes are matched on their path first (``{name}``
-segments match one path segment each, the model name the rest of the path), then
-on the method: a path that exists answers 405 with ``allow`` for another method.
-Path values are passed in ``scope["path_params"]`` and ``Request.path_params``.
+Every route is a :class:`~llmgw.admin.contract.Route` in :attr:`AdminApp.routes`:
+the handler with its contract, from which both the app's URL rules
+(:meth:`AdminApp.blueprint`) and ``GET /api/v1/openapi.json``
+(:mod:`llmgw.admin.openapi`) are made. ``{name}`` segments match one path segment
+each, the model name the rest of the path; a path that exists answers 405 with
+``allow`` for another method. Path values reach handlers as keyword arguments.
 
 The control-plane routes (nodes, replicas, placement) answer 404 with a clear
 message when the server runs in router-only mode. Keys and usage live in the store:
@@ -21,32 +21,37 @@ missing or not a usable key, 403 when the key is not an admin key. `/metrics`,
 `/healthz` and `/readyz` stay open (scrapers and probes carry no keys).
 
 Errors are always ``{"error": {"message", "type", "param", "code"}}``. Request bodies
-are JSON objects of at most 1 MiB (413 beyond, unread when Content-Length says so).
+are JSON objects sent as ``application/json`` (415 otherwise) of at most 1 MiB (413
+beyond, unread when Content-Length says so).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from quart import Blueprint, Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from llmgw.admin import keys, models_api, openapi, usage
-from llmgw.admin.http import (
+from llmgw.admin.contract import (
     MAX_BODY_BYTES,
     ApiError,
     Body,
     ErrorBody,
     Out,
-    Reply,
-    Request,
     Route,
     json_bytes,
     json_reply,
 )
+from llmgw.admin.inputs import check_query
 from llmgw.admin.views import (
     AdmissionView,
     EndpointList,
@@ -58,19 +63,19 @@ from llmgw.admin.views import (
     from_dict,
     unstructure,
 )
+from llmgw.admin.web import LOOPBACK_HOSTS, TRUSTED, asgi, build_app
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig
 from llmgw.control import views
-from llmgw.dashboard.web import same_origin
-from llmgw.http.asgi import Receive, Scope, Send, answer_non_http
+from llmgw.http.asgi import Receive, Scope, Send
 from llmgw.router.core import Router
-from llmgw.store.base import Store, StoreError
+from llmgw.store.base import Store
 
 if TYPE_CHECKING:
     from llmgw.control.controller import Controller
     from llmgw.models import ModelRegistry
 
-__all__ = ["API_PREFIX", "ROUTER_ONLY", "AdminApp"]
+__all__ = ["API_PREFIX", "LOOPBACK_HOSTS", "ROUTER_ONLY", "AdminApp"]
 
 log = logging.getLogger("llmgw.admin")
 
@@ -386,129 +391,119 @@ class AdminApp:
             ),
         ]
 
-    def resolve(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
-        """The route for a request and its path parameters; 404 when no route has the
-        path, 405 (with ``allow``) when none has it with this method."""
-        path = path.rstrip("/") or "/"
-        allowed: list[str] = []
+    def blueprint(self) -> Blueprint:
+        """The API's routes, from the table the OpenAPI document is made of."""
+        bp = Blueprint("api", __name__)
         for route in self.routes:
-            params = route.match(path)
-            if params is None:
-                continue
-            if route.method == method:
-                return route, params
-            if route.method not in allowed:
-                allowed.append(route.method)
-        if not allowed:
-            raise ApiError(404, f"no route {method} {path}", "not_found")
-        allow = ", ".join(allowed)
-        raise ApiError(
-            405,
-            f"method {method} not allowed on {path} (allowed: {allow})",
-            "method_not_allowed",
-            headers=((b"allow", allow.encode()),),
-        )
+            bp.add_url_rule(
+                route.rule,
+                endpoint=route.operation_id,
+                view_func=route.handler,
+                methods=[route.method],
+                provide_automatic_options=False,
+            )
+        by_endpoint = {f"api.{r.operation_id}": r for r in self.routes}
 
-    # -- dispatch ---------------------------------------------------------------------
+        @bp.before_request
+        async def known_query() -> None:
+            route = by_endpoint.get(request.endpoint or "")
+            if route is not None and route.path.startswith(API_PREFIX):
+                check_query({p.name for p in route.query})
+
+        return bp
+
+    @functools.cached_property
+    def quart(self) -> QuartTrio:
+        """The API alone as an application, made from :attr:`routes` when first used
+        (what :meth:`call` and tests use; the admin listener serves the API with the
+        dashboard beside it, :func:`llmgw.admin.web.build_app`)."""
+        return build_app(self)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await answer_non_http(scope, receive, send)
-            return
-        req = Request(scope, receive, max_body=self.max_body_bytes, body_timeout=self.body_timeout)
-        reply = await self.handle(req)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": reply.status,
-                "headers": reply.start_headers(),
-            }
-        )
-        await send({"type": "http.response.body", "body": reply.body or b""})
+        await asgi(self.quart)(scope, receive, send)
 
-    async def handle(self, req: Request) -> Reply:
-        """The reply to one request: a refusal as an error reply, never an exception."""
-        # DNS rebinding: a page at attacker.example resolving to 127.0.0.1 reaches a
-        # keyless loopback listener, but its requests still carry its own Host.
-        if self.hosts is not None and _host(req.header(b"host")) not in self.hosts:
-            return ApiError(421, "this listener does not serve that Host", "misdirected").reply()
-        # A page the operator has open elsewhere can make the browser send requests
-        # here (loopback needs no key); the browser says where they come from.
-        if req.method not in ("GET", "HEAD", "OPTIONS") and not same_origin(req):
-            return ApiError(
-                403, "refused: the request comes from another site", "cross_site"
-            ).reply()
-        if self.admin_auth and self.protected(req.path):
-            try:
-                await self.authorize(req)
-            except ApiError as exc:
-                return exc.reply()
-            except StoreError as exc:
-                log.warning("admin %s %s: store error: %s", req.method, req.path, exc)
-                return ApiError(503, f"the store failed: {exc}", "store_unavailable").reply()
-        return await self.dispatch(req)
+    def resolve(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
+        """The route for a request and its path parameters; 404 when no route has the
+        path, 405 when none has it with this method."""
+        adapter = self.quart.url_map.bind("admin")
+        try:
+            endpoint, params = adapter.match(path, method)
+        except NotFound:
+            raise ApiError(404, f"no route {method} {path}", "not_found") from None
+        except MethodNotAllowed:
+            raise ApiError(
+                405, f"method {method} not allowed on {path}", "method_not_allowed"
+            ) from None
+        by_endpoint = {f"api.{r.operation_id}": r for r in self.routes}
+        return by_endpoint[str(endpoint)], {k: str(v) for k, v in params.items()}
 
     async def call(
         self, method: str, path: str, *, query: str = "", body: Any = None
     ) -> tuple[int, Any]:
-        """One API request made in-process, past admin auth (the caller authenticated
-        its user itself): the status and the decoded JSON answer (None without a body).
-        The dashboard reads and changes everything through this, so it shows and does
-        exactly what the API does."""
+        """One API request made in-process, past the guards and admin auth (the caller
+        authenticated its user itself): the status and the decoded JSON answer (None
+        without a body). The dashboard reads and changes everything through this, so
+        it shows and does exactly what the API does."""
         raw = b"" if body is None else json_bytes(body)
+        answered = trio.Event()
         sent = False
+        status = 0
+        chunks: list[bytes] = []
 
         async def receive() -> dict[str, Any]:
             nonlocal sent
             if sent:
+                await answered.wait()
                 return {"type": "http.disconnect"}
             sent = True
             return {"type": "http.request", "body": raw, "more_body": False}
 
+        async def send(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            elif message["type"] == "http.response.body":
+                chunks.append(bytes(message.get("body", b"")))
+                if not message.get("more_body"):
+                    answered.set()
+
         scope: Scope = {
             "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
             "method": method,
+            "scheme": "http",
             "path": path,
+            "raw_path": path.encode("utf-8"),
             "query_string": query.encode("ascii"),
-            "headers": [(b"content-type", b"application/json")],
+            "root_path": "",
+            "headers": [
+                (b"host", b"localhost"),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(raw)).encode()),
+            ],
+            "client": None,
+            "server": None,
+            TRUSTED: True,
         }
-        reply = await self.dispatch(Request(scope, receive, max_body=self.max_body_bytes))
-        if reply.data is not None:
-            return reply.status, reply.data
-        return reply.status, json.loads(reply.body) if reply.body else None
-
-    async def dispatch(self, req: Request) -> Reply:
-        """The reply of the route `req` asks for, without admin auth."""
-        try:
-            route, params = self.resolve(req.method, req.path)
-            req.path_params = params
-            req.scope["path_params"] = params
-            if route.path.startswith(API_PREFIX):
-                req.check_query({p.name for p in route.query})
-            return await route.handler(req)
-        except ApiError as exc:
-            return exc.reply()
-        except StoreError as exc:
-            log.warning("admin %s %s: store error: %s", req.method, req.path, exc)
-            return ApiError(503, f"the store failed: {exc}", "store_unavailable").reply()
-        except Exception:
-            log.exception("admin %s %s failed", req.method, req.path)
-            return ApiError(500, "internal error (logged by the server)", "internal").reply()
+        await self(scope, receive, send)
+        answer = b"".join(chunks)
+        return status, json.loads(answer) if answer else None
 
     @staticmethod
     def owns(path: str) -> bool:
-        """Whether `path` is this app's (the rest of the admin listener is the dashboard's)."""
+        """Whether `path` is the API's (the rest of the admin listener is the dashboard's)."""
         return path in ("/metrics", "/healthz", "/readyz") or AdminApp.protected(path)
 
     @staticmethod
     def protected(path: str) -> bool:
         return path.startswith(API_PREFIX) or path.rstrip("/") == API_PREFIX.rstrip("/")
 
-    async def authorize(self, req: Request) -> None:
+    async def authorize(self) -> None:
         """401 without a usable key's secret, 403 when the key is not an admin key."""
         assert self.store is not None  # the constructor insists
-        challenge = ((b"www-authenticate", b'Bearer realm="llmgw-admin"'),)
-        value = req.header(b"authorization")
+        challenge = {"www-authenticate": 'Bearer realm="llmgw-admin"'}
+        value = request.headers.get("authorization")
         if value is None:
             raise ApiError(
                 401,
@@ -530,9 +525,7 @@ class AdminApp:
                 401,
                 "unknown, revoked or expired API key",
                 "invalid_api_key",
-                headers=(
-                    (b"www-authenticate", b'Bearer realm="llmgw-admin", error="invalid_token"'),
-                ),
+                headers={"www-authenticate": 'Bearer realm="llmgw-admin", error="invalid_token"'},
             )
         if not record.admin:
             raise ApiError(
@@ -541,34 +534,34 @@ class AdminApp:
 
     # -- health and routing ---------------------------------------------------------------
 
-    async def metrics(self, req: Request) -> Reply:
+    async def metrics(self) -> Response:
         body = generate_latest(self.router.metrics.registry)
-        return Reply(200, body, content_type=CONTENT_TYPE_LATEST.encode())
+        return Response(body, 200, content_type=CONTENT_TYPE_LATEST)
 
-    async def healthz(self, req: Request) -> Reply:
+    async def healthz(self) -> Response:
         return json_reply(200, unstructure(HealthView("ok")))
 
-    async def readyz(self, req: Request) -> Reply:
+    async def readyz(self) -> Response:
         """Ready when the router can serve: at least one endpoint has been scraped."""
         serving = [s for s in self.router.endpoints.all() if s.sample is not None]
         ok = self.ready() and bool(serving)
         view = ReadyView("ready" if ok else "not ready", len(serving))
         return json_reply(200 if ok else 503, unstructure(view))
 
-    async def openapi(self, req: Request) -> Reply:
+    async def openapi(self) -> Response:
         if self._openapi is None:
             self._openapi = json_bytes(self.openapi_document())
-        return Reply(200, self._openapi)
+        return Response(self._openapi, 200, content_type="application/json")
 
     def openapi_document(self) -> dict[str, Any]:
         """The OpenAPI 3.1 document of this app, as configured (auth, bands)."""
         return openapi.document(self)
 
-    async def endpoints(self, req: Request) -> Reply:
+    async def endpoints(self) -> Response:
         view = from_dict({"endpoints": self.router.endpoint_views()}, EndpointList)
         return json_reply(200, unstructure(view))
 
-    async def admission(self, req: Request) -> Reply:
+    async def admission(self) -> Response:
         """Live queues per pool and band, and each pool's saturation."""
         view = from_dict(self.router.admission_view(), AdmissionView)
         return json_reply(200, unstructure(view))
@@ -580,44 +573,32 @@ class AdminApp:
             raise ApiError(404, ROUTER_ONLY, "no_control_plane")
         return self.controller
 
-    async def nodes(self, req: Request) -> Reply:
+    async def nodes(self) -> Response:
         """Every node with its GPUs, engines and shards."""
         return json_reply(200, views.nodes_json(self._controller()))
 
-    async def node(self, req: Request) -> Reply:
+    async def node(self, id: str) -> Response:
         """One node, by id."""
         controller = self._controller()
-        node_id = req.path_params["id"]
+        node_id = id
         body = views.node_json(controller, node_id)
         if body is None:
             raise ApiError(404, f"no node {node_id!r}", "node_not_found")
         return json_reply(200, body)
 
-    async def replicas(self, req: Request) -> Reply:
+    async def replicas(self) -> Response:
         """Every replica, and per model desired against actual counts."""
         return json_reply(200, views.replicas_json(self._controller()))
 
-    async def placement(self, req: Request) -> Reply:
+    async def placement(self) -> Response:
         """Why replicas of each model that misses some could not be placed."""
         return json_reply(200, views.placement_json(self._controller()))
 
-    async def drain_node(self, req: Request) -> Reply:
+    async def drain_node(self, id: str) -> Response:
         """Cordon the node and move its replicas elsewhere, make before break."""
         controller = self._controller()
-        node_id = req.path_params["id"]
+        node_id = id
         if controller.inventory.get(node_id) is None:
             raise ApiError(404, f"no node {node_id!r}", "node_not_found")
         controller.drain_node(node_id)
         return json_reply(202, views.node_json(controller, node_id))
-
-
-#: The names a loopback listener answers to (with its bound addresses).
-LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
-
-
-def _host(value: str | None) -> str:
-    """The host part of a Host header, lower case, without port or IPv6 brackets."""
-    host = (value or "").strip().lower()
-    if host.startswith("["):
-        return host[1:].partition("]")[0]
-    return host.rpartition(":")[0] if host.count(":") == 1 else host

@@ -18,8 +18,10 @@ import unicodedata
 from typing import TYPE_CHECKING, Literal
 
 import attrs
+from quart import Response
 
-from llmgw.admin.http import ApiError, Reply, Request, json_reply
+from llmgw.admin.contract import ApiError, json_reply
+from llmgw.admin.inputs import json_object
 from llmgw.admin.schema import structure_strict
 from llmgw.admin.views import unstructure
 from llmgw.config import ConfigError
@@ -198,16 +200,16 @@ def check_key(request: KeyCreate, bands: list[str], models: set[str]) -> None:
         raise _bad(f"must be in (0, {EXPIRY_MAX:.0f}], got {expiry:g}", "expires_in_seconds")
 
 
-async def list_keys(app: AdminApp, req: Request) -> Reply:
+async def list_keys(app: AdminApp) -> Response:
     store = require_store(app)
     now = time.time()
     records = await store.list_keys()
     return json_reply(200, unstructure(KeyList(tuple(KeyView.of(r, now) for r in records))))
 
 
-async def create_key(app: AdminApp, req: Request) -> Reply:
+async def create_key(app: AdminApp) -> Response:
     store = require_store(app)
-    body = await req.json_object()
+    body = await json_object()
     try:
         request = structure_strict(body, KeyCreate)
     except ConfigError as exc:
@@ -228,14 +230,14 @@ async def create_key(app: AdminApp, req: Request) -> Reply:
     )
     view = KeyView.of(record, now)
     created = NewKeyView(**attrs.asdict(view, recurse=False), secret=secret)
-    location = f"/api/v1/keys/{record.id}".encode()
-    return json_reply(201, unstructure(created), headers=((b"location", location),))
+    location = f"/api/v1/keys/{record.id}"
+    return json_reply(201, unstructure(created), headers={"location": location})
 
 
-async def revoke_key(app: AdminApp, req: Request) -> Reply:
+async def revoke_key(app: AdminApp, id: str) -> Response:
     """Revoke a key (it stays listed); revoking a revoked key changes nothing."""
     store = require_store(app)
-    key_id = req.path_params["id"]
+    key_id = id
     record = await store.get_key(key_id)
     if record is None:
         raise ApiError(404, f"no key {key_id!r}", "key_not_found", param="id")

@@ -17,11 +17,14 @@ defines (409: edit the file).
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote
 
 import attrs
 import trio
+from quart import Response
 
-from llmgw.admin.http import ApiError, Reply, Request, json_reply
+from llmgw.admin.contract import ApiError, json_reply
+from llmgw.admin.inputs import json_object
 from llmgw.admin.schema import JSON_WORDING
 from llmgw.admin.views import unstructure
 from llmgw.config import ConfigError, ModelConfig, shape_problems
@@ -150,29 +153,26 @@ def _parse(body: dict[str, Any]) -> ModelConfig:
         raise _invalid(exc.problems) from None
 
 
-def _location(name: str) -> tuple[tuple[bytes, bytes], ...]:
-    from urllib.parse import quote
-
-    return ((b"location", f"/api/v1/models/{quote(name, safe='')}".encode()),)
+def _location(name: str) -> dict[str, str]:
+    return {"location": f"/api/v1/models/{quote(name, safe='')}"}
 
 
-async def list_models(app: AdminApp, req: Request) -> Reply:
+async def list_models(app: AdminApp) -> Response:
     counts = _counts(app)
     models = [model_json(app, m, counts) for m in app.catalog().models]
     return json_reply(200, {"models": models})
 
 
-async def get_model(app: AdminApp, req: Request) -> Reply:
-    name = req.path_params["name"]
+async def get_model(app: AdminApp, name: str) -> Response:
     model = app.catalog().resolve(name)
     if model is None:
         raise ApiError(404, f"no model named {name!r}", "model_not_found", param="name")
     return json_reply(200, model_json(app, model, _counts(app)))
 
 
-async def create_model(app: AdminApp, req: Request) -> Reply:
+async def create_model(app: AdminApp) -> Response:
     registry = _registry(app)
-    model = _parse(await req.json_object())
+    model = _parse(await json_object())
     try:
         await registry.put(model, create=True)
     except ModelChangeError as exc:
@@ -180,10 +180,9 @@ async def create_model(app: AdminApp, req: Request) -> Reply:
     return json_reply(201, model_json(app, model, _counts(app)), headers=_location(model.name))
 
 
-async def patch_model(app: AdminApp, req: Request) -> Reply:
+async def patch_model(app: AdminApp, name: str) -> Response:
     registry = _registry(app)
-    name = req.path_params["name"]
-    changes = await req.json_object()
+    changes = await json_object()
     problems = shape_problems(changes, ModelConfig, wording=JSON_WORDING)
     if problems:
         raise _invalid(problems)
@@ -195,10 +194,10 @@ async def patch_model(app: AdminApp, req: Request) -> Reply:
     return json_reply(200, model_json(app, model, _counts(app)))
 
 
-async def delete_model(app: AdminApp, req: Request) -> Reply:
+async def delete_model(app: AdminApp, name: str) -> Response:
     registry = _registry(app)
     try:
-        await registry.delete(req.path_params["name"])
+        await registry.delete(name)
     except ModelChangeError as exc:
         raise _change_error(exc) from None
-    return Reply(204, None)
+    return Response("", 204)

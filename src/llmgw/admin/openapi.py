@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import llmgw
-from llmgw.admin.http import ErrorBody, Out, Route
+from llmgw.admin.contract import ErrorBody, Out, Route
 from llmgw.admin.keys import KeyCreate
 from llmgw.admin.models_api import MAX_REPLICAS, ModelLive
 from llmgw.admin.schema import SchemaBuilder
@@ -150,6 +150,7 @@ def _responses(app: AdminApp, route: Route) -> dict[int, Out]:
         extra[400] = "a malformed body or a bad value: the message names the key"
         extra[413] = "the body is larger than 1 MiB"
         extra[408] = "the body did not arrive within router.timeouts.client_body"
+        extra[415] = "the body is not sent as application/json"
     if route.method not in ("GET", "HEAD", "OPTIONS"):
         cross = "the browser says the request comes from another site"
         extra[403] = f"{extra[403]}, or {cross}" if 403 in extra else cross

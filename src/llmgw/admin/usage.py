@@ -23,8 +23,10 @@ import time
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
+from quart import Response
 
-from llmgw.admin.http import ApiError, Param, Reply, Request, json_reply
+from llmgw.admin.contract import ApiError, Param, json_reply
+from llmgw.admin.inputs import query
 from llmgw.admin.keys import require_store
 from llmgw.admin.views import unstructure
 from llmgw.units import parse_duration
@@ -137,18 +139,18 @@ def parse_bucket(text: str) -> float:
     return seconds
 
 
-async def usage(app: AdminApp, req: Request) -> Reply:
+async def usage(app: AdminApp) -> Response:
     store = require_store(app)
-    query = req.query
-    group_by = query.get("group_by", "key")
+    params = query()
+    group_by = params.get("group_by", "key")
     if group_by not in ("key", "model"):
         raise _bad("group_by", f"must be 'key' or 'model', got {group_by!r}")
     now = time.time()
-    since = parse_moment(query["since"], "since", now) if "since" in query else None
-    until = parse_moment(query["until"], "until", now) if "until" in query else None
+    since = parse_moment(params["since"], "since", now) if "since" in params else None
+    until = parse_moment(params["until"], "until", now) if "until" in params else None
     if since is not None and until is not None and since >= until:
         raise _bad("since", f"must be before until ({since:.3f} >= {until:.3f})")
-    bucket = parse_bucket(query["bucket"]) if "bucket" in query else None
+    bucket = parse_bucket(params["bucket"]) if "bucket" in params else None
     rows = await store.usage_summary(
         "key" if group_by == "key" else "model", since=since, until=until, bucket=bucket
     )

@@ -6,46 +6,42 @@ refuses what it refuses, with the same messages. Pages are plain HTML (read-only
 views work without JavaScript); ``static/dashboard.js`` refreshes the live parts
 of a page every few seconds in place, leaving scroll position and form input alone.
 
-The same app serves two places (DESIGN §8): the admin listener at ``/`` (a login
-only when the listener is off loopback) and the client port at ``/admin`` (always
-behind a login with an admin key). A login is a session in the store: the cookie
-holds its token, HttpOnly and SameSite=Strict (Secure over TLS). Forms carry a CSRF
-token (:mod:`llmgw.dashboard.web`).
+The dashboard is a blueprint of the operator application (:mod:`llmgw.admin.web`),
+installed in two places (DESIGN §8): on the admin listener at ``/`` beside the API
+(a login only when the listener is off loopback) and on the client port under
+``/admin`` (always behind a login with an admin key). A login is a session in the
+store: the cookie holds its token, HttpOnly and SameSite=Strict; over TLS it is
+Secure and ``__Host-``-prefixed, so no other origin can plant or read it.
+
+CSRF is a double-submit token: a random ``llmgw_csrf`` cookie whose value every form
+carries in a hidden ``csrf`` field. A cross-site page can neither read the cookie nor
+make the browser send it, so it cannot forge a matching pair (and the app refuses
+changes the browser says come from another site before any of this runs).
 """
 
 from __future__ import annotations
 
-import functools
+import hmac
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 import attrs
 import jinja2
 import trio
+from quart import Blueprint, Response, current_app, g, request
+from quart_trio import QuartTrio
 
-from llmgw.admin.http import Request
+from llmgw.admin.contract import ApiError
+from llmgw.admin.inputs import query
+from llmgw.admin.web import asgi, build_app, mount
 from llmgw.dashboard import charts, panels
 from llmgw.dashboard.traffic import TrafficRing
-from llmgw.dashboard.web import (
-    CSRF_COOKIE,
-    MAX_FORM_BYTES,
-    PAGE_HEADERS,
-    SESSION_COOKIE,
-    FormError,
-    Page,
-    cookie_header,
-    cookie_values,
-    new_token,
-    read_form,
-    same_origin,
-    tokens_match,
-)
-from llmgw.http.asgi import Receive, Scope, Send, answer_non_http
-from llmgw.store.base import Session, StoreError
+from llmgw.http.asgi import Receive, Scope, Send
+from llmgw.store.base import Session
 
 if TYPE_CHECKING:
     from llmgw.admin.api import AdminApp
@@ -53,6 +49,23 @@ if TYPE_CHECKING:
 __all__ = ["DashboardApp"]
 
 log = logging.getLogger("llmgw.dashboard")
+
+SESSION_COOKIE = "llmgw_session"
+CSRF_COOKIE = "llmgw_csrf"
+# Dashboard forms are a handful of short fields.
+MAX_FORM_BYTES = 64 * 1024
+
+# Every page: no inline script or style (so an injected tag could do nothing), no
+# framing, nothing cached (the keys page shows a secret once).
+PAGE_HEADERS = {
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+    "base-uri 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+    "x-frame-options": "DENY",
+    "cache-control": "no-store",
+}
 
 #: Failed logins a client address may make per LOGIN_WINDOW seconds, then 429.
 LOGIN_FAILURES = 5
@@ -73,11 +86,6 @@ NAV = (
     ("keys", "/keys", "Keys"),
 )
 
-STATIC = {
-    "dashboard.css": b"text/css; charset=utf-8",
-    "dashboard.js": b"text/javascript; charset=utf-8",
-}
-
 #: Usage periods the usage page offers (label -> seconds).
 PERIODS = {"1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 
@@ -96,21 +104,47 @@ NODE_ORDER = {"lost": 0, "unreachable": 1, "ready": 2}
 NODES_PER_PAGE = 50
 
 
+class FormError(Exception):
+    """A form the dashboard cannot take: answered with `status` and the message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 @attrs.frozen
 class View:
     """What one request renders with: the page's own data plus the common frame."""
 
-    req: Request
+    query: Mapping[str, str]
     csrf: str
     session: Session | None
     form: Mapping[str, str] = attrs.field(factory=dict)  # a POST's fields
 
 
-Handler = Callable[["DashboardApp", View], Awaitable[Page]]
+Handler = Callable[["DashboardApp", View], Awaitable[Response]]
+
+
+def _tls() -> bool:
+    # Ours, or a proxy's in front (trusting its header is harmless: it only makes the
+    # cookie stricter).
+    forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    return request.scheme == "https" or forwarded == "https"
+
+
+def _cookie_name(name: str) -> str:
+    # Over TLS, ``__Host-``: the browser keeps it only when Secure, for this host
+    # alone and for path /, so a sibling subdomain or plain HTTP cannot overwrite it.
+    return f"__Host-{name}" if _tls() else name
+
+
+def tokens_match(a: str | None, b: str | None) -> bool:
+    return bool(a) and bool(b) and hmac.compare_digest(str(a), str(b))
 
 
 class DashboardApp:
-    """The dashboard as an ASGI app mounted at `prefix` ("" or e.g. "/admin")."""
+    r"""The dashboard, as a blueprint :meth:`install`\ ed in an operator app, or as an
+    ASGI app of its own mounted at `prefix` ("" or e.g. "/admin")."""
 
     def __init__(
         self,
@@ -129,21 +163,7 @@ class DashboardApp:
         self.traffic = traffic
         self.session_ttl = session_ttl
         self._failures: dict[str, list[float]] = {}  # client address -> failed logins
-        self.env = jinja2.Environment(
-            loader=jinja2.PackageLoader("llmgw.dashboard", "templates"),
-            autoescape=True,
-            undefined=jinja2.StrictUndefined,
-            trim_blocks=True,
-            lstrip_blocks=True,
-        )
-        self.env.filters.update(
-            ago=panels.fmt_ago,
-            num=panels.fmt_num,
-            pct=lambda v: charts.fmt(v, "%"),
-            secs=lambda v: charts.fmt(v, "s"),
-            when=panels.fmt_when,
-        )
-        self.env.globals.update(bar=charts.bar, nav=NAV, prefix=prefix, url=self.url)
+        self._asgi: Any = None
         self.pages: dict[str, Handler] = {
             "/": DashboardApp.overview,
             "/fleet": DashboardApp.fleet,
@@ -167,123 +187,155 @@ class DashboardApp:
         shown = {k: v for k, v in query.items() if v is not None}
         return f"{base}?{urlencode(shown)}" if shown else base
 
-    # -- ASGI ----------------------------------------------------------------------------
+    # -- as an application -------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await answer_non_http(scope, receive, send)
-            return
-        req = Request(scope, receive, max_body=MAX_FORM_BYTES, body_timeout=self.admin.body_timeout)
-        page = await self.handle(req)
-        headers = [
-            (b"content-type", page.content_type),
-            (b"content-length", str(len(page.body)).encode()),
-            *PAGE_HEADERS,
-            *page.headers,
-        ]
-        await send({"type": "http.response.start", "status": page.status, "headers": headers})
-        await send({"type": "http.response.body", "body": page.body})
+        """The dashboard alone (no API beside it), under its prefix."""
+        if self._asgi is None:
+            app = build_app(self.admin, api=False, dashboard=self)
+            self._asgi = mount(app, self.prefix) if self.prefix else asgi(app)
+        await self._asgi(scope, receive, send)
 
-    async def handle(self, req: Request) -> Page:
-        path = req.path[len(self.prefix) :] if req.path.startswith(self.prefix) else req.path
-        path = path or "/"
-        if self.prefix and path == "/" and not req.path.endswith("/"):
-            return redirect(self.url("/"))
-        if path.startswith("/static/") and req.method in ("GET", "HEAD"):
-            return static(path.removeprefix("/static/"))
-        csrf_values = cookie_values(req, CSRF_COOKIE)
-        csrf = csrf_values[0] if csrf_values else new_token()
-        cookies: tuple[tuple[bytes, bytes], ...] = ()
-        if not csrf_values:
-            cookies = (self._cookie(req, CSRF_COOKIE, csrf),)
-        try:
-            page = await self._route(req, path, csrf)
-        except FormError as exc:
-            page = self.message_page(exc.status, "Cannot do that", str(exc))
-        except StoreError as exc:
-            log.warning("dashboard %s %s: store error: %s", req.method, req.path, exc)
-            page = self.message_page(503, "The store failed", str(exc))
-        except Exception:
-            log.exception("dashboard %s %s failed", req.method, req.path)
-            page = self.message_page(500, "Internal error", "logged by the server")
-        if page.deferred is not None:
-            # Off the trio thread, so a big page does not hold up the proxied requests.
+    def install(self, app: QuartTrio) -> None:
+        """Register the dashboard's blueprint, templates and page headers on `app`."""
+        app.jinja_options = {
+            **app.jinja_options,
+            "undefined": jinja2.StrictUndefined,
+            "trim_blocks": True,
+            "lstrip_blocks": True,
+        }
+        env = app.jinja_env
+        env.filters.update(
+            ago=panels.fmt_ago,
+            num=panels.fmt_num,
+            pct=lambda v: charts.fmt(v, "%"),
+            secs=lambda v: charts.fmt(v, "s"),
+            when=panels.fmt_when,
+        )
+        env.globals.update(bar=charts.bar, nav=NAV, prefix=self.prefix, url=self.url)
+        bp = Blueprint(
+            "dashboard",
+            __name__,
+            template_folder="templates",
+            static_folder="static",
+            static_url_path="/static",
+        )
+        for path, page in self.pages.items():
+            bp.add_url_rule(
+                path, endpoint=f"page{path}", view_func=self._viewer(page), methods=["GET"]
+            )
+        for path, action in self.actions.items():
+            bp.add_url_rule(
+                path, endpoint=f"do{path}", view_func=self._viewer(action), methods=["POST"]
+            )
+        bp.add_url_rule("/login", endpoint="login", view_func=self.login, methods=["GET", "POST"])
+        bp.before_request(self._csrf_token)
+        bp.after_request(self._csrf_cookie)
+        app.register_blueprint(bp)
+        app.after_request(self._page_headers)
+
+    async def _page_headers(self, response: Response) -> Response:
+        # Pages and their assets; the API's JSON beside them is not a page.
+        if request.blueprint == "dashboard" or response.mimetype == "text/html":
+            for name, value in PAGE_HEADERS.items():
+                response.headers.setdefault(name, value)
+        return response
+
+    async def _csrf_token(self) -> None:
+        values = request.cookies.getlist(_cookie_name(CSRF_COOKIE))
+        g.csrf_new = not values
+        g.csrf = values[0] if values else secrets.token_urlsafe(32)
+
+    async def _csrf_cookie(self, response: Response) -> Response:
+        if g.get("csrf_new"):
+            self._set_cookie(response, CSRF_COOKIE, g.csrf)
+        return response
+
+    def _set_cookie(
+        self, response: Response, name: str, value: str, max_age: int | None = None
+    ) -> None:
+        tls = _tls()
+        response.set_cookie(
+            _cookie_name(name),
+            value,
+            max_age=max_age,
+            path="/" if tls else (self.prefix or "/"),
+            secure=tls,
+            httponly=True,
+            samesite="Strict",
+        )
+
+    def _viewer(self, handler: Handler) -> Callable[[], Awaitable[Response]]:
+        async def view() -> Response:
             try:
-                body = await trio.to_thread.run_sync(page.deferred)
-            except Exception:
-                log.exception("dashboard %s %s: rendering failed", req.method, req.path)
-                failed = self.message_page(500, "Internal error", "logged by the server")
-                assert failed.deferred is not None
-                page, body = failed, failed.deferred()
-            page = attrs.evolve(page, body=body, deferred=None)
-        return attrs.evolve(page, headers=page.headers + cookies)
+                return await self._view(handler)
+            except FormError as exc:
+                return await self.message_page(exc.status, "Cannot do that", str(exc))
 
-    async def _route(self, req: Request, path: str, csrf: str) -> Page:
-        if path == "/login":
-            if req.method == "POST":
-                return await self.login(req, csrf)
-            return self.login_form(req, csrf)
-        session = await self.session(req) if self.login_required else None
+        view.__name__ = handler.__name__
+        return view
+
+    async def _view(self, handler: Handler) -> Response:
+        session = await self.session() if self.login_required else None
         if self.login_required and session is None:
-            if req.method in ("GET", "HEAD"):
+            if request.method == "GET":
+                path = request.path
                 return redirect(self.url("/login", next=path if path != "/" else None))
-            return self.message_page(401, "Log in first", "this action needs a login")
-        view = View(req, csrf, session)
-        if req.method in ("GET", "HEAD"):
-            page_handler = self.pages.get(path)
-            if page_handler is None:
-                return self.message_page(404, "Not found", f"no dashboard page {path}")
-            return await page_handler(self, view)
-        if req.method == "POST":
-            action = self.actions.get(path)
-            if action is None:
-                return self.message_page(404, "Not found", f"no dashboard action {path}")
-            form = await read_form(req)
-            self._check_csrf(req, form, csrf)
-            return await action(self, attrs.evolve(view, form=form))
-        return Page(405, b"method not allowed", b"text/plain", ((b"allow", b"GET, POST"),))
+            return await self.message_page(401, "Log in first", "this action needs a login")
+        view = View(query(), g.csrf, session)
+        if request.method == "POST":
+            view = attrs.evolve(view, form=await self.form())
+        return await handler(self, view)
 
-    def _check_csrf(self, req: Request, form: Mapping[str, str], csrf: str) -> None:
-        if not same_origin(req):
-            raise FormError(403, "refused: the request comes from another site")
-        if not cookie_values(req, CSRF_COOKIE) or not tokens_match(form.get("csrf"), csrf):
+    async def form(self) -> dict[str, str]:
+        """The POSTed form, its CSRF token checked (a repeated field keeps its last
+        value; checkboxes send nothing when unticked)."""
+        if request.mimetype != "application/x-www-form-urlencoded":
+            raise FormError(415, "expected a form (application/x-www-form-urlencoded)")
+        if (request.content_length or 0) > MAX_FORM_BYTES:
+            raise FormError(413, f"the form is larger than {MAX_FORM_BYTES} bytes")
+        fields = {k: v for k, v in (await request.form).items()}
+        if not request.cookies.getlist(_cookie_name(CSRF_COOKIE)) or not tokens_match(
+            fields.get("csrf"), g.csrf
+        ):
             raise FormError(
                 403, "refused: missing or wrong CSRF token (reload the page and try again)"
             )
+        return fields
 
-    def _cookie(self, req: Request, name: str, value: str, max_age: int | None = None) -> Any:
-        # Secure over TLS, ours or a proxy's in front (trusting the proxy's header is
-        # harmless here: Secure only keeps the cookie off plain HTTP).
-        forwarded = (req.header(b"x-forwarded-proto") or "").split(",")[0].strip().lower()
-        return cookie_header(
-            name,
-            value,
-            path=self.prefix or "/",
-            secure=req.scope.get("scheme") == "https" or forwarded == "https",
-            max_age=max_age,
+    def error_page(self, error: ApiError) -> Awaitable[Response]:
+        """A refusal from the app's guards or routing, as a page."""
+        titles = {404: "Not found", 405: "Not allowed", 503: "The store failed"}
+        return self.message_page(
+            error.status,
+            titles.get(error.status, "Cannot do that"),
+            error.message,
+            headers=error.headers,
         )
 
     # -- login -----------------------------------------------------------------------
 
-    async def session(self, req: Request) -> Session | None:
+    async def session(self) -> Session | None:
         store = self.admin.store
         if store is None:
             return None
-        for token in cookie_values(req, SESSION_COOKIE):
+        for token in request.cookies.getlist(_cookie_name(SESSION_COOKIE)):
             session = await store.get_session(token)
             if session is not None and session.key.admin:
                 return session
         return None
 
-    def login_form(
-        self,
-        req: Request,
-        csrf: str,
-        *,
-        error: str | None = None,
-        status: int = 200,
-        next_after: str | None = None,
-    ) -> Page:
+    async def login(self) -> Response:
+        try:
+            if request.method == "POST":
+                return await self._login()
+            return await self.login_form()
+        except FormError as exc:
+            return await self.message_page(exc.status, "Cannot do that", str(exc))
+
+    async def login_form(
+        self, *, error: str | None = None, status: int = 200, next_after: str | None = None
+    ) -> Response:
         if not self.login_required:
             return redirect(self.url("/"))
         problem = None
@@ -292,26 +344,25 @@ class DashboardApp:
                 "The dashboard here needs a store for its admin keys and sessions "
                 "(store.url); without one use it on the admin listener."
             )
-        nxt = req.query.get("next") if req.method == "GET" else next_after
-        return self.render(
+        nxt = query().get("next") if request.method == "GET" else next_after
+        return await self.render(
             "login.html",
             status=status,
-            csrf=csrf,
+            csrf=g.csrf,
             session=None,
             active="login",
             error=error or problem,
             next=_local(nxt),
         )
 
-    async def login(self, req: Request, csrf: str) -> Page:
-        form = await read_form(req)
-        self._check_csrf(req, form, csrf)
+    async def _login(self) -> Response:
+        form = await self.form()
         store = self.admin.store
         if not self.login_required or store is None:
-            return self.login_form(req, csrf)
+            return await self.login_form()
         # The login is on the public client port and needs no key: failures per client
         # address are limited, so secrets cannot be guessed at the listener's pace.
-        client = str((req.scope.get("client") or ("?",))[0])
+        client = request.remote_addr or "?"
         now = trio.current_time()
         if len(self._failures) > MAX_LOGIN_CLIENTS:  # bounded: forget the quiet ones
             self._failures = {
@@ -321,54 +372,66 @@ class DashboardApp:
         self._failures[client] = failures
         if len(failures) >= LOGIN_FAILURES:
             wait = max(1, int(LOGIN_WINDOW - (now - failures[0])) + 1)
-            page = self.message_page(429, "Too many failed logins", f"try again in {wait}s")
-            return attrs.evolve(page, headers=((b"retry-after", str(wait).encode()),))
+            return await self.message_page(
+                429,
+                "Too many failed logins",
+                f"try again in {wait}s",
+                headers={"retry-after": str(wait)},
+            )
         secret = form.get("key", "").strip()
         record = await store.lookup_key(secret) if secret else None
         if record is None:
             failures.append(now)
-            return self.login_form(
-                req,
-                csrf,
+            return await self.login_form(
                 error="unknown, revoked or expired API key",
                 status=401,
                 next_after=form.get("next"),
             )
         if not record.admin:
-            return self.login_form(
-                req,
-                csrf,
+            return await self.login_form(
                 error=f"key {record.name} is not an admin key",
                 status=403,
                 next_after=form.get("next"),
             )
         token = await store.create_session(record.id, self.session_ttl)
         log.info("dashboard login with key %s (%s)", record.id, record.name)
-        cookie = self._cookie(req, SESSION_COOKIE, token, max_age=int(self.session_ttl))
-        return redirect(self.url(_local(form.get("next")) or "/"), cookie)
+        response = redirect(self.url(_local(form.get("next")) or "/"))
+        self._set_cookie(response, SESSION_COOKIE, token, max_age=int(self.session_ttl))
+        return response
 
-    async def logout(self, view: View) -> Page:
+    async def logout(self, view: View) -> Response:
         store = self.admin.store
         if store is not None:
-            for token in cookie_values(view.req, SESSION_COOKIE):
+            for token in request.cookies.getlist(_cookie_name(SESSION_COOKIE)):
                 await store.delete_session(token)
-        cookie = self._cookie(view.req, SESSION_COOKIE, "", max_age=0)
         target = "/login" if self.login_required else "/"
-        return redirect(self.url(target, done="logout"), cookie)
+        response = redirect(self.url(target, done="logout"))
+        self._set_cookie(response, SESSION_COOKIE, "", max_age=0)
+        return response
 
     # -- rendering -----------------------------------------------------------------------
 
-    def render(self, template: str, *, status: int = 200, **context: Any) -> Page:
-        req: Request | None = context.pop("req", None)
-        done = req.query.get("done") if req is not None and req.method == "GET" else None
+    async def render(
+        self,
+        template: str,
+        *,
+        status: int = 200,
+        headers: Mapping[str, str] | None = None,
+        **context: Any,
+    ) -> Response:
+        """`template` with `context` as a page. Rendered in a worker thread: a large
+        fleet's page takes a noticeable while, and the proxied requests share this
+        thread. The context is plain data (decoded API answers), nothing trio owns."""
+        page = context.pop("page_query", None)
+        done = page.get("done") if page is not None and request.method == "GET" else None
         notice = None
-        if done in NOTICES and req is not None:
-            notice = NOTICES[done].format(id=req.query.get("id", "?"), n=req.query.get("n", "?"))
+        if done in NOTICES and page is not None:
+            notice = NOTICES[done].format(id=page.get("id", "?"), n=page.get("n", "?"))
         context.setdefault("notice", notice)
         # The URL the page refreshes from: itself, or its page after a form's POST.
-        if req is not None and req.method == "GET":
-            query = bytes(req.scope.get("query_string", b"")).decode("latin-1")
-            self_url = req.path + (f"?{query}" if query else "")
+        if request.method == "GET":
+            raw = request.query_string.decode("latin-1")
+            self_url = request.root_path + request.path + (f"?{raw}" if raw else "")
         else:
             paths = {key: path for key, path, _ in NAV}
             self_url = self.url(paths.get(context.get("active", ""), "/"))
@@ -378,18 +441,42 @@ class DashboardApp:
         context.setdefault("rendered", panels.fmt_when(time.time()))
         context.setdefault("control", self.admin.controller is not None)
         context.setdefault("logout", self.login_required)
-        compiled = self.env.get_template(template)
-        # Rendered in a worker thread by `handle`: the context is plain data (decoded
-        # API answers), nothing the trio thread owns.
-        return Page(status, b"", deferred=lambda: compiled.render(**context).encode())
+        compiled = current_app.jinja_env.get_template(template)
+        try:
+            body = await trio.to_thread.run_sync(lambda: compiled.render(**context))
+        except Exception:
+            log.exception("dashboard %s %s: rendering failed", request.method, request.path)
+            message = current_app.jinja_env.get_template("message.html")
+            body = message.render(
+                **{
+                    **context,
+                    "title": "Internal error",
+                    "message": "logged by the server",
+                    "session": None,
+                    "active": "",
+                    "logout": False,
+                }
+            )
+            status = 500
+        return Response(
+            body, status, headers=dict(headers or {}), content_type="text/html; charset=utf-8"
+        )
 
     def frame(self, view: View, active: str) -> dict[str, Any]:
-        return {"req": view.req, "csrf": view.csrf, "session": view.session, "active": active}
+        return {
+            "page_query": view.query,
+            "csrf": view.csrf,
+            "session": view.session,
+            "active": active,
+        }
 
-    def message_page(self, status: int, title: str, message: str) -> Page:
+    def message_page(
+        self, status: int, title: str, message: str, headers: Mapping[str, str] | None = None
+    ) -> Awaitable[Response]:
         return self.render(
             "message.html",
             status=status,
+            headers=headers,
             title=title,
             message=message,
             csrf="",
@@ -410,7 +497,7 @@ class DashboardApp:
 
     # -- pages -------------------------------------------------------------------------
 
-    async def overview(self, view: View) -> Page:
+    async def overview(self, view: View) -> Response:
         control = self.admin.controller is not None
         nodes = (await self.get("/api/v1/nodes"))[0] if control else None
         models, _ = await self.get("/api/v1/models")
@@ -419,7 +506,7 @@ class DashboardApp:
         failures = panels.last_failures(nodes["nodes"]) if nodes else {}
         admission, _ = await self.get("/api/v1/admission")
         summary = self.traffic.summary(60.0) if self.traffic is not None else None
-        return self.render(
+        return await self.render(
             "overview.html",
             **self.frame(view, "overview"),
             nodes=panels.fleet_summary(nodes["nodes"]) if nodes else None,
@@ -431,23 +518,23 @@ class DashboardApp:
             summary=summary,
         )
 
-    async def fleet(self, view: View) -> Page:
+    async def fleet(self, view: View) -> Response:
         if self.admin.controller is None:
-            return self._router_only(view, "fleet")
+            return await self._router_only(view, "fleet")
         data, _ = await self.get("/api/v1/nodes")
         nodes = sorted(
             data["nodes"],
             key=lambda n: (NODE_ORDER.get(n["state"], 9), not n["cordoned"], n["id"]),
         )
         pages = max(1, -(-len(nodes) // NODES_PER_PAGE))
-        text = view.req.query.get("page", "1")
+        text = view.query.get("page", "1")
         number = int(text) if text.isdigit() else 0
         if not 1 <= number <= pages:
-            return self.message_page(
+            return await self.message_page(
                 400, "No such page", f"page: must be a whole number in [1, {pages}], got {text!r}"
             )
         first = (number - 1) * NODES_PER_PAGE
-        return self.render(
+        return await self.render(
             "fleet.html",
             **self.frame(view, "fleet"),
             nodes=nodes[first : first + NODES_PER_PAGE],
@@ -457,7 +544,7 @@ class DashboardApp:
             first=first,
         )
 
-    async def models(self, view: View, error: str | None = None, status: int = 200) -> Page:
+    async def models(self, view: View, error: str | None = None, status: int = 200) -> Response:
         models, _ = await self.get("/api/v1/models")
         control = self.admin.controller is not None
         placement = (await self.get("/api/v1/placement"))[0] if control else None
@@ -467,7 +554,7 @@ class DashboardApp:
         for r in replicas["replicas"] if replicas else []:
             by_model.setdefault(r["model"], []).append(r)
         explain = {p["model"]: p for p in placement["models"]} if placement else {}
-        return self.render(
+        return await self.render(
             "models.html",
             status=status,
             **self.frame(view, "models"),
@@ -479,13 +566,13 @@ class DashboardApp:
             error=error,
         )
 
-    async def traffic_page(self, view: View) -> Page:
+    async def traffic_page(self, view: View) -> Response:
         if self.traffic is None:
-            return self.render(
+            return await self.render(
                 "traffic.html", **self.frame(view, "traffic"), charts=None, summary=None
             )
         series = self.traffic.series()
-        return self.render(
+        return await self.render(
             "traffic.html",
             **self.frame(view, "traffic"),
             charts=panels.traffic_charts(series, self._ceilings()),
@@ -496,18 +583,18 @@ class DashboardApp:
         bands = self.admin.router.config.router.admission.bands
         return [(b.name, b.saturation_ceiling) for b in bands]
 
-    async def endpoints(self, view: View) -> Page:
+    async def endpoints(self, view: View) -> Response:
         data, _ = await self.get("/api/v1/endpoints")
         admission, _ = await self.get("/api/v1/admission")
-        return self.render(
+        return await self.render(
             "endpoints.html",
             **self.frame(view, "endpoints"),
             endpoints=data["endpoints"],
             admission=admission,
         )
 
-    async def usage(self, view: View) -> Page:
-        query = view.req.query
+    async def usage(self, view: View) -> Response:
+        query = view.query
         period = query.get("period", "24h")
         group_by = query.get("by", "key")
         error = None
@@ -520,7 +607,7 @@ class DashboardApp:
             "/api/v1/usage", urlencode({"group_by": group_by, "since": f"{since:.0f}"})
         )
         rows = data["usage"] if data else []
-        return self.render(
+        return await self.render(
             "usage.html",
             status=400 if error else 200,
             **self.frame(view, "usage"),
@@ -541,10 +628,10 @@ class DashboardApp:
         error: str | None = None,
         status: int = 200,
         form: Mapping[str, str] | None = None,
-    ) -> Page:
+    ) -> Response:
         data, problem = await self.get("/api/v1/keys")
         bands = [b.name for b in self.admin.router.config.router.admission.bands]
-        return self.render(
+        return await self.render(
             "keys.html",
             status=status,
             **self.frame(view, "keys"),
@@ -556,8 +643,8 @@ class DashboardApp:
             form=form or {},
         )
 
-    def _router_only(self, view: View, active: str) -> Page:
-        return self.render(
+    async def _router_only(self, view: View, active: str) -> Response:
+        return await self.render(
             "message.html",
             **self.frame(view, active),
             title="No control plane",
@@ -567,14 +654,14 @@ class DashboardApp:
 
     # -- actions -------------------------------------------------------------------------
 
-    async def drain(self, view: View) -> Page:
+    async def drain(self, view: View) -> Response:
         node = view.form.get("node", "")
         status, data = await self.api("POST", f"/api/v1/nodes/{quote(node, safe='')}/drain")
         if status != 202:
-            return self.message_page(status, "Cannot drain", _message(data))
+            return await self.message_page(status, "Cannot drain", _message(data))
         return redirect(self.url("/fleet", done="drain", id=node))
 
-    async def scale(self, view: View) -> Page:
+    async def scale(self, view: View) -> Response:
         form = view.form
         name = form.get("model", "")
         text = form.get("replicas", "").strip()
@@ -591,7 +678,7 @@ class DashboardApp:
             return await self.models(view, error=_message(data), status=status)
         return redirect(self.url("/models", done="scale", id=name, n=replicas))
 
-    async def create_key(self, view: View) -> Page:
+    async def create_key(self, view: View) -> Response:
         form = view.form
         try:
             body = panels.key_request(form)
@@ -602,7 +689,7 @@ class DashboardApp:
             return await self.keys(view, error=_message(data), status=status, form=form)
         return await self.keys(view, created=data)
 
-    async def revoke_key(self, view: View) -> Page:
+    async def revoke_key(self, view: View) -> Response:
         key_id = view.form.get("id", "")
         status, data = await self.api("DELETE", f"/api/v1/keys/{quote(key_id, safe='')}")
         if status != 200:
@@ -632,20 +719,8 @@ def _local(target: str | None) -> str | None:
     return target
 
 
-def redirect(location: str, *headers: tuple[bytes, bytes]) -> Page:
+def redirect(location: str) -> Response:
     # Never a header value with CR, LF or NUL in it, whatever a caller let through.
     if any(c in location for c in "\r\n\0"):
         raise ValueError(f"refusing a Location with a control character: {location!r}")
-    return Page(303, b"", headers=((b"location", location.encode("latin-1")), *headers))
-
-
-def static(name: str) -> Page:
-    if name not in STATIC:
-        return Page(404, b"no such file", b"text/plain")
-    return Page(200, _asset(name), STATIC[name])
-
-
-@functools.cache
-def _asset(name: str) -> bytes:
-    """A static file, read once (every page load asks for the stylesheet and script)."""
-    return resources.files("llmgw.dashboard").joinpath("static", name).read_bytes()
+    return Response("", 303, headers={"location": location})

@@ -1,7 +1,8 @@
 """The few ASGI helpers llmgw's plain ASGI apps share.
 
-The client API and the admin listener are plain ASGI apps rather than built on a
-framework: on the request path every layer costs CPU per request.
+The client API (and llmgw-sim) are plain ASGI apps rather than built on a framework:
+on the request path every layer costs CPU per request. The operator surface, off
+that path, is a quart-trio application (:mod:`llmgw.admin.web`).
 """
 
 from __future__ import annotations
