@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Certificates for the agent port's mutual TLS (docs/transport.md), with openssl only.
+# Certificates for the agent port's mutual TLS (docs/transport.md) and the https
+# listeners (listen_tls, admin_tls: docs/dashboard.md), with openssl only.
 #
 #   scripts/make_certs.sh DIR [NODE_ID...]
 #
@@ -14,11 +15,14 @@
 #
 # The server then uses  agent_tls = {cert = server.pem, key = server.key, client_ca = ca.pem}
 # and each agent      --tls-cert NODE_ID.pem --tls-key NODE_ID.key --tls-ca ca.pem.
+# The same server pair serves https:  listen_tls = {cert = server.pem, key = server.key}
+# (clients trust ca.pem); admin_tls with client_ca = ca.pem takes NODE_ID.pem as an
+# operator's client certificate.
 # (src/llmgw/transport/certs.py does the same from Python.)
 set -euo pipefail
 
 if [[ $# -lt 1 || "$1" == -* ]]; then
-    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 command -v openssl >/dev/null || { echo "make_certs: openssl is not installed" >&2; exit 1; }

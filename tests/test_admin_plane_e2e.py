@@ -1,9 +1,12 @@
 """The probes of issue #17 against a real llmgw-server on loopback (SQLite store): a
-DNS-rebinding Host, a cross-site POST, and a CRLF login redirect are refused; the same
-request from the operator's own tools is served."""
+DNS-rebinding Host, a cross-site POST, JSON sent as text/plain, a CRLF login redirect
+and a body trickled a byte at a time are refused; the same request from the
+operator's own tools is served."""
 
 from __future__ import annotations
 
+import socket
+import time
 from pathlib import Path
 
 import httpx
@@ -26,6 +29,11 @@ def test_rebinding_and_cross_site_requests_cannot_create_a_key(tmp_path: Path) -
         assert cross.status_code == 403 and cross.json()["error"]["code"] == "cross_site"
         fetched = httpx.post(keys, json=body, headers={"sec-fetch-site": "cross-site"}, timeout=5)
         assert fetched.status_code == 403
+        # A form or fetch() may post text/plain cross-site without asking first.
+        plain = httpx.post(
+            keys, content=b'{"name": "probe"}', headers={"content-type": "text/plain"}, timeout=5
+        )
+        assert plain.status_code == 415, plain.text
         assert httpx.get(keys, timeout=5).json()["keys"] == []  # nothing was created
         # The operator's own client (no Origin, the listener's address as Host) is served.
         made = httpx.post(keys, json={"name": "ops", "admin": True}, timeout=5)
@@ -41,3 +49,45 @@ def test_rebinding_and_cross_site_requests_cannot_create_a_key(tmp_path: Path) -
         assert r.status_code == 303, r.text
         assert "evil" not in r.headers.get("set-cookie", "")
         assert r.headers["location"] == "/admin/"
+
+
+def _trickle(
+    address: str, path: str, content_type: str, interval: float, budget: float
+) -> tuple[bytes, float]:
+    """POST `path` with a 1 KiB Content-Length, then a byte every `interval` seconds
+    until the server answers (or `budget` seconds pass); its answer and how long."""
+    host, _, port = address.removeprefix("http://").rpartition(":")
+    start = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=budget) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: 1024\r\n\r\n".encode()
+        )
+        sock.settimeout(interval)
+        answer = b""
+        while time.monotonic() - start < budget:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                sock.sendall(b" ")
+                continue
+            if not chunk:
+                break
+            answer += chunk
+            if b"\r\n\r\n" in answer:
+                break
+    return answer, time.monotonic() - start
+
+
+def test_a_trickled_body_gets_408_at_client_body(tmp_path: Path) -> None:
+    """A byte every 0.25 s never lets a chunk wait time out; the whole body must come
+    within router.timeouts.client_body (1 s here), on the admin API and the login."""
+    config = CONFIG.format(path=tmp_path / "llmgw.db") + '[router.timeouts]\nclient_body = "1s"\n'
+    with server("--endpoint", "e=http://127.0.0.1:9=m", config=config) as srv:
+        for base, path, content_type in (
+            (srv.admin, "/api/v1/keys", "application/json"),
+            (srv.base, "/admin/login", "application/x-www-form-urlencoded"),
+        ):
+            answer, took = _trickle(base, path, content_type, 0.25, 30.0)
+            assert answer.startswith(b"HTTP/1.1 408"), (path, answer[:200])
+            assert took < 15, (path, took)  # 1024 bytes at this pace would take 256 s

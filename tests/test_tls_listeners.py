@@ -1,6 +1,6 @@
 """TLS on the client port and the admin listener (issue #17), through a real
-llmgw-server in front of a real llmgw-sim, with certificates from
-llmgw.transport.certs (what scripts/make_certs.sh does by hand).
+llmgw-server in front of a real llmgw-sim, with certificates made by
+scripts/make_certs.sh.
 
 The official openai client speaks https to the client port; HTTP/2 is offered by
 ALPN; the admin listener with `client_ca` refuses a client without a certificate;
@@ -9,8 +9,10 @@ SIGHUP makes new connections get a renewed certificate without a restart.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import ssl
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from llmgw.transport.certs import CertPair, make_ca, make_node_cert, make_server_cert
+from llmgw.transport.certs import CertPair
 from tests.procs import scratch_dir, server, sim
 from tests.waiting import wait_for
 
@@ -44,11 +46,20 @@ models = ["sim-model"]
 """
 
 
+MAKE_CERTS = Path(__file__).parent.parent / "scripts" / "make_certs.sh"
+
+
+def make_certs(directory: Path, *node_ids: str) -> CertPair:
+    """scripts/make_certs.sh in `directory`: the CA (reused when there), the server's
+    pair for localhost and 127.0.0.1, and a client pair per node id."""
+    subprocess.run(["bash", str(MAKE_CERTS), str(directory), *node_ids], check=True)
+    return CertPair(directory / "ca.pem", directory / "ca.key")
+
+
 @pytest.fixture(scope="module")
 def tls_fleet() -> Iterator[tuple[object, Path, CertPair]]:
     certs = scratch_dir("llmgw-tls-")
-    ca = make_ca(certs)
-    make_server_cert(certs, ca, ("localhost", "127.0.0.1"))
+    ca = make_certs(certs, "ops")
     with sim() as (_, sim_url), server(config=_config(sim_url, certs, ca)) as srv:
         yield srv, certs, ca
 
@@ -102,9 +113,8 @@ def test_the_admin_listener_requires_a_client_certificate(
     base = _https(srv, "admin_listen")
     with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
         httpx.get(f"{base}/healthz", verify=_trusting(ca), timeout=5).raise_for_status()
-    node = make_node_cert(certs, ca, "ops")
     context = _trusting(ca)
-    context.load_cert_chain(str(node.cert), str(node.key))
+    context.load_cert_chain(str(certs / "ops.pem"), str(certs / "ops.key"))
     with httpx.Client(verify=context, timeout=5) as admin:
         assert admin.get(f"{base}/healthz").json() == {"status": "ok"}
         page = admin.get(f"{base}/")
@@ -118,9 +128,13 @@ def test_sighup_serves_a_renewed_certificate(tls_fleet: tuple[object, Path, Cert
     srv, certs, ca = tls_fleet
     address = srv.proc.ready["listen"][0]  # type: ignore[attr-defined]
     before = _served_cert(address)
-    renewed = make_server_cert(scratch_dir("llmgw-renewed-"), ca, ("localhost", "127.0.0.1"))
-    Path(certs / "server.pem").write_bytes(renewed.cert.read_bytes())
-    Path(certs / "server.key").write_bytes(renewed.key.read_bytes())
+    fresh = scratch_dir("llmgw-renewed-")
+    for name in ("ca.pem", "ca.key"):  # the same CA signs the renewed certificate
+        shutil.copy(certs / name, fresh / name)
+    make_certs(fresh)
+    renewed = CertPair(fresh / "server.pem", fresh / "server.key")
+    (certs / "server.pem").write_bytes(renewed.cert.read_bytes())
+    (certs / "server.key").write_bytes(renewed.key.read_bytes())
     assert before != renewed.cert.read_text()
     srv.proc.kill(signal.SIGHUP)  # type: ignore[attr-defined]
     wait_for(
