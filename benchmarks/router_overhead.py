@@ -117,6 +117,9 @@ TARGET_RSS = 150 * 2**20  # bytes, llmgw after 128 streams
 
 DIRECT = "direct"
 LLMGW = "llmgw"
+# The same server with [listen_tls]: hypercorn serves the client port (HTTP/1.1 here;
+# wrk offers no h2). Only in the wrk phases (its CPU per request beside plaintext).
+LLMGW_TLS = "llmgw https"
 VLLM_RR = "vllm-router rr"
 VLLM_CA = "vllm-router cache_aware"
 SGLANG_RR = "sglang-router rr"
@@ -307,6 +310,25 @@ def start_llmgw(fleet: c.Fleet, pattern: Pattern, bases: Sequence[str]) -> Route
         rp.proc,
         f"{rp.admin}/metrics",
         settings + ', no store (store.url = "")',
+    )
+
+
+def start_llmgw_tls(fleet: c.Fleet, pattern: Pattern, bases: Sequence[str]) -> Router:
+    from llmgw.transport.certs import make_ca, make_server_cert
+
+    pki = fleet.logdir / f"pki-{pattern.name}"
+    pair = make_server_cert(pki, make_ca(pki), ("127.0.0.1", "localhost"))
+    config = f'[store]\nurl = ""\n\n[listen_tls]\ncert = "{pair.cert}"\nkey = "{pair.key}"\n'
+    endpoints = [(f"{pattern.name}-{i}", base, pattern.model) for i, base in enumerate(bases)]
+    rp = fleet.router(endpoints, config=config, name=f"llmgw-tls-{pattern.name}")
+    rp.wait_scraped()
+    return Router(
+        LLMGW_TLS,
+        "llmgw",
+        rp.base.replace("http://", "https://", 1),
+        rp.proc,
+        f"{rp.admin}/metrics",
+        "default configuration plus [listen_tls] (EC P-256 certificate), no store",
     )
 
 
@@ -908,6 +930,20 @@ def report_targets(result: dict[str, Any]) -> None:
             metric = "CPU per non-streaming request, ms"
             add(metric, p, vals, lambda v: c.ms(v, 3), per_request, TARGET_CPU_PER_REQUEST_RATIO)
     for p in patterns:
+        plain, tls = (
+            get(p, unary, LLMGW, "cpu_per_request"),
+            get(p, unary, LLMGW_TLS, "cpu_per_request"),
+        )
+        if plain is not None and tls is not None:
+            shown = {n: tls if n == LLMGW else None for n in names}
+            add(
+                f"  same, llmgw over TLS (plaintext {c.ms(plain, 3)} ms: {tls / plain:.2f}x)",
+                p,
+                shown,
+                lambda v: c.ms(v, 3),
+                "(reported)",
+            )
+    for p in patterns:
         for conc in (32, 128):
             vals = {n: get(p, f"stream c={conc}", n, "cpu_per_event") for n in names}
             if any(v is not None for v in vals.values()):
@@ -994,6 +1030,7 @@ async def main_async(
         c.log(f"[{pname}] starting 2 replicas and the routers")
         bases, engine_procs = start_engines(fleet, pattern)
         routers = [start_llmgw(fleet, pattern, bases)]
+        tls_router = start_llmgw_tls(fleet, pattern, bases) if any(p.wrk for p in phases) else None
         if probe is None:
             probe = await probe_admission(settings, routers[0], pattern.model)
             c.log(
@@ -1031,6 +1068,11 @@ async def main_async(
                 c.log(f"[{pname}] sglang-router left out: {str(e).splitlines()[0]}")
             routers += started
         by_name = {r.name: r for r in routers}
+        if tls_router is not None:
+            by_name[tls_router.name] = tls_router
+            router_info.setdefault(
+                tls_router.name, {"kind": tls_router.kind, "settings": tls_router.settings}
+            )
         for r in routers:
             r.events = {
                 n: count_events(r.base, pattern.model, n) for n in {p.output_tokens for p in phases}
@@ -1046,8 +1088,9 @@ async def main_async(
             rounds = settings.wrk_rounds if phase.wrk else settings.rounds
             c.log(f"[{pname}] phase {phase.name}: {rounds} rounds x ({who})")
             if phase.wrk:
+                wrk_routers = routers + ([tls_router] if tls_router is not None else [])
                 out = await run_wrk_phase(
-                    phase, settings, pattern, bases, routers, wrk, fleet.logdir
+                    phase, settings, pattern, bases, wrk_routers, wrk, fleet.logdir
                 )
             else:
                 out = await run_stream_phase(phase, settings, pattern, bases, routers)
