@@ -397,3 +397,19 @@ def test_a_crash_looping_model_shows_why_it_does_not_start(page: Page) -> None:
         expect(failure).to_contain_text("on n9, exit code 2")
         page.goto(f"{srv.admin}/")
         expect(page.locator(".problem", has_text="bad")).to_contain_text("last failure")
+
+
+# -- the dashboard tells the truth ------------------------------------------------------
+
+
+# "46s", "0.2s", "1m 46s", "2h 5m", "3d 4h": never "46.3s", "346ms" or "1.77m".
+DURATION = r"(0\.\d|\d+)s|\d+m( \d+s)?|\d+h( \d+m)?|\d+d( \d+h)?"
+
+
+def test_times_read_as_human_durations(fleet: Fleet, page: Page) -> None:
+    page.goto(f"{fleet.dash}/fleet")
+    meta = page.locator('section.node[data-node="n1"] > header .muted')
+    expect(meta).to_contain_text("in state")
+    text = meta.inner_text()
+    assert re.search(rf"heartbeat ({DURATION}) ago", text), text
+    assert re.search(rf"in state ({DURATION})$", text), text

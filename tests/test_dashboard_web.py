@@ -258,7 +258,7 @@ def test_panels_summaries_and_formats() -> None:
     # Absent is not zero.
     assert panels.fmt_num(None) == panels.MISSING and panels.fmt_num(0) == "0"
     assert panels.fmt_num(12345) == "12,345" and panels.fmt_num(2.25, 2) == "2.25"
-    assert panels.fmt_ago(None) == "never" and panels.fmt_ago(90) == "1.5m"
+    assert panels.fmt_ago(None) == "never" and panels.fmt_ago(90) == "1m 30s"
     assert panels.fmt_when(0) == "1970-01-01 00:00:00 UTC"
     # An empty ring still gives every chart, each saying it has no data.
     now = [100.0]

@@ -177,8 +177,18 @@ MISSING = "\N{EN DASH}"
 
 
 def fmt_ago(seconds: float | None) -> str:
-    """How long ago (or how long for); None is "never"."""
-    return "never" if seconds is None else charts.fmt(max(0.0, float(seconds)), "s")
+    """How long ago (or how long for), as people say it: ``46s``, ``1m 46s``, ``2h 5m``,
+    ``3d 4h`` (:func:`charts.duration`); under a second in tenths (heartbeats come that
+    often), truncated like the rest. None is "never"."""
+    if seconds is None:
+        return "never"
+    s = max(0.0, float(seconds))
+    if not math.isfinite(s):
+        return MISSING
+    if s < 1:
+        tenths = math.floor(s * 10)
+        return f"0.{tenths}s" if tenths else "0s"
+    return charts.duration(s)
 
 
 def fmt_num(value: float | None, digits: int = 1) -> str:
