@@ -12,6 +12,7 @@ not the repo.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -22,6 +23,7 @@ import openai
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from llmgw_cli.ctl import build_parser
 from tests.procs import FleetServer, agent, fleet_server, wait_for
 from tests.test_fleet_e2e import control_config, model
 
@@ -413,3 +415,27 @@ def test_times_read_as_human_durations(fleet: Fleet, page: Page) -> None:
     text = meta.inner_text()
     assert re.search(rf"heartbeat ({DURATION}) ago", text), text
     assert re.search(rf"in state ({DURATION})$", text), text
+
+
+def ctl_args(command: str) -> Any:
+    """`command` (an ``llmgw-ctl ...`` line a page or a doc shows) parsed by llmgw-ctl's
+    own parser; fails the test where llmgw-ctl would refuse it."""
+    words = shlex.split(command)
+    assert words[0] == "llmgw-ctl", command
+    try:
+        return build_parser().parse_args(words[1:])
+    except SystemExit as exc:
+        raise AssertionError(f"llmgw-ctl refuses {command!r} (exit {exc.code})") from None
+
+
+def test_the_login_hint_is_a_command_llmgw_ctl_accepts(fleet: Fleet, page: Page) -> None:
+    page.goto(f"{fleet.srv.base}/admin/login")
+    hint = page.locator("main p code", has_text="llmgw-ctl")
+    expect(hint).to_have_count(1)
+    args = ctl_args(hint.inner_text())
+    assert (args.command, args.action, args.name, args.admin_role) == (
+        "keys",
+        "create",
+        "ops",
+        True,
+    )
