@@ -439,3 +439,22 @@ def test_the_login_hint_is_a_command_llmgw_ctl_accepts(fleet: Fleet, page: Page)
         "ops",
         True,
     )
+
+
+def test_models_show_the_routing_profile_that_applies(fleet: Fleet, page: Page) -> None:
+    entry = {
+        "name": "batchy",
+        "replicas": 0,
+        "routing_profile": "batch",
+        "profiles": [{"name": "sim", "engine": "sim", "weights": "sim"}],
+    }
+    r = httpx.post(f"{fleet.srv.admin}/api/v1/models", json=entry, timeout=5)
+    assert r.status_code == 201, r.text
+    page.goto(f"{fleet.dash}/models")
+    # A model with no routing profile of its own says nothing false about it...
+    m = page.locator('section.model[data-model="m"] > header')
+    expect(m).to_be_visible()
+    expect(m).not_to_contain_text("None")
+    # ... and one with a profile names it.
+    batchy = page.locator('section.model[data-model="batchy"] > header')
+    expect(batchy).to_contain_text("routing profile batch")
