@@ -3,8 +3,9 @@ real llmgw-server with two llmgw-agent processes (pretended GPUs, simulator engi
 and a SQLite store.
 
 One fleet serves the whole module: model ``m`` fits (one replica), model ``huge``
-cannot (it wants 8 GPUs on one node; nodes have 2). The admin listener is on
-loopback, so its dashboard needs no login; the client port's ``/admin`` does.
+cannot (it wants 8 GPUs on one node; nodes have 2). Node n1 has a fabric and a label,
+n2 only a label. The admin listener is on loopback, so its dashboard needs no login;
+the client port's ``/admin`` does.
 Screenshots go to the pytest session's temporary directory (their paths are printed),
 not the repo.
 """
@@ -81,8 +82,27 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     )
     with ExitStack() as stack:
         srv = stack.enter_context(fleet_server(config))
-        stack.enter_context(agent(srv.agent_address, "n1", address="127.0.0.21", gpus="2x80GB"))
-        stack.enter_context(agent(srv.agent_address, "n2", address="127.0.0.22", gpus="2x80GB"))
+        stack.enter_context(
+            agent(
+                srv.agent_address,
+                "n1",
+                "--label",
+                "zone=eu-1",
+                address="127.0.0.21",
+                gpus="2x80GB",
+                fabric="ib-a",
+            )
+        )
+        stack.enter_context(
+            agent(
+                srv.agent_address,
+                "n2",
+                "--label",
+                "rack=r7",
+                address="127.0.0.22",
+                gpus="2x80GB",
+            )
+        )
         srv.wait(lambda: srv.ready_replicas("m", 1), "a ready replica of m")
         r = httpx.post(f"{srv.admin}/api/v1/keys", json={"name": "ops", "admin": True}, timeout=5)
         assert r.status_code == 201, r.text
@@ -458,3 +478,15 @@ def test_models_show_the_routing_profile_that_applies(fleet: Fleet, page: Page) 
     # ... and one with a profile names it.
     batchy = page.locator('section.model[data-model="batchy"] > header')
     expect(batchy).to_contain_text("routing profile batch")
+
+
+def test_fleet_page_shows_labels_as_labels_and_fabrics_as_fabrics(fleet: Fleet, page: Page) -> None:
+    page.goto(f"{fleet.dash}/fleet")
+    n1 = page.locator('section.node[data-node="n1"]')
+    expect(n1.locator(".fabrics")).to_contain_text("fabrics: ib-a")
+    expect(n1.locator(".fabrics")).not_to_contain_text("zone")
+    expect(n1.locator(".labels")).to_contain_text("labels: zone=eu-1")
+    expect(n1.locator(".labels")).not_to_contain_text("ib-a")
+    n2 = page.locator('section.node[data-node="n2"]')
+    expect(n2.locator(".fabrics")).to_have_text("no fabric")
+    expect(n2.locator(".labels")).to_contain_text("labels: rack=r7")
