@@ -490,3 +490,40 @@ def test_fleet_page_shows_labels_as_labels_and_fabrics_as_fabrics(fleet: Fleet, 
     n2 = page.locator('section.node[data-node="n2"]')
     expect(n2.locator(".fabrics")).to_have_text("no fabric")
     expect(n2.locator(".labels")).to_contain_text("labels: rack=r7")
+
+
+def _disjoint(boxes: list[dict[str, float]]) -> bool:
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            if (
+                a["x"] < b["x"] + b["width"]
+                and b["x"] < a["x"] + a["width"]
+                and a["y"] < b["y"] + b["height"]
+                and b["y"] < a["y"] + a["height"]
+            ):
+                return False
+    return True
+
+
+def test_node_state_counts_add_up_and_do_not_overlap(fleet: Fleet, page: Page) -> None:
+    """Cordoned is not a state of its own: with n2 cordoned, the two nodes read as
+    "2 ready (1 of them cordoned)", not "2 ready, 1 cordoned"; and the counts are laid out
+    side by side, never over each other, however narrow the window."""
+    if not fleet.node("n2")["cordoned"]:
+        r = httpx.post(f"{fleet.srv.admin}/api/v1/nodes/n2/drain", timeout=5)
+        assert r.status_code == 202, r.text
+    for width in (1280, 360):
+        page.set_viewport_size({"width": width, "height": 900})
+        for path, where in (
+            ("/fleet", "main .summary"),
+            ("/", "section.card:has(h2 a[href='/fleet'])"),
+        ):
+            page.goto(f"{fleet.dash}{path}")
+            states = page.locator(f"{where} .state")
+            expect(states.first).to_be_visible()
+            texts = states.all_inner_texts()
+            counts = [int(re.match(r"\s*(\d+)", t).group(1)) for t in texts]  # type: ignore[union-attr]
+            assert sum(counts) == 2, (path, texts)
+            expect(page.locator(where)).to_contain_text("2 ready (1 of them cordoned)")
+            boxes = [b for b in (s.bounding_box() for s in states.all()) if b is not None]
+            assert len(boxes) == len(texts) and _disjoint(boxes), (path, width, boxes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -41,3 +42,19 @@ def test_ages_read_as_people_say_them(seconds: float | None, text: str) -> None:
 )
 def test_duration(seconds: float, text: str) -> None:
     assert charts.duration(seconds) == text
+
+
+def node(state: str, cordoned: bool) -> dict[str, Any]:
+    return {"state": state, "cordoned": cordoned, "gpus": [], "gpus_allocated": 0, "gpus_free": 0}
+
+
+def test_cordoned_nodes_are_counted_within_their_state() -> None:
+    """A cordoned node is in a state too: its count is part of that state's, so the
+    states add up to the nodes (they read "2 ready, 1 cordoned" for two nodes)."""
+    nodes = [node("ready", True), node("ready", False), node("lost", True), node("lost", False)]
+    summary = panels.fleet_summary(nodes)
+    assert summary["states"] == {"ready": 2, "lost": 2}
+    assert sum(summary["states"].values()) == summary["nodes"] == 4
+    assert summary["cordoned"] == 2
+    assert summary["cordoned_by_state"] == {"ready": 1, "lost": 1}
+    assert panels.fleet_summary([node("ready", False)])["cordoned_by_state"] == {}

@@ -244,6 +244,7 @@ def test_panels_summaries_and_formats() -> None:
         "nodes": 2,
         "states": {"ready": 1, "lost": 1},
         "cordoned": 1,
+        "cordoned_by_state": {"lost": 1},
         "gpus": 3,
         "gpus_allocated": 1,
         "gpus_free": 1,

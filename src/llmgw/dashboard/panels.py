@@ -58,14 +58,21 @@ def key_request(form: Mapping[str, str]) -> dict[str, Any]:
 
 
 def fleet_summary(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Nodes by state (each node in one state: the counts add up to ``nodes``) and, per
+    state, how many of those are cordoned: cordoned is not a state of its own, and
+    shown beside the states it read as more nodes than there are."""
     states: dict[str, int] = {}
+    cordoned: dict[str, int] = {}
     for n in nodes:
         states[n["state"]] = states.get(n["state"], 0) + 1
+        if n["cordoned"]:
+            cordoned[n["state"]] = cordoned.get(n["state"], 0) + 1
     gpus = [g for n in nodes for g in n["gpus"]]
     return {
         "nodes": len(nodes),
         "states": states,
         "cordoned": sum(1 for n in nodes if n["cordoned"]),
+        "cordoned_by_state": cordoned,
         "gpus": len(gpus),
         "gpus_allocated": sum(n["gpus_allocated"] for n in nodes),
         "gpus_free": sum(n["gpus_free"] for n in nodes),
