@@ -527,3 +527,24 @@ def test_node_state_counts_add_up_and_do_not_overlap(fleet: Fleet, page: Page) -
             expect(page.locator(where)).to_contain_text("2 ready (1 of them cordoned)")
             boxes = [b for b in (s.bounding_box() for s in states.all()) if b is not None]
             assert len(boxes) == len(texts) and _disjoint(boxes), (path, width, boxes)
+
+
+def test_the_queues_card_fits_a_1400px_window(fleet: Fleet, page: Page) -> None:
+    # A pool's queues exist from its first request on: one with a column per band.
+    client = openai.OpenAI(
+        base_url=f"{fleet.srv.base}/v1", api_key=fleet.admin_key, max_retries=0, timeout=30
+    )
+    client.completions.create(model="m", prompt="hi", max_tokens=1)
+    page.set_viewport_size({"width": 1400, "height": 900})
+    page.goto(f"{fleet.dash}/")
+    card = page.locator("section.card", has=page.locator("table.queues"))
+    table = card.locator("table.queues")
+    expect(table.locator("tbody tr").first).to_be_visible()
+    box, inner = card.bounding_box(), table.bounding_box()
+    assert box is not None and inner is not None
+    # Inside its card, not running past its border, and the page does not scroll sideways.
+    assert inner["x"] >= box["x"] and inner["x"] + inner["width"] <= box["x"] + box["width"]
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    # Its saturation bar is drawn at a readable size, not squeezed to a sliver.
+    bar = table.locator("svg.bar").first.bounding_box()
+    assert bar is not None and bar["width"] >= 120
