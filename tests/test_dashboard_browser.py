@@ -321,11 +321,11 @@ def test_traffic_page_charts_requests(fleet: Fleet, page: Page) -> None:
     page.goto(f"{fleet.dash}/traffic")
     expect(page.locator("p.headline")).to_contain_text("req/s")
     figures = page.locator("figure.chart")
-    expect(figures).to_have_count(6)
+    expect(figures).to_have_count(8)
     expect(figures.first.locator("figcaption")).to_have_text("Requests per second")
     # Finished slots are charted: once the 5 s slot with the streams closes, their
     # time to first token appears (the page refreshes itself).
-    ttft = figures.nth(1)
+    ttft = figures.filter(has_text="Time to first token")
     expect(ttft.locator("svg .chart-line, svg .chart-dot").first).to_be_attached(timeout=15_000)
     expect(figures.first.locator("svg .chart-line, svg .chart-dot").first).to_be_attached()
     expect(ttft.locator("svg")).not_to_contain_text("no data")
@@ -548,3 +548,43 @@ def test_the_queues_card_fits_a_1400px_window(fleet: Fleet, page: Page) -> None:
     # Its saturation bar is drawn at a readable size, not squeezed to a sliver.
     bar = table.locator("svg.bar").first.bounding_box()
     assert bar is not None and bar["width"] >= 120
+
+
+def test_a_burst_of_refusals_shows_as_errors(fleet: Fleet, page: Page) -> None:
+    """429s that llmgw answers itself (a key's rate limit) are what the client saw:
+    the overview and traffic pages count them as errors of the model, and the usage page
+    as errors of the key."""
+    r = httpx.post(f"{fleet.srv.admin}/api/v1/keys", json={"name": "tiny", "rpm": 1}, timeout=5)
+    assert r.status_code == 201, r.text
+    client = openai.OpenAI(
+        base_url=f"{fleet.srv.base}/v1", api_key=r.json()["secret"], max_retries=0, timeout=30
+    )
+    client.completions.create(model="m", prompt="hi", max_tokens=1)  # the minute's one
+    refused = 0
+    for _ in range(4):
+        with pytest.raises(openai.RateLimitError):
+            client.completions.create(model="m", prompt="hi", max_tokens=1)
+        refused += 1
+
+    def errors_at_least(locator: Any, n: int) -> None:
+        expect(locator).to_have_attribute("data-errors", re.compile(r"^\d+$"))
+        assert int(locator.get_attribute("data-errors")) >= n
+
+    page.goto(f"{fleet.dash}/")
+    traffic = page.locator("section.card", has_text="Traffic, last minute")
+    errors_at_least(traffic.locator(".errors"), refused)
+    expect(traffic).to_contain_text(re.compile(r"errors by model: m \d+"))
+
+    page.goto(f"{fleet.dash}/traffic")
+    errors_at_least(page.locator("p.headline .errors"), refused)
+    errors_at_least(page.locator('table.by-model tr[data-model="m"] [data-errors]'), refused)
+    # Charted per model once the slot with the burst closes (the page refreshes itself).
+    chart = page.locator("figure.chart", has_text="Errors per second per model")
+    expect(chart.locator("svg .chart-line, svg .chart-dot").first).to_be_attached(timeout=15_000)
+    expect(chart.locator("svg")).to_contain_text("m ")
+
+    # The usage store has them too: the key's five requests, four of them errors.
+    page.goto(f"{fleet.dash}/usage?period=1h&by=key")
+    row = page.locator("table.usage tbody tr", has_text="tiny")
+    expect(row.locator("td").nth(1)).to_have_text("5", timeout=15_000)
+    expect(row.locator("td").nth(2)).to_have_text(str(refused))

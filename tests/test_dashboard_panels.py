@@ -58,3 +58,25 @@ def test_cordoned_nodes_are_counted_within_their_state() -> None:
     assert summary["cordoned"] == 2
     assert summary["cordoned_by_state"] == {"ready": 1, "lost": 1}
     assert panels.fleet_summary([node("ready", False)])["cordoned_by_state"] == {}
+
+
+def test_the_traffic_page_charts_errors_and_retries_per_model() -> None:
+    from llmgw.dashboard.traffic import TrafficRing
+    from llmgw.router.usage import Usage, UsageRecord
+
+    now = [0.0]
+    ring = TrafficRing(clock=lambda: now[0])
+    now[0] = 1.0
+    ring.record(UsageRecord("m", None, 429, Usage(), 0.001))  # a refusal
+    now[0] = 6.0
+    made = {c["title"]: c for c in panels.traffic_charts(ring.series())}
+    errors = made["Errors per second per model"]
+    assert "chart-dot line-0" in errors["svg"] and "m 0.2 /s" in errors["svg"]
+    # Nobody counted retries: the chart says so instead of drawing zeros.
+    retries = made["Retries per second per model"]
+    assert "no data" in retries["svg"] and retries["note"] == panels.NO_RETRY_COUNTS
+    ring.record(UsageRecord("m", "e", 200, Usage(), 0.1, retries=1))
+    now[0] = 11.0
+    made = {c["title"]: c for c in panels.traffic_charts(ring.series())}
+    retries = made["Retries per second per model"]
+    assert "note" not in retries and "m 0.2 /s" in retries["svg"]

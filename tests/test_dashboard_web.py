@@ -265,8 +265,13 @@ def test_panels_summaries_and_formats() -> None:
     now = [100.0]
     ring = TrafficRing(clock=lambda: now[0])
     made = panels.traffic_charts(ring.series())
-    assert [c["title"] for c in made][:2] == ["Requests per second", "Time to first token"]
-    assert len(made) == 6 and all("no data" in c["svg"] for c in made)
+    assert [c["title"] for c in made][:4] == [
+        "Requests per second",
+        "Errors per second per model",
+        "Retries per second per model",
+        "Time to first token",
+    ]
+    assert len(made) == 8 and all("no data" in c["svg"] for c in made)
 
 
 def test_the_saturation_chart_marks_each_bands_ceiling() -> None:

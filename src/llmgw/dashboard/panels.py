@@ -107,6 +107,10 @@ def usage_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
     return {k: sum(int(r[k]) for r in rows) for k in keys}
 
 
+#: What the retries chart says while no request recorded a retry count.
+NO_RETRY_COUNTS = "No retry counts recorded: the router does not report them with requests."
+
+
 def traffic_charts(
     series: TrafficSeries, ceilings: Sequence[tuple[str, float]] = ()
 ) -> list[dict[str, str]]:
@@ -121,6 +125,10 @@ def traffic_charts(
             for name in names
         ]
 
+    # Absent is not zero: a chart of retries nobody counted must not read as none.
+    retries_counted = any(
+        v is not None for p in series.points for v in p.retries_per_second_by_model.values()
+    )
     return [
         {
             "title": "Requests per second",
@@ -131,6 +139,21 @@ def traffic_charts(
                 ),
                 unit="/s",
             ),
+        },
+        {
+            # Refusals included: a 429 or 503 from llmgw itself is what the client saw.
+            "title": "Errors per second per model",
+            "svg": charts.line_chart(
+                by(series.models, lambda p, m: p.errors_per_second_by_model.get(m)), unit="/s"
+            ),
+        },
+        {
+            "title": "Retries per second per model",
+            "svg": charts.line_chart(
+                by(series.models, lambda p, m: p.retries_per_second_by_model.get(m)),
+                unit="/s",
+            ),
+            **({} if retries_counted else {"note": NO_RETRY_COUNTS}),
         },
         {
             "title": "Time to first token",
