@@ -3,8 +3,9 @@ real llmgw-server with two llmgw-agent processes (pretended GPUs, simulator engi
 and a SQLite store.
 
 One fleet serves the whole module: model ``m`` fits (one replica), model ``huge``
-cannot (it wants 8 GPUs on one node; nodes have 2). The admin listener is on
-loopback, so its dashboard needs no login; the client port's ``/admin`` does.
+cannot (it wants 8 GPUs on one node; nodes have 2). Node n1 has a fabric and a label,
+n2 only a label. The admin listener is on loopback, so its dashboard needs no login;
+the client port's ``/admin`` does.
 Screenshots go to the pytest session's temporary directory (their paths are printed),
 not the repo.
 """
@@ -12,6 +13,7 @@ not the repo.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -22,6 +24,7 @@ import openai
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from llmgw_cli.ctl import build_parser
 from tests.procs import FleetServer, agent, fleet_server, wait_for
 from tests.test_fleet_e2e import control_config, model
 
@@ -79,8 +82,27 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     )
     with ExitStack() as stack:
         srv = stack.enter_context(fleet_server(config))
-        stack.enter_context(agent(srv.agent_address, "n1", address="127.0.0.21", gpus="2x80GB"))
-        stack.enter_context(agent(srv.agent_address, "n2", address="127.0.0.22", gpus="2x80GB"))
+        stack.enter_context(
+            agent(
+                srv.agent_address,
+                "n1",
+                "--label",
+                "zone=eu-1",
+                address="127.0.0.21",
+                gpus="2x80GB",
+                fabric="ib-a",
+            )
+        )
+        stack.enter_context(
+            agent(
+                srv.agent_address,
+                "n2",
+                "--label",
+                "rack=r7",
+                address="127.0.0.22",
+                gpus="2x80GB",
+            )
+        )
         srv.wait(lambda: srv.ready_replicas("m", 1), "a ready replica of m")
         r = httpx.post(f"{srv.admin}/api/v1/keys", json={"name": "ops", "admin": True}, timeout=5)
         assert r.status_code == 201, r.text
@@ -299,11 +321,11 @@ def test_traffic_page_charts_requests(fleet: Fleet, page: Page) -> None:
     page.goto(f"{fleet.dash}/traffic")
     expect(page.locator("p.headline")).to_contain_text("req/s")
     figures = page.locator("figure.chart")
-    expect(figures).to_have_count(6)
+    expect(figures).to_have_count(8)
     expect(figures.first.locator("figcaption")).to_have_text("Requests per second")
     # Finished slots are charted: once the 5 s slot with the streams closes, their
     # time to first token appears (the page refreshes itself).
-    ttft = figures.nth(1)
+    ttft = figures.filter(has_text="Time to first token")
     expect(ttft.locator("svg .chart-line, svg .chart-dot").first).to_be_attached(timeout=15_000)
     expect(figures.first.locator("svg .chart-line, svg .chart-dot").first).to_be_attached()
     expect(ttft.locator("svg")).not_to_contain_text("no data")
@@ -397,3 +419,172 @@ def test_a_crash_looping_model_shows_why_it_does_not_start(page: Page) -> None:
         expect(failure).to_contain_text("on n9, exit code 2")
         page.goto(f"{srv.admin}/")
         expect(page.locator(".problem", has_text="bad")).to_contain_text("last failure")
+
+
+# -- the dashboard tells the truth ------------------------------------------------------
+
+
+# "46s", "0.2s", "1m 46s", "2h 5m", "3d 4h": never "46.3s", "346ms" or "1.77m".
+DURATION = r"(0\.\d|\d+)s|\d+m( \d+s)?|\d+h( \d+m)?|\d+d( \d+h)?"
+
+
+def test_times_read_as_human_durations(fleet: Fleet, page: Page) -> None:
+    page.goto(f"{fleet.dash}/fleet")
+    meta = page.locator('section.node[data-node="n1"] > header .muted')
+    expect(meta).to_contain_text("in state")
+    text = meta.inner_text()
+    assert re.search(rf"heartbeat ({DURATION}) ago", text), text
+    assert re.search(rf"in state ({DURATION})$", text), text
+
+
+def ctl_args(command: str) -> Any:
+    """`command` (an ``llmgw-ctl ...`` line a page or a doc shows) parsed by llmgw-ctl's
+    own parser; fails the test where llmgw-ctl would refuse it."""
+    words = shlex.split(command)
+    assert words[0] == "llmgw-ctl", command
+    try:
+        return build_parser().parse_args(words[1:])
+    except SystemExit as exc:
+        raise AssertionError(f"llmgw-ctl refuses {command!r} (exit {exc.code})") from None
+
+
+def test_the_login_hint_is_a_command_llmgw_ctl_accepts(fleet: Fleet, page: Page) -> None:
+    page.goto(f"{fleet.srv.base}/admin/login")
+    hint = page.locator("main p code", has_text="llmgw-ctl")
+    expect(hint).to_have_count(1)
+    args = ctl_args(hint.inner_text())
+    assert (args.command, args.action, args.name, args.admin_role) == (
+        "keys",
+        "create",
+        "ops",
+        True,
+    )
+
+
+def test_models_show_the_routing_profile_that_applies(fleet: Fleet, page: Page) -> None:
+    entry = {
+        "name": "batchy",
+        "replicas": 0,
+        "routing_profile": "batch",
+        "profiles": [{"name": "sim", "engine": "sim", "weights": "sim"}],
+    }
+    r = httpx.post(f"{fleet.srv.admin}/api/v1/models", json=entry, timeout=5)
+    assert r.status_code == 201, r.text
+    page.goto(f"{fleet.dash}/models")
+    # A model with no routing profile of its own says nothing false about it...
+    m = page.locator('section.model[data-model="m"] > header')
+    expect(m).to_be_visible()
+    expect(m).not_to_contain_text("None")
+    # ... and one with a profile names it.
+    batchy = page.locator('section.model[data-model="batchy"] > header')
+    expect(batchy).to_contain_text("routing profile batch")
+
+
+def test_fleet_page_shows_labels_as_labels_and_fabrics_as_fabrics(fleet: Fleet, page: Page) -> None:
+    page.goto(f"{fleet.dash}/fleet")
+    n1 = page.locator('section.node[data-node="n1"]')
+    expect(n1.locator(".fabrics")).to_contain_text("fabrics: ib-a")
+    expect(n1.locator(".fabrics")).not_to_contain_text("zone")
+    expect(n1.locator(".labels")).to_contain_text("labels: zone=eu-1")
+    expect(n1.locator(".labels")).not_to_contain_text("ib-a")
+    n2 = page.locator('section.node[data-node="n2"]')
+    expect(n2.locator(".fabrics")).to_have_text("no fabric")
+    expect(n2.locator(".labels")).to_contain_text("labels: rack=r7")
+
+
+def _disjoint(boxes: list[dict[str, float]]) -> bool:
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            if (
+                a["x"] < b["x"] + b["width"]
+                and b["x"] < a["x"] + a["width"]
+                and a["y"] < b["y"] + b["height"]
+                and b["y"] < a["y"] + a["height"]
+            ):
+                return False
+    return True
+
+
+def test_node_state_counts_add_up_and_do_not_overlap(fleet: Fleet, page: Page) -> None:
+    """Cordoned is not a state of its own: with n2 cordoned, the two nodes read as
+    "2 ready (1 of them cordoned)", not "2 ready, 1 cordoned"; and the counts are laid out
+    side by side, never over each other, however narrow the window."""
+    if not fleet.node("n2")["cordoned"]:
+        r = httpx.post(f"{fleet.srv.admin}/api/v1/nodes/n2/drain", timeout=5)
+        assert r.status_code == 202, r.text
+    for width in (1280, 360):
+        page.set_viewport_size({"width": width, "height": 900})
+        for path, where in (
+            ("/fleet", "main .summary"),
+            ("/", "section.card:has(h2 a[href='/fleet'])"),
+        ):
+            page.goto(f"{fleet.dash}{path}")
+            states = page.locator(f"{where} .state")
+            expect(states.first).to_be_visible()
+            texts = states.all_inner_texts()
+            counts = [int(re.match(r"\s*(\d+)", t).group(1)) for t in texts]  # type: ignore[union-attr]
+            assert sum(counts) == 2, (path, texts)
+            expect(page.locator(where)).to_contain_text("2 ready (1 of them cordoned)")
+            boxes = [b for b in (s.bounding_box() for s in states.all()) if b is not None]
+            assert len(boxes) == len(texts) and _disjoint(boxes), (path, width, boxes)
+
+
+def test_the_queues_card_fits_a_1400px_window(fleet: Fleet, page: Page) -> None:
+    # A pool's queues exist from its first request on: one with a column per band.
+    client = openai.OpenAI(
+        base_url=f"{fleet.srv.base}/v1", api_key=fleet.admin_key, max_retries=0, timeout=30
+    )
+    client.completions.create(model="m", prompt="hi", max_tokens=1)
+    page.set_viewport_size({"width": 1400, "height": 900})
+    page.goto(f"{fleet.dash}/")
+    card = page.locator("section.card", has=page.locator("table.queues"))
+    table = card.locator("table.queues")
+    expect(table.locator("tbody tr").first).to_be_visible()
+    box, inner = card.bounding_box(), table.bounding_box()
+    assert box is not None and inner is not None
+    # Inside its card, not running past its border, and the page does not scroll sideways.
+    assert inner["x"] >= box["x"] and inner["x"] + inner["width"] <= box["x"] + box["width"]
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    # Its saturation bar is drawn at a readable size, not squeezed to a sliver.
+    bar = table.locator("svg.bar").first.bounding_box()
+    assert bar is not None and bar["width"] >= 120
+
+
+def test_a_burst_of_refusals_shows_as_errors(fleet: Fleet, page: Page) -> None:
+    """429s that llmgw answers itself (a key's rate limit) are what the client saw:
+    the overview and traffic pages count them as errors of the model, and the usage page
+    as errors of the key."""
+    r = httpx.post(f"{fleet.srv.admin}/api/v1/keys", json={"name": "tiny", "rpm": 1}, timeout=5)
+    assert r.status_code == 201, r.text
+    client = openai.OpenAI(
+        base_url=f"{fleet.srv.base}/v1", api_key=r.json()["secret"], max_retries=0, timeout=30
+    )
+    client.completions.create(model="m", prompt="hi", max_tokens=1)  # the minute's one
+    refused = 0
+    for _ in range(4):
+        with pytest.raises(openai.RateLimitError):
+            client.completions.create(model="m", prompt="hi", max_tokens=1)
+        refused += 1
+
+    def errors_at_least(locator: Any, n: int) -> None:
+        expect(locator).to_have_attribute("data-errors", re.compile(r"^\d+$"))
+        assert int(locator.get_attribute("data-errors")) >= n
+
+    page.goto(f"{fleet.dash}/")
+    traffic = page.locator("section.card", has_text="Traffic, last minute")
+    errors_at_least(traffic.locator(".errors"), refused)
+    expect(traffic).to_contain_text(re.compile(r"errors by model: m \d+"))
+
+    page.goto(f"{fleet.dash}/traffic")
+    errors_at_least(page.locator("p.headline .errors"), refused)
+    errors_at_least(page.locator('table.by-model tr[data-model="m"] [data-errors]'), refused)
+    # Charted per model once the slot with the burst closes (the page refreshes itself).
+    chart = page.locator("figure.chart", has_text="Errors per second per model")
+    expect(chart.locator("svg .chart-line, svg .chart-dot").first).to_be_attached(timeout=15_000)
+    expect(chart.locator("svg")).to_contain_text("m ")
+
+    # The usage store has them too: the key's five requests, four of them errors.
+    page.goto(f"{fleet.dash}/usage?period=1h&by=key")
+    row = page.locator("table.usage tbody tr", has_text="tiny")
+    expect(row.locator("td").nth(1)).to_have_text("5", timeout=15_000)
+    expect(row.locator("td").nth(2)).to_have_text(str(refused))

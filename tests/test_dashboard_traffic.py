@@ -5,6 +5,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -83,21 +84,24 @@ async def test_what_it_is_given_as_a_usage_sink_the_traffic_page_reports() -> No
             assert page.status_code == 200
             found = re.search(r'<p class="headline">(.*?)</p>', page.text, re.DOTALL)
             assert found is not None, page.text
-            return " ".join(found.group(1).split())
+            return " ".join(re.sub(r"<[^>]+>", "", found.group(1)).split())
 
         clock.t = 1010.0
         none = MISSING  # nothing recorded yet
         assert await headline() == (
             f"Last minute: 0 req/s · TTFT p50 {none}, p90 {none}, p99 {none} · "
-            f"latency p50 {none}, p99 {none} · 0 tokens/s"
+            f"latency p50 {none}, p99 {none} · 0 tokens/s · 0 errors/s: 0 of 0 requests"
         )
         sink: UsageSink = traffic
         for _ in range(4):
             sink.record(rec(200, latency=0.4, ttft=0.05, prompt=100, completion=50))
         sink.record(rec(503, latency=2.0))  # an error: counted, not in the latencies
+        # A refusal llmgw answered itself (no endpoint) is an error the client saw.
+        sink.record(attrs.evolve(rec(429, latency=0.001), endpoint=None))
         assert await headline() == (
-            "Last minute: 0.50 req/s · TTFT p50 50ms, p90 50ms, p99 50ms · "
-            "latency p50 400ms, p99 400ms · 60 tokens/s"
+            "Last minute: 0.60 req/s · TTFT p50 50ms, p90 50ms, p99 50ms · "
+            "latency p50 400ms, p99 400ms · 60 tokens/s · "
+            "0.20 errors/s: 2 of 6 requests (33.3%)"
         )
 
 
@@ -407,3 +411,42 @@ def test_run_samples_once_per_slot_with_a_mock_clock() -> None:
     assert [p.saturation["p"] for p in s.points] == pytest.approx(
         [0.1, 0.2, None, 0.4, 0.5, 0.6, None]
     )
+
+
+def test_errors_and_refusals_are_counted_per_model() -> None:
+    """A refusal llmgw answered itself (no endpoint: a 429, 503, 403, 504) is an error of
+    its model like an engine's 5xx; a client that went away is not."""
+    clock = Clock(0.0)
+    r = ring(clock)
+    clock.t = 1.0
+    for status in (200, 200, 503):
+        r.record(attrs.evolve(rec(status), model="a"))
+    for status in (429, 429, 403, 504, 499):
+        r.record(attrs.evolve(rec(status), model="a", endpoint=None))
+    r.record(attrs.evolve(rec(200), model="b"))
+    clock.t = 6.0
+    (p,) = r.series().points
+    assert r.series().models == ("a", "b")
+    assert p.errors_per_second == pytest.approx(5 / 5)
+    assert p.errors_per_second_by_model == {"a": pytest.approx(5 / 5), "b": 0.0}
+    assert p.requests_per_second_by_model == {"a": pytest.approx(8 / 5), "b": pytest.approx(1 / 5)}
+    s = r.summary(60.0)
+    assert s.errors == 5 and s.requests == 9
+    assert s.errors_by_model == {"a": 5, "b": 0}
+    assert s.requests_by_model == {"a": 8, "b": 1}
+
+
+def test_retries_per_model_only_from_records_that_count_them() -> None:
+    """Retries are summed from records carrying a count; a model whose records carry
+    none has an unknown retry rate, not 0."""
+    clock = Clock(0.0)
+    r = ring(clock)
+    clock.t = 1.0
+    r.record(attrs.evolve(rec(200), model="a", retries=2))
+    r.record(attrs.evolve(rec(502), model="a", endpoint=None, retries=1))
+    r.record(attrs.evolve(rec(200), model="a", retries=0))
+    r.record(attrs.evolve(rec(200), model="b"))  # not counted
+    clock.t = 6.0
+    (p,) = r.series().points
+    assert p.retries_per_second_by_model == {"a": pytest.approx(3 / 5), "b": None}
+    assert r.summary(60.0).retries_by_model == {"a": 3}

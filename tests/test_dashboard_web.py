@@ -246,6 +246,7 @@ def test_panels_summaries_and_formats() -> None:
         "nodes": 2,
         "states": {"ready": 1, "lost": 1},
         "cordoned": 1,
+        "cordoned_by_state": {"lost": 1},
         "gpus": 3,
         "gpus_allocated": 1,
         "gpus_free": 1,
@@ -260,14 +261,19 @@ def test_panels_summaries_and_formats() -> None:
     # Absent is not zero.
     assert panels.fmt_num(None) == panels.MISSING and panels.fmt_num(0) == "0"
     assert panels.fmt_num(12345) == "12,345" and panels.fmt_num(2.25, 2) == "2.25"
-    assert panels.fmt_ago(None) == "never" and panels.fmt_ago(90) == "1.5m"
+    assert panels.fmt_ago(None) == "never" and panels.fmt_ago(90) == "1m 30s"
     assert panels.fmt_when(0) == "1970-01-01 00:00:00 UTC"
     # An empty ring still gives every chart, each saying it has no data.
     now = [100.0]
     ring = TrafficRing(clock=lambda: now[0])
     made = panels.traffic_charts(ring.series())
-    assert [c["title"] for c in made][:2] == ["Requests per second", "Time to first token"]
-    assert len(made) == 6 and all("no data" in c["svg"] for c in made)
+    assert [c["title"] for c in made][:4] == [
+        "Requests per second",
+        "Errors per second per model",
+        "Retries per second per model",
+        "Time to first token",
+    ]
+    assert len(made) == 8 and all("no data" in c["svg"] for c in made)
 
 
 def test_the_saturation_chart_marks_each_bands_ceiling() -> None:

@@ -71,10 +71,28 @@ def _num(value: float) -> str:
     return f"{value:.3g}"
 
 
+# Largest first: (unit, its seconds, the next smaller unit, its seconds).
+_DURATION_UNITS = (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1))
+
+
+def duration(seconds: float) -> str:
+    """A span of a second or more as people say it: ``46s``, ``1m 46s``, ``2h 5m``,
+    ``3d 4h`` (the two largest units, truncated: 1m 46.9s has not yet been 1m 47s; a
+    zero second unit is left out: ``2h``)."""
+    whole = int(seconds)
+    for unit, size, sub, sub_size in _DURATION_UNITS:
+        if whole >= size:
+            big, rest = divmod(whole, size)
+            small = rest // sub_size
+            return f"{big}{unit} {small}{sub}" if small else f"{big}{unit}"
+    return f"{whole}s"
+
+
 def fmt(value: float | None, unit: str = "") -> str:
     """A number for people, with its unit.
 
-    ``"s"``: seconds as ``µs``/``ms``/``s``/``m``/``h`` (0.25 -> ``250ms``); ``"%"``: a
+    ``"s"``: seconds as ``µs``/``ms``/``s`` (0.25 -> ``250ms``), from a minute on as a
+    :func:`duration` (106.2 -> ``1m 46s``); ``"%"``: a
     fraction as a percentage (0.42 -> ``42%``); ``"B"``: bytes in binary units
     (``80GiB``); anything else: SI prefixes and the unit after a space (``1.5k tok/s``).
     None (unknown) is an en dash.
@@ -83,6 +101,8 @@ def fmt(value: float | None, unit: str = "") -> str:
         return "\u2013"
     if value < 0:
         return "-" + fmt(-value, unit)
+    if unit == "s" and value >= 60:
+        return duration(value)  # "1m 46s", not "1.77m"
     # Round first, so 999.7 is "1k" rather than "1e+03".
     value = float(f"{value:.3g}")
     if value == 0:

@@ -58,14 +58,21 @@ def key_request(form: Mapping[str, str]) -> dict[str, Any]:
 
 
 def fleet_summary(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Nodes by state (each node in one state: the counts add up to ``nodes``) and, per
+    state, how many of those are cordoned: cordoned is not a state of its own, and
+    shown beside the states it read as more nodes than there are."""
     states: dict[str, int] = {}
+    cordoned: dict[str, int] = {}
     for n in nodes:
         states[n["state"]] = states.get(n["state"], 0) + 1
+        if n["cordoned"]:
+            cordoned[n["state"]] = cordoned.get(n["state"], 0) + 1
     gpus = [g for n in nodes for g in n["gpus"]]
     return {
         "nodes": len(nodes),
         "states": states,
         "cordoned": sum(1 for n in nodes if n["cordoned"]),
+        "cordoned_by_state": cordoned,
         "gpus": len(gpus),
         "gpus_allocated": sum(n["gpus_allocated"] for n in nodes),
         "gpus_free": sum(n["gpus_free"] for n in nodes),
@@ -100,6 +107,10 @@ def usage_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
     return {k: sum(int(r[k]) for r in rows) for k in keys}
 
 
+#: What the retries chart says while no request recorded a retry count.
+NO_RETRY_COUNTS = "No retry counts recorded: the router does not report them with requests."
+
+
 def traffic_charts(
     series: TrafficSeries, ceilings: Sequence[tuple[str, float]] = ()
 ) -> list[dict[str, str]]:
@@ -114,6 +125,10 @@ def traffic_charts(
             for name in names
         ]
 
+    # Absent is not zero: a chart of retries nobody counted must not read as none.
+    retries_counted = any(
+        v is not None for p in series.points for v in p.retries_per_second_by_model.values()
+    )
     return [
         {
             "title": "Requests per second",
@@ -124,6 +139,21 @@ def traffic_charts(
                 ),
                 unit="/s",
             ),
+        },
+        {
+            # Refusals included: a 429 or 503 from llmgw itself is what the client saw.
+            "title": "Errors per second per model",
+            "svg": charts.line_chart(
+                by(series.models, lambda p, m: p.errors_per_second_by_model.get(m)), unit="/s"
+            ),
+        },
+        {
+            "title": "Retries per second per model",
+            "svg": charts.line_chart(
+                by(series.models, lambda p, m: p.retries_per_second_by_model.get(m)),
+                unit="/s",
+            ),
+            **({} if retries_counted else {"note": NO_RETRY_COUNTS}),
         },
         {
             "title": "Time to first token",
@@ -177,8 +207,18 @@ MISSING = "\N{EN DASH}"
 
 
 def fmt_ago(seconds: float | None) -> str:
-    """How long ago (or how long for); None is "never"."""
-    return "never" if seconds is None else charts.fmt(max(0.0, float(seconds)), "s")
+    """How long ago (or how long for), as people say it: ``46s``, ``1m 46s``, ``2h 5m``,
+    ``3d 4h`` (:func:`charts.duration`); under a second in tenths (heartbeats come that
+    often), truncated like the rest. None is "never"."""
+    if seconds is None:
+        return "never"
+    s = max(0.0, float(seconds))
+    if not math.isfinite(s):
+        return MISSING
+    if s < 1:
+        tenths = math.floor(s * 10)
+        return f"0.{tenths}s" if tenths else "0s"
+    return charts.duration(s)
 
 
 def fmt_num(value: float | None, digits: int = 1) -> str:

@@ -22,6 +22,12 @@ Decisions the dashboard relies on:
   traffic is a point with zero rates and ``None`` percentiles (absent is not zero).
 * A request without a band counts under ``unbanded`` (``"-"`` unless the app passes
   the admission's default band name).
+* Requests, errors and retries are also counted per model (the record's model: a
+  catalog name, never a client's string, so their number is bounded). Refusals
+  (llmgw's own 429, 503, 403, 504, ... with no endpoint) are errors like any other:
+  they are what clients saw. Retries are counted only from records that carry a count
+  (``UsageRecord.retries``); a model with none in a slot has no retries value there
+  (unknown), not 0.
 * Errors are statuses >= 400 except 499, which the router uses for a client that went
   away: that is counted as ``client_gone``, not as an error of the service. The
   end-to-end latency histogram takes successful requests only (a fast 4xx or a client
@@ -152,6 +158,9 @@ class _Slot:
     ttft: _Histogram = attrs.field(factory=_Histogram)
     latency: _Histogram = attrs.field(factory=_Histogram)
     bands: dict[str, int] = attrs.field(factory=dict)
+    model_requests: dict[str, int] = attrs.field(factory=dict)
+    model_errors: dict[str, int] = attrs.field(factory=dict)
+    model_retries: dict[str, int] = attrs.field(factory=dict)  # counted records only
     # Sampled, max within the slot; a missing key is "not sampled".
     depth: dict[str, int] = attrs.field(factory=dict)
     saturation: dict[str, float] = attrs.field(factory=dict)
@@ -163,6 +172,9 @@ class _Slot:
         self.ttft = _Histogram()
         self.latency = _Histogram()
         self.bands = {}
+        self.model_requests = {}
+        self.model_errors = {}
+        self.model_retries = {}
         self.depth = {}
         self.saturation = {}
 
@@ -192,6 +204,9 @@ class TrafficPoint:
     latency_p99: float | None
     # Every band / pool seen in the series is a key of every point.
     requests_per_second_by_band: dict[str, float]
+    requests_per_second_by_model: dict[str, float]
+    errors_per_second_by_model: dict[str, float]
+    retries_per_second_by_model: dict[str, float | None]  # None: no count recorded
     queue_depth: dict[str, int | None]  # max sampled in the slot, summed over pools
     saturation: dict[str, float | None]  # per pool, max sampled in the slot
 
@@ -205,6 +220,7 @@ class TrafficSeries:
     points: tuple[TrafficPoint, ...]
     bands: tuple[str, ...]  # sorted: request bands and sampled queue bands
     pools: tuple[str, ...]  # sorted: pools whose saturation was sampled
+    models: tuple[str, ...] = ()  # sorted: models of the requests recorded
 
     def column(self, get: Callable[[TrafficPoint], float | None]) -> tuple[float | None, ...]:
         """One value per slot of the full window, None before the start: what a chart
@@ -235,6 +251,9 @@ class TrafficSummary:
     latency_p90: float | None
     latency_p99: float | None
     requests_by_band: dict[str, int]
+    requests_by_model: dict[str, int]
+    errors_by_model: dict[str, int]
+    retries_by_model: dict[str, int]  # only models with a count recorded
     max_queue_depth: dict[str, int]
     max_saturation: dict[str, float]
 
@@ -301,11 +320,16 @@ class TrafficRing:
         """Count one finished request into the current slot (O(1), never blocks)."""
         slot = self._current()
         slot.requests += 1
+        model = record.model
+        slot.model_requests[model] = slot.model_requests.get(model, 0) + 1
+        if record.retries is not None:
+            slot.model_retries[model] = slot.model_retries.get(model, 0) + record.retries
         status = record.status
         if status == CLIENT_GONE:
             slot.client_gone += 1
         elif status >= 400:
             slot.errors += 1
+            slot.model_errors[model] = slot.model_errors.get(model, 0) + 1
         elif record.latency >= 0:
             slot.latency.add(record.latency)
         if record.ttft is not None and record.ttft >= 0:
@@ -387,6 +411,7 @@ class TrafficRing:
         slots = [(n, self._slot(n)) for n in range(first, last + 1)]
         bands = sorted({b for _, s in slots for b in (*s.bands, *s.depth)})
         pools = sorted({p for _, s in slots for p in s.saturation})
+        models = sorted({m for _, s in slots for m in s.model_requests})
         points = []
         for n, s in slots:
             begin, seconds = self._covered(n, now)
@@ -411,6 +436,16 @@ class TrafficRing:
                     requests_per_second_by_band={
                         b: _rate(s.bands.get(b, 0), seconds) for b in bands
                     },
+                    requests_per_second_by_model={
+                        m: _rate(s.model_requests.get(m, 0), seconds) for m in models
+                    },
+                    errors_per_second_by_model={
+                        m: _rate(s.model_errors.get(m, 0), seconds) for m in models
+                    },
+                    retries_per_second_by_model={
+                        m: _rate(s.model_retries[m], seconds) if m in s.model_retries else None
+                        for m in models
+                    },
                     queue_depth={b: s.depth.get(b) for b in bands},
                     saturation={p: s.saturation.get(p) for p in pools},
                 )
@@ -421,6 +456,7 @@ class TrafficRing:
             points=tuple(points),
             bands=tuple(bands),
             pools=tuple(pools),
+            models=tuple(models),
         )
 
     def summary(self, last: float = 60.0) -> TrafficSummary:
@@ -434,12 +470,18 @@ class TrafficRing:
         seconds = max(0.0, now - max(first * self.step, self._started))
         ttft, latency = _Histogram(), _Histogram()
         bands: dict[str, int] = {}
+        by_model: dict[str, int] = {}
+        errors_by_model: dict[str, int] = {}
+        retries_by_model: dict[str, int] = {}
         depth: dict[str, int] = {}
         saturation: dict[str, float] = {}
         for s in slots:
             ttft.merge(s.ttft)
             latency.merge(s.latency)
             _add(bands, s.bands.items())
+            _add(by_model, s.model_requests.items())
+            _add(errors_by_model, s.model_errors.items())
+            _add(retries_by_model, s.model_retries.items())
             _max(depth, s.depth.items())
             _max(saturation, s.saturation.items())
         requests = sum(s.requests for s in slots)
@@ -466,6 +508,10 @@ class TrafficRing:
             latency_p90=lat[1],
             latency_p99=lat[2],
             requests_by_band=dict(sorted(bands.items())),
+            requests_by_model=dict(sorted(by_model.items())),
+            # Every model with requests, those without errors at 0 (a count, not absent).
+            errors_by_model={m: errors_by_model.get(m, 0) for m in sorted(by_model)},
+            retries_by_model=dict(sorted(retries_by_model.items())),
             max_queue_depth=dict(sorted(depth.items())),
             max_saturation=dict(sorted(saturation.items())),
         )

@@ -63,6 +63,9 @@ class UsageRecord:
     key_id: str | None = None
     band: str | None = None
     tenant: str | None = None
+    # Attempts moved to another endpoint before this answer (or refusal); None where
+    # the recorder does not count them, which is not the same as none.
+    retries: int | None = None
 
 
 class UsageSink(Protocol):
