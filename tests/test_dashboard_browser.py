@@ -588,3 +588,26 @@ def test_a_burst_of_refusals_shows_as_errors(fleet: Fleet, page: Page) -> None:
     row = page.locator("table.usage tbody tr", has_text="tiny")
     expect(row.locator("td").nth(1)).to_have_text("5", timeout=15_000)
     expect(row.locator("td").nth(2)).to_have_text(str(refused))
+
+
+def test_retries_are_counted_and_charted_per_model(page: Page) -> None:
+    """An engine that answers 500 before its first byte makes the router try the other
+    one: the traffic page counts the retries of the model and charts them."""
+    from tests.procs import set_faults
+    from tests.test_router_e2e import FAST, chat
+    from tests.test_router_e2e import fleet as sims
+
+    with sims(2, config=FAST + 'failure_threshold = 100\n[store]\nurl = ""\n') as (srv, bases):
+        set_faults(bases[0], error_rate=1.0, error_status=500)
+        for _ in range(10):
+            assert chat(srv).status_code == 200
+        retried = srv.metric("llmgw_retries_total", model="m")
+        assert retried >= 1
+        page.goto(f"{srv.admin}/traffic")
+        cell = page.locator('table.by-model tr[data-model="m"] td').nth(4)
+        expect(cell).to_have_text(str(int(retried)))
+        chart = page.locator("figure.chart", has_text="Retries per second per model")
+        expect(chart.locator("svg .chart-line, svg .chart-dot").first).to_be_attached(
+            timeout=15_000
+        )
+        expect(chart).not_to_contain_text("No retry counts recorded")

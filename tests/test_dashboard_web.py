@@ -12,12 +12,11 @@ import pytest
 import trio
 
 from llmgw.admin.api import AdminApp
-from llmgw.config import Config, EndpointConfig
-from llmgw.dashboard import DashboardApp
-from llmgw.dashboard.app import _local
-from llmgw.dashboard import panels
-from llmgw.dashboard.panels import key_request
 from llmgw.admin.web import same_origin
+from llmgw.config import Config, EndpointConfig
+from llmgw.dashboard import DashboardApp, panels
+from llmgw.dashboard.app import _local
+from llmgw.dashboard.panels import key_request
 from llmgw.router.core import Router
 
 

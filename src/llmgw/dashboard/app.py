@@ -563,6 +563,7 @@ class DashboardApp:
             explain=explain,
             failures=panels.last_failures(nodes["nodes"]) if nodes else {},
             can_change=self.admin.models is not None and self.admin.store is not None,
+            default_profile=self.admin.router.config.router.default_profile,
             error=error,
         )
 

@@ -214,7 +214,11 @@ class ClientApp:
             # 403, ...): a client-visible failure that usage and the dashboard count.
             refused.model = chain[0].name
             router.refused(
-                refused.model, refused.status, trio.current_time() - started, call.caller
+                refused.model,
+                refused.status,
+                trio.current_time() - started,
+                call.caller,
+                retries=call.retries,
             )
             raise refused
 
@@ -333,6 +337,7 @@ class ClientApp:
                         continue
                     if last is not None:
                         router.metrics.retries.labels(model.name, last.kind).inc()
+                        call.retries += 1
                     budget -= 1
                     prefill = decision.uncached.get(endpoint_id, prompt_tokens)
                     try:
@@ -347,6 +352,7 @@ class ClientApp:
                         session_key=call.session_key,
                         latency=trio.current_time() - call.started,
                         caller=call.caller,
+                        retries=call.retries,
                     )
                     return
         requested = call.body.model
@@ -461,6 +467,7 @@ class ClientApp:
                     latency=trio.current_time() - call.started,
                     caller=call.caller,
                     status=499,
+                    retries=call.retries,
                 )
             raise
         finally:
@@ -485,6 +492,7 @@ class _Call:
         "key",
         "prompt_tokens",
         "queued",
+        "retries",
         "scope",
         "send",
         "session_key",
@@ -514,6 +522,7 @@ class _Call:
         # adds the band and tenant.
         self.caller = Caller(key.id if key is not None else None)
         self.queued = 0.0  # seconds admission held it
+        self.retries = 0  # attempts after the first, on other endpoints
         # Embeddings never stream, whatever the body says.
         self.stream = body.stream and not scope["path"].endswith("/embeddings")
         self.wants_usage = self.stream and body.include_usage

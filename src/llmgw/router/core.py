@@ -267,8 +267,10 @@ class Router:
         latency: float,
         caller: Caller = NOBODY,
         status: int | None = None,
+        retries: int = 0,
     ) -> None:
-        """Account a request that reached the client."""
+        """Account a request that reached the client (after `retries` attempts on
+        other endpoints)."""
         now = trio.current_time()
         ident = state.endpoint.id
         m = self.metrics
@@ -312,11 +314,14 @@ class Router:
                 key_id=caller.key_id,
                 band=caller.band,
                 tenant=caller.tenant,
+                retries=retries,
             )
             for sink in self.usage_sinks:
                 sink.record(record)
 
-    def refused(self, model: str, status: int, latency: float, caller: Caller) -> None:
+    def refused(
+        self, model: str, status: int, latency: float, caller: Caller, *, retries: int = 0
+    ) -> None:
         """Account a request for `model` that llmgw answered with an error itself (no
         endpoint served it): usage records and the dashboard count it as a failure."""
         if self.usage_sinks:
@@ -329,6 +334,7 @@ class Router:
                 key_id=caller.key_id,
                 band=caller.band,
                 tenant=caller.tenant,
+                retries=retries,
             )
             for sink in self.usage_sinks:
                 sink.record(record)
