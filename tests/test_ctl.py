@@ -117,13 +117,18 @@ class LiveAdmin:
                 start.update(message)
             elif message["type"] == "http.response.body":
                 answered.append(bytes(message.get("body", b"")))
+                if not message.get("more_body"):
+                    # Recorded before the last byte goes out: the client (and the test
+                    # reading the exchanges after it) cannot see the answer first.
+                    self.record(scope, b"".join(sent), start, b"".join(answered))
             await send(message)
 
         await self.app(scope, recording_receive, recording_send)
+
+    def record(self, scope: Scope, body: bytes, start: dict[str, Any], answer: bytes) -> None:
         query = scope["query_string"].decode()
         target = bytes(scope["raw_path"]).decode() + (f"?{query}" if query else "")
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
-        body, answer = b"".join(sent), b"".join(answered)
         response = httpx.Response(
             start["status"],
             headers=[(k.decode(), v.decode()) for k, v in start["headers"]],
