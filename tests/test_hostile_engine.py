@@ -15,6 +15,7 @@ import contextlib
 import json
 import math
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ import httpx
 import pytest
 
 from .hostile_engine import engine
-from .procs import Server, server
+from .procs import Server, scratch_dir, server
 from .waiting import wait_for
 
 HEALTHZ_WITHIN = 0.1
@@ -436,3 +437,38 @@ def test_a_32_mib_event_is_buffered_in_linear_time() -> None:
         check_error_response(r, data, base, 502, "router.max_event_bytes")
         assert took < TOTAL, took
         assert rss(srv) - start < 80 * MiB  # the event held once, not copied per read
+
+
+def test_a_tls_client_that_stops_reading_is_cut_after_idle_too() -> None:
+    # A TLS client port is served by hypercorn, whose writes wait as long as the client
+    # lets them: llmgw bounds each one as its own server does.
+    from tests.test_tls_listeners import make_certs
+
+    pki = scratch_dir("llmgw-hostile-tls-")
+    ca = make_certs(pki)
+    tls = f'[listen_tls]\ncert = "{pki / "server.pem"}"\nkey = "{pki / "server.key"}"\n'
+    with engine() as base, server("--endpoint", f"h={base}=m", config=CONFIG + tls) as srv:
+        body = json.dumps(
+            {
+                "model": "m",
+                "case": "sse_forever",
+                "stream": True,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+        ).encode()
+        context = ssl.create_default_context(cafile=str(ca.cert))
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.connect(("127.0.0.1", int(srv.base.rsplit(":", 1)[1])))
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+            started = time.monotonic()
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
+                b"content-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            # Read nothing: the kernel's buffers fill, then llmgw's writes stall.
+            wait_closed_by_router(base, "sse_forever")
+            took = time.monotonic() - started
+        assert took < TOTAL, took  # cut by the stalled send (idle = 1 s), not by total
+        wait_for(lambda: srv.endpoints()["h"]["inflight"] == 0, "the attempt ended", timeout=5)

@@ -336,6 +336,7 @@ async def _serve(
                             socks,
                             tls=tls.get(name),
                             read_timeout=timeouts.client_header,
+                            send_timeout=timeouts.idle,
                             graceful_timeout=drain,
                             shutdown_trigger=trigger,
                         )

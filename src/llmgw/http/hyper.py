@@ -26,7 +26,7 @@ from hypercorn.utils import wrap_app
 
 from llmgw.http.asgi import App
 
-__all__ = ["ReloadableTls", "TlsFiles", "serve_hypercorn"]
+__all__ = ["ReloadableTls", "TlsFiles", "cut_stalled_writes", "serve_hypercorn"]
 
 log = logging.getLogger("llmgw.http")
 
@@ -80,6 +80,17 @@ class _Config(HypercornConfig):
         return None if self._tls is None else self._tls.context
 
 
+def cut_stalled_writes(sock: socket.socket, stall: float) -> None:
+    """Connections accepted on `sock` are reset by the kernel once the client has
+    taken none of what was sent for `stall` seconds (TCP_USER_TIMEOUT covers data
+    held back by a zero window; accepted sockets inherit it). Hypercorn writes with
+    cancellation shielded, so a deadline in the app could not stop a write to a client
+    that stopped reading; this ends it, and the app sees a disconnect."""
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, option, max(1, round(stall * 1000)))
+
+
 def _stdlib(listener: trio.SocketListener) -> socket.socket:
     # Hypercorn takes stdlib sockets; a duplicate leaves the caller's socket its own.
     return socket.socket(fileno=os.dup(listener.socket.fileno()))
@@ -92,12 +103,15 @@ async def serve_hypercorn(
     tls: ReloadableTls | None = None,
     keep_alive_timeout: float = 5.0,
     read_timeout: float | None = None,
+    send_timeout: float | None = None,
     graceful_timeout: float = 3.0,
     shutdown_trigger: Callable[[], Awaitable[None]],
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `app` on `listeners` until `shutdown_trigger` returns; requests in flight
-    then get `graceful_timeout`. `read_timeout` bounds each wait for client bytes."""
+    then get `graceful_timeout`. `read_timeout` bounds each wait for client bytes,
+    `send_timeout` how long the client may take nothing of a response
+    (:func:`cut_stalled_writes`)."""
     config = _Config(tls)
     config.keep_alive_timeout = keep_alive_timeout
     config.read_timeout = None if read_timeout is None else max(1, round(read_timeout))
@@ -108,6 +122,9 @@ async def serve_hypercorn(
     # Without a lifespan protocol to speak, hypercorn's startup wait would be 60 s.
     config.startup_timeout = 10.0
     stdlib = [_stdlib(listener) for listener in listeners]
+    if send_timeout is not None:
+        for sock in stdlib:
+            cut_stalled_writes(sock, send_timeout)
     sockets = Sockets(
         secure_sockets=stdlib if tls is not None else [],
         insecure_sockets=[] if tls is not None else stdlib,
