@@ -208,14 +208,14 @@ class Controller:
             )
         return None
 
-    async def persisted(self, change: CordonChange) -> None:
-        """Wait until `change` is in the store (at once without one); raises the
-        :class:`~llmgw.store.base.StoreError` it failed with."""
+    async def persisted(self, change: CordonChange) -> StoreError | None:
+        """Wait until `change` is in the store (at once without one); the
+        :class:`~llmgw.store.base.StoreError` it failed with, else None. The change is
+        made either way: only a restart would undo a failed one."""
         if self.store is None:
-            return
+            return None
         await change.done.wait()
-        if change.error is not None:
-            raise change.error
+        return change.error
 
     def _queue(self, node_id: str, drain: bool | None) -> CordonChange:
         change = CordonChange(node_id, drain)
