@@ -174,7 +174,8 @@ class Controller:
 
     def forget_node(self, node_id: str) -> CordonChange:
         """Remove a node that is gone from the inventory (and its cordon). Refused with
-        :class:`NodeInUse` while its agent is connected (it would only register again)
+        :class:`NodeInUse` while its agent is connected and not lost (it would only
+        register again)
         or while replicas are placed on it (an unreachable node not lost yet: forgetting
         it would drop replicas that may still serve). Raises UnknownNode."""
         refusal = self.forget_refusal(node_id)
@@ -190,7 +191,9 @@ class Controller:
         record = self.inventory.get(node_id)
         if record is None:
             raise UnknownNode(node_id)
-        if record.connected:
+        # A lost node's stream may still be open (a hung agent): its next message is
+        # refused anyway, so only a live connection is a reason to refuse.
+        if record.connected and record.state is not NodeState.LOST:
             return (
                 f"node {node_id!r} is connected: stop its agent first (a connected agent "
                 "would only register again); drain it to move its replicas"
