@@ -1,7 +1,9 @@
-"""Cordons kept in the store by the controller, on both backends: written as the
-operator changes them (a drain too, which its caller does not await), read back by
-the next controller before any agent registers. In one process: controllers on the
-stub transport with fake agents, a real SQLite file or PostgreSQL database."""
+"""The controller's node operations: what uncordoning a drain in progress does (on the
+fleet of `tests.test_fleet_metrics.scenario`, no I/O), and cordons kept in the store
+on both backends: written as the operator changes them (a drain too, which its
+caller does not await), read back by the next controller before any agent registers
+(controllers on the stub transport with fake agents, a real SQLite file or
+PostgreSQL database)."""
 
 from __future__ import annotations
 
@@ -12,12 +14,40 @@ import trio
 
 from llmgw.config import Config
 from llmgw.control.controller import Controller
+from llmgw.control.fleet import ReplicaState, ShardState
 from llmgw.router.core import Router
 from llmgw.store import open_store
 from llmgw.store.base import Store
 from llmgw.testing import FakeAgent
 from llmgw.transport.stub import StubNetwork
+from tests.test_fleet_metrics import report, scenario
 from tests.waiting import wait_until
+
+
+def test_uncordoning_a_draining_node_stops_the_replacements_still_starting() -> None:
+    s = scenario()
+    s.controller.reconcile()
+    originals = sorted(s.controller.reconciler.replicas)  # llama's two, on gpu-1
+    for port, replica_id in enumerate(originals, 20000):
+        report(s, replica_id, ShardState.READY, endpoint_url=f"http://10.0.0.1:{port}")
+    replicas = s.controller.reconciler.replicas
+    assert [replicas[r].state for r in originals] == [ReplicaState.READY] * 2
+    s.controller.drain_node("gpu-1")
+    s.controller.reconcile()
+    replacements = sorted(set(replicas) - set(originals))
+    assert len(replacements) == 2
+    assert {replicas[r].placement.nodes for r in replacements} == {("gpu-2",)}
+    stops = s.controller.commands["stop"]
+
+    # Uncordoned before they are ready: the originals count again and keep serving;
+    # the replacements, now surplus and serving nothing yet, are stopped.
+    s.controller.cordon_node("gpu-1", False)
+    s.controller.reconcile()
+    assert [replicas[r].state for r in originals] == [ReplicaState.READY] * 2
+    assert [replicas[r].state for r in replacements] == [ReplicaState.DRAINING] * 2
+    assert s.controller.commands["stop"] == stops + 2
+    record = s.controller.inventory.get("gpu-1")
+    assert record is not None and record.schedulable and not record.draining
 
 
 class Run(Controller):

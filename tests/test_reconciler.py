@@ -353,19 +353,6 @@ def test_a_plain_cordon_keeps_the_replicas_where_they_are() -> None:
     assert new_node == other
 
 
-def test_uncordoning_a_draining_node_stops_the_replacement_not_yet_ready() -> None:
-    r = Reconciler(CONTROL)
-    ((old_node, old),) = starts(r.step(0.0, [model()], [node("a", 1), node("b", 1)]))
-    r.shard_reported(old_node, ready(old), 1.0)
-    other = "b" if old_node == "a" else "a"
-    ((_, new),) = starts(r.step(2.0, [model()], [cordoned(node(old_node, 1)), node(other, 1)]))
-    # Uncordoned before the replacement is ready: the old replica counts again, and the
-    # surplus that goes is the one still starting (it serves nothing yet).
-    out = r.step(3.0, [model()], [node(old_node, 1), node(other, 1)])
-    assert stops(out) == [(other, new.replica_id, 0, new.epoch)]
-    assert r.replicas[old.replica_id].state is ReplicaState.READY
-
-
 def test_an_explanation_goes_away_when_fewer_replicas_are_wanted() -> None:
     r = Reconciler(CONTROL)
     r.step(0.0, [model(1, TP2X2)], [node("a", 2)])
