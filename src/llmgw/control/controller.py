@@ -65,6 +65,8 @@ OUTBOX_SIZE = 1024
 # previous pass's duration (so passes use at most ~1/(1+PASS_SPACING) of the loop).
 MIN_PASS_GAP = 0.02
 PASS_SPACING = 4.0
+# How long a shutdown waits for cordon changes still queued for the store.
+FLUSH_TIMEOUT = 5.0
 
 #: The kinds of command the controller sends agents, as `Controller.commands` counts them.
 COMMAND_KINDS = ("start", "drain", "stop")
@@ -174,10 +176,10 @@ class Controller:
 
     def forget_node(self, node_id: str) -> CordonChange:
         """Remove a node that is gone from the inventory (and its cordon). Refused with
-        :class:`NodeInUse` while its agent is connected and not lost (it would only
-        register again)
-        or while replicas are placed on it (an unreachable node not lost yet: forgetting
-        it would drop replicas that may still serve). Raises UnknownNode."""
+        :class:`NodeInUse` while its agent is connected and the node is not lost (it
+        would only register again) or while replicas are placed on it (an unreachable
+        node not lost yet: forgetting it would drop replicas that may still serve).
+        Raises UnknownNode."""
         refusal = self.forget_refusal(node_id)
         if refusal is not None:
             raise NodeInUse(refusal)
@@ -227,17 +229,37 @@ class Controller:
         return change
 
     async def _persist_loop(self) -> None:
+        current: CordonChange | None = None
+        try:
+            async for change in self._persisting:
+                current = change
+                await self._write(change)
+                current = None
+        finally:
+            # At shutdown, what is queued (or was cut off mid-write) is still written:
+            # a drain's caller does not wait for it, and a restart would undo it.
+            with trio.CancelScope(shield=True), trio.move_on_after(FLUSH_TIMEOUT):
+                if current is not None:
+                    await self._write(current)
+                while True:
+                    try:
+                        change = self._persisting.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                        break
+                    await self._write(change)
+
+    async def _write(self, change: CordonChange) -> None:
         assert self.store is not None
-        async for change in self._persisting:
-            try:
-                if change.drain is None:
-                    await self.store.delete_cordon(change.node_id)
-                else:
-                    await self.store.put_cordon(change.node_id, drain=change.drain)
-            except StoreError as exc:
-                log.error("node %s: cordon not stored (lost at a restart): %s", change.node_id, exc)
-                change.error = exc
-            change.done.set()
+        try:
+            if change.drain is None:
+                await self.store.delete_cordon(change.node_id)
+            else:
+                await self.store.put_cordon(change.node_id, drain=change.drain)
+        except StoreError as exc:
+            log.error("node %s: cordon not stored (lost at a restart): %s", change.node_id, exc)
+            change.error = exc
+        finally:
+            change.done.set()  # whoever waits is told, even when cancelled
 
     async def _restore_cordons(self) -> None:
         assert self.store is not None
