@@ -58,7 +58,7 @@ LISTINGS = {
     "usage": "usage",
 }
 HELP = {
-    "nodes": "nodes: list them, or drain, cordon, uncordon or forget one",
+    "nodes": "list nodes (GET /api/v1/nodes), or drain, cordon, uncordon or forget one",
     "keys": "API keys: list them, or create or revoke one",
     "models": "the model catalog: list it, or add, scale or remove a runtime model",
     "usage": "requests, tokens and latency per API key or model (GET /api/v1/usage)",
@@ -251,7 +251,8 @@ NODE_ACTIONS = {
     "drain": "cordon a node and move its replicas elsewhere, make before break",
     "cordon": "cordon a node: no new shards, its replicas stay (ends a drain)",
     "uncordon": "undo a cordon or drain: the node takes new shards again",
-    "forget": "remove a lost or unreachable node from the inventory (and its cordon)",
+    "forget": "remove a node that is gone from the inventory, with its cordon (refused "
+    "while its agent is connected or replicas are placed on it)",
 }
 
 
