@@ -120,5 +120,9 @@ async def test_cordons_survive_a_controller_restart_and_go_with_uncordon_and_for
             await third.persisted(third.forget_node("c"))
             assert "c" not in third.inventory
             assert await stored(store) == [("b", True)]
+            # b's stored drain, for a node that never came back, goes only this way.
+            assert third.inventory.stored_cordon("b") is True
+            await third.persisted(third.forget_node("b"))
+            assert await stored(store) == []
     finally:
         await store.aclose()

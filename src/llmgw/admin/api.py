@@ -265,6 +265,9 @@ class AdminApp:
                 fleet,
                 {
                     200: Out("forgotten: the node as it was", views.NodeDetail),
+                    204: Out(
+                        "not registered since the server started: its stored cordon is dropped"
+                    ),
                     404: Out("no such node, or router-only mode", ErrorBody),
                     409: Out(
                         "refused: its agent is connected, or replicas are still placed on it",
@@ -677,9 +680,12 @@ class AdminApp:
         controller = self._controller()
         node_id = id
         last = views.node_json(controller, node_id)
-        if last is None:
+        # A cordon read back from the store for a node that never came back: only
+        # forgetting it removes the row.
+        stored_only = last is None and controller.inventory.stored_cordon(node_id) is not None
+        if last is None and not stored_only:
             raise ApiError(404, f"no node {node_id!r}", "node_not_found")
-        refusal = controller.forget_refusal(node_id)
+        refusal = None if stored_only else controller.forget_refusal(node_id)
         if refusal is not None:
             raise ApiError(409, refusal, "node_in_use")
         failure = await controller.persisted(controller.forget_node(node_id))
@@ -690,4 +696,4 @@ class AdminApp:
                 f"(a restart would bring the cordon back): {failure}",
                 "store_unavailable",
             )
-        return json_reply(200, last)
+        return json_reply(200, last) if last is not None else Response("", 204)

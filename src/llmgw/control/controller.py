@@ -179,7 +179,10 @@ class Controller:
         :class:`NodeInUse` while its agent is connected and the node is not lost (it
         would only register again) or while replicas are placed on it (an unreachable
         node not lost yet: forgetting it would drop replicas that may still serve).
-        Raises UnknownNode."""
+        A node that has not registered since a restart but has a stored cordon loses
+        that cordon. Raises UnknownNode."""
+        if node_id not in self.inventory and self.inventory.drop_stored_cordon(node_id):
+            return self._queue(node_id, None)
         refusal = self.forget_refusal(node_id)
         if refusal is not None:
             raise NodeInUse(refusal)

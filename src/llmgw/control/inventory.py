@@ -525,6 +525,14 @@ class Inventory:
         self._pending_cordons[node_id] = drain
         return []
 
+    def stored_cordon(self, node_id: str) -> bool | None:
+        """The drain flag of a restored cordon whose node has not registered, else None."""
+        return self._pending_cordons.get(node_id)
+
+    def drop_stored_cordon(self, node_id: str) -> bool:
+        """Forget the restored cordon of a node that has not registered; False if none."""
+        return self._pending_cordons.pop(node_id, None) is not None
+
     def remove(self, node_id: str) -> list[Event]:
         """Forget a node (decommissioned) and its cordon. If its agent is still connected,
         its next message is refused with :class:`ReregisterRequired` and it comes back as
