@@ -33,6 +33,7 @@ NODE_KEYS = {
     "heartbeat_age_seconds",
     "connected",
     "cordoned",
+    "draining",
     "schedulable",
     "labels",
     "fabrics",
@@ -372,8 +373,11 @@ async def test_existing_routes_and_unknown_paths() -> None:
             assert r.json()["error"]["code"] == "not_found"
             assert r.json()["error"]["message"] == f"no route {method} {path}"
         # A known path with the wrong method: 405 naming what is allowed.
-        for method, path in (("DELETE", "/api/v1/nodes/gpu-1"), ("POST", "/api/v1/replicas")):
+        for method, path, allow in (
+            ("PUT", "/api/v1/nodes/gpu-1", "DELETE, GET, HEAD"),
+            ("POST", "/api/v1/replicas", "GET, HEAD"),
+        ):
             r = await client.request(method, path)
             assert r.status_code == 405, (method, path)
-            assert r.headers["allow"] == "GET, HEAD"
+            assert r.headers["allow"] == allow
             assert r.json()["error"]["code"] == "method_not_allowed"

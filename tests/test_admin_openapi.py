@@ -120,6 +120,8 @@ async def test_the_document_lists_every_route_and_only_those() -> None:
         "/api/v1/nodes",
         "/api/v1/nodes/{id}",
         "/api/v1/nodes/{id}/drain",
+        "/api/v1/nodes/{id}/cordon",
+        "/api/v1/nodes/{id}/uncordon",
         "/api/v1/replicas",
         "/api/v1/placement",
         "/api/v1/keys",
@@ -251,6 +253,8 @@ def admin_server(
         {
             "/api/v1/nodes/{id}": {"id": "gpu-2"},
             "/api/v1/nodes/{id}/drain": {"id": "gpu-2"},
+            "/api/v1/nodes/{id}/cordon": {"id": "gpu-2"},
+            "/api/v1/nodes/{id}/uncordon": {"id": "gpu-2"},
             "/api/v1/keys/{id}": {"id": info["user_id"]},
             "/api/v1/models/{name}": {"name": "rt"},
         },
@@ -329,7 +333,7 @@ def test_schemathesis_finds_no_server_error_or_schema_violation(
                 assert mode is negative  # nothing to negate: an operation without inputs
             except Exception as exc:  # every operation is tried; all failures are shown
                 failures.append(f"{operation.label} ({label}): {exc}")
-    assert len(operations) == 19
+    assert len(operations) == 22
     assert not failures, "\n\n".join(failures)
     # The fuzzing got through auth to every operation, and some requests succeeded.
     for operation in operations:

@@ -396,10 +396,17 @@ async def test_drain(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None
         assert (code, err) == (0, "")
         record = inventory.get("gpu-1")
         assert record is not None and record.cordoned
-        # the node as the API answers it (202), a field per line
+        # What the drain does, from the node the API answers (202): llama's two replicas
+        # run on gpu-1 and move.
         assert admin.exchanges[-1].status == 202
-        lines = [line.split() for line in out.splitlines()]
-        assert "drain gpu-1" in out and ["id", "gpu-1"] in lines and ["cordoned", "yes"] in lines
+        llama = sorted(admin.controller.reconciler.replicas)
+        assert out == (
+            "node gpu-1: ready, connected, draining (cordoned: no new shards, its replicas "
+            "move elsewhere)\n"
+            "moving 2 replicas elsewhere, each drained once its replacement is ready:\n"
+            + "".join(f"  {r} (model llama)\n" for r in llama)
+            + "undo: llmgw-ctl nodes uncordon gpu-1\n"
+        )
 
         code, out, _ = await ctl_async(capsys, "--admin", admin.url, "--json", "drain", "gpu-2")
         assert code == 0 and json.loads(out) == admin.exchanges[-1].answer
@@ -414,6 +421,55 @@ async def test_drain(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None
             ("POST", "/api/v1/nodes/gpu-1/drain"),
             ("POST", "/api/v1/nodes/gpu-2/drain"),
             ("POST", "/api/v1/nodes/nope/drain"),
+        ]
+
+
+async def test_node_cordon_uncordon_and_forget(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    async with live_admin(tmp_path) as admin:
+        inventory = admin.controller.inventory
+        code, out, err = await ctl_async(capsys, "--admin", admin.url, "nodes", "cordon", "gpu-1")
+        assert (code, err) == (0, "")
+        record = inventory.get("gpu-1")
+        assert record is not None and record.cordoned and not record.draining
+        llama = sorted(admin.controller.reconciler.replicas)
+        assert out == (
+            "node gpu-1: ready, connected, cordoned (no new shards, its replicas stay)\n"
+            "2 replicas stay on it:\n"
+            + "".join(f"  {r} (model llama)\n" for r in llama)
+            + "undo: llmgw-ctl nodes uncordon gpu-1\n"
+        )
+        # The stand-alone verb, on the node the scenario cordoned.
+        code, out, err = await ctl_async(capsys, "--admin", admin.url, "uncordon", "gpu-5")
+        assert (code, err) == (0, "")
+        assert out == (
+            "node gpu-5: ready, connected, not cordoned\nplacement may put new shards on it again\n"
+        )
+        assert not inventory.get("gpu-5").cordoned  # type: ignore[union-attr]
+
+        # Forget: refused for a connected node, done for the lost one.
+        code, out, err = await ctl_async(capsys, "--admin", admin.url, "nodes", "forget", "gpu-2")
+        assert code == 1 and out == ""
+        assert "node 'gpu-2' is connected: stop its agent first" in err
+        assert "gpu-2" in inventory
+        code, out, err = await ctl_async(capsys, "--admin", admin.url, "nodes", "forget", "gpu-4")
+        assert (code, err) == (0, "")
+        assert out == (
+            "forgot node gpu-4\nit was lost; if its agent comes back it registers as a new node\n"
+        )
+        assert "gpu-4" not in inventory
+        code, out, _ = await ctl_async(
+            capsys, "--admin", admin.url, "--json", "nodes", "uncordon", "gpu-1"
+        )
+        assert code == 0 and json.loads(out) == admin.exchanges[-1].answer
+        assert json.loads(out)["cordoned"] is False
+        assert [r[:2] for r in admin.requests] == [
+            ("POST", "/api/v1/nodes/gpu-1/cordon"),
+            ("POST", "/api/v1/nodes/gpu-5/uncordon"),
+            ("DELETE", "/api/v1/nodes/gpu-2"),
+            ("DELETE", "/api/v1/nodes/gpu-4"),
+            ("POST", "/api/v1/nodes/gpu-1/uncordon"),
         ]
 
 

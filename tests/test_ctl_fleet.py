@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import trio
 
@@ -17,7 +18,9 @@ async def ctl(admin: str, *args: str) -> tuple[int, str]:
         capture_stdout=True,
         capture_stderr=True,
         check=False,
-        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
+        # PYTHONPATH passes on: the CLI runs the code under test, not whatever is installed.
+        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"}
+        | {k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
     )
     return done.returncode, done.stdout.decode() + done.stderr.decode()
 
@@ -54,7 +57,23 @@ async def test_nodes_replicas_placement_and_drain() -> None:
         code, out = await ctl(admin, "drain", node)
         assert code == 0, out
         record = f.controller.inventory.get(node)
-        assert record is not None and record.cordoned
+        assert record is not None and record.cordoned and record.draining
+        # What it did, in words: the node, what moves, how to undo it.
+        assert out.splitlines() == [
+            f"node {node}: ready, connected, draining (cordoned: no new shards, its "
+            "replicas move elsewhere)",
+            "moving 1 replica elsewhere, each drained once its replacement is ready:",
+            f"  {replica} (model m)",
+            f"undo: llmgw-ctl nodes uncordon {node}",
+        ]
+        code, out = await ctl(admin, "nodes", "uncordon", node)
+        assert code == 0, out
+        assert out.splitlines() == [
+            f"node {node}: ready, connected, not cordoned",
+            "placement may put new shards on it again",
+        ]
+        record = f.controller.inventory.get(node)
+        assert record is not None and not record.cordoned
 
         code, out = await ctl(admin, "drain", "no-such-node")
         assert code == 1 and "no node 'no-such-node'" in out

@@ -402,12 +402,29 @@ def test_a_lost_node_hands_back_its_shards_once() -> None:
 # -- operator ----------------------------------------------------------------------------
 
 
+def test_a_stored_cordon_applies_when_the_node_registers_and_goes_with_remove() -> None:
+    inv = inventory()
+    assert inv.restore_cordon("gpu-1", drain=False) == []
+    inv.register(reg("gpu-1"), 0.0)
+    record = inv.get("gpu-1")
+    assert record is not None and record.cordoned and not record.draining
+    assert not record.schedulable
+    # A drain given over a plain cordon changes it; an uncordon clears both.
+    assert inv.cordon("gpu-1", True) == [NodeCordoned("gpu-1", True, True)]
+    assert inv.get("gpu-1").draining  # type: ignore[union-attr]
+    assert inv.cordon("gpu-1", False) == [NodeCordoned("gpu-1", False, False)]
+    inv.restore_cordon("gpu-1", drain=True)  # known: applies at once
+    inv.remove("gpu-1")
+    inv.register(reg("gpu-1"), 1.0)
+    assert not inv.get("gpu-1").cordoned  # type: ignore[union-attr]
+
+
 def test_cordon_reports_changes_only() -> None:
     inv = inventory()
     inv.register(reg(), 0.0)
     assert inv.cordon("gpu-1", True) == [NodeCordoned("gpu-1", True)]
     assert inv.cordon("gpu-1", True) == []
-    assert inv.cordon("gpu-1", False) == [NodeCordoned("gpu-1", False)]
+    assert inv.cordon("gpu-1", False) == [NodeCordoned("gpu-1", False, False)]
     with pytest.raises(UnknownNode):
         inv.cordon("gpu-9", True)
 

@@ -333,6 +333,26 @@ def test_a_cordoned_node_is_emptied_make_before_break() -> None:
     assert Unpublish(old.replica_id, drain=True) in out.router
 
 
+def test_a_plain_cordon_keeps_the_replicas_where_they_are() -> None:
+    r = Reconciler(CONTROL)
+    ((old_node, old),) = starts(r.step(0.0, [model()], [node("a", 1), node("b", 1)]))
+    r.shard_reported(old_node, ready(old), 1.0)
+    other = "b" if old_node == "a" else "a"
+    held = cordoned(node(old_node, 1))
+    out = r.step(2.0, [model()], [NodeView(held.node_id, held.state, held.capacity, drain=False)])
+    assert out == Actions()
+    assert r.replicas[old.replica_id].state is ReplicaState.READY
+    # Wanting one more places it on the other node, never on the cordoned one.
+    ((new_node, _),) = starts(
+        r.step(
+            3.0,
+            [model(2)],
+            [NodeView(held.node_id, held.state, held.capacity, drain=False), node(other, 1)],
+        )
+    )
+    assert new_node == other
+
+
 def test_an_explanation_goes_away_when_fewer_replicas_are_wanted() -> None:
     r = Reconciler(CONTROL)
     r.step(0.0, [model(1, TP2X2)], [node("a", 2)])

@@ -22,6 +22,7 @@ from llmgw.config import DeploymentProfile, ModelConfig
 from llmgw.router.usage import Usage, UsageRecord
 from llmgw.store import (
     SchemaTooNew,
+    StoredCordon,
     StoreError,
     StoreUnavailable,
     TimedUsage,
@@ -31,7 +32,7 @@ from llmgw.store import (
     open_store,
 )
 from llmgw.store._common import DB, ThreadedStore
-from llmgw.store.migrations import Migration
+from llmgw.store.migrations import Migration, latest
 from llmgw.store.migrations.postgres import MIGRATIONS as PG_MIGRATIONS
 from llmgw.store.migrations.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from llmgw.store.postgres import PostgresStore
@@ -41,6 +42,8 @@ from tests.pg_cluster import TempCluster
 from tests.waiting import wait_until
 
 T0 = 1_700_000_040.0  # a multiple of 60 s
+LATEST = latest(SQLITE_MIGRATIONS)
+VERSIONS = [(v,) for v in range(1, LATEST + 1)]
 
 
 class WallClock:
@@ -132,25 +135,25 @@ async def test_migrations_from_empty_and_rerun_is_a_noop(url: str) -> None:
     s = cast(ThreadedStore, await open_store(url, migrate=False))
     try:
         assert await s.schema_version() == 0
-        assert await s.migrate() == 1
-        assert await s.schema_version() == 1
+        assert await s.migrate() == LATEST
+        assert await s.schema_version() == LATEST
         tables = {"api_keys", "usage_records", "runtime_models", "dashboard_sessions"}
-        for table in tables:
+        for table in tables | {"node_cordons"}:
             assert await rows(s, f"SELECT COUNT(*) FROM {table}") == [(0,)]
-        assert await s.migrate() == 1
-        assert await rows(s, "SELECT version FROM schema_version") == [(1,)]
+        assert await s.migrate() == LATEST
+        assert await rows(s, "SELECT version FROM schema_version ORDER BY version") == VERSIONS
     finally:
         await s.aclose()
     # Opening again (which migrates) changes nothing either.
     s = cast(ThreadedStore, await open_store(url))
     try:
-        assert await rows(s, "SELECT version FROM schema_version") == [(1,)]
+        assert await rows(s, "SELECT version FROM schema_version ORDER BY version") == VERSIONS
     finally:
         await s.aclose()
 
 
 async def test_a_later_migration_applies_only_what_is_pending(url: str) -> None:
-    first = base_migrations(url)
+    first = base_migrations(url)[:1]  # a database of the first release
     second = (*first, Migration(2, "extra", ("CREATE TABLE extra (id INTEGER PRIMARY KEY)",)))
     s = make_store(url, first)
     await s.start()  # type: ignore[attr-defined]
@@ -172,7 +175,7 @@ async def test_a_later_migration_applies_only_what_is_pending(url: str) -> None:
 async def test_a_failing_migration_leaves_the_database_as_it_was(url: str) -> None:
     broken = (
         *base_migrations(url),
-        Migration(2, "half", ("CREATE TABLE half (id INTEGER)", "THIS IS NOT SQL")),
+        Migration(LATEST + 1, "half", ("CREATE TABLE half (id INTEGER)", "THIS IS NOT SQL")),
     )
     s = make_store(url, broken)
     await s.start()  # type: ignore[attr-defined]
@@ -184,7 +187,7 @@ async def test_a_failing_migration_leaves_the_database_as_it_was(url: str) -> No
         await s.aclose()
     s = cast(ThreadedStore, await open_store(url))
     try:
-        assert await s.schema_version() == 1
+        assert await s.schema_version() == LATEST
         with pytest.raises(StoreError):
             await rows(s, "SELECT COUNT(*) FROM half")
     finally:
@@ -202,7 +205,7 @@ async def test_a_newer_schema_is_refused_with_a_clear_error(url: str) -> None:
     with pytest.raises(SchemaTooNew) as info:
         await open_store(url)
     assert str(info.value) == (
-        "database schema version 5 is newer than this llmgw (knows up to 1): upgrade llmgw"
+        f"database schema version 5 is newer than this llmgw (knows up to {LATEST}): upgrade llmgw"
     )
 
 
@@ -218,8 +221,8 @@ async def test_two_instances_migrating_at_once_both_succeed(url: str) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(migrate, a)
             nursery.start_soon(migrate, b)
-        assert results == [1, 1]
-        assert await rows(a, "SELECT version FROM schema_version") == [(1,)]
+        assert results == [LATEST, LATEST]
+        assert await rows(a, "SELECT version FROM schema_version ORDER BY version") == VERSIONS
     finally:
         await a.aclose()
         await b.aclose()
@@ -471,6 +474,22 @@ async def test_runtime_models_round_trip(store: ThreadedStore, clock: WallClock)
 
 
 # -- sessions --------------------------------------------------------------------------------
+
+
+async def test_cordons_round_trip(store: ThreadedStore, clock: WallClock) -> None:
+    assert await store.list_cordons() == []
+    await store.put_cordon("gpu-2", drain=True)
+    clock.now += 5
+    await store.put_cordon("gpu-1", drain=False)
+    assert await store.list_cordons() == [
+        StoredCordon("gpu-1", False, T0 + 5),
+        StoredCordon("gpu-2", True, T0),
+    ]
+    clock.now += 5
+    await store.put_cordon("gpu-2", drain=False)  # a drain turned into a plain cordon
+    assert await store.delete_cordon("gpu-1") is True
+    assert await store.delete_cordon("gpu-1") is False
+    assert await store.list_cordons() == [StoredCordon("gpu-2", False, T0 + 10)]
 
 
 async def test_sessions_expire_and_end(store: ThreadedStore, clock: WallClock) -> None:

@@ -1,8 +1,9 @@
 """`llmgw-ctl`: the admin client (thin JSON-API calls) and the `bench` workload driver.
 
 Listings (`nodes`, `models`, `keys`, `usage`, ...) print readable tables, or the admin
-API's JSON with `--json`. `keys` and `models` also change things: `keys create`,
-`keys revoke`, `models add`, `models set-replicas`, `models remove`.
+API's JSON with `--json`. `nodes`, `keys` and `models` also change things: `nodes
+drain|cordon|uncordon|forget`, `keys create`, `keys revoke`, `models add`, `models
+set-replicas`, `models remove`; `drain`, `cordon` and `uncordon` also stand alone.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ LISTINGS = {
     "usage": "usage",
 }
 HELP = {
+    "nodes": "list nodes (GET /api/v1/nodes), or drain, cordon, uncordon or forget one",
     "keys": "API keys: list them, or create or revoke one",
     "models": "the model catalog: list it, or add, scale or remove a runtime model",
     "usage": "requests, tokens and latency per API key or model (GET /api/v1/usage)",
@@ -235,13 +237,45 @@ def build_parser() -> argparse.ArgumentParser:
     _add_keys(listings["keys"], common)
     _add_usage(listings["usage"])
     _add_models(listings["models"], common)
-    sp = sub.add_parser(
-        "drain", parents=[common], help="drain a node (POST /api/v1/nodes/ID/drain)"
-    )
-    sp.add_argument("node", metavar="NODE", help="node id")
+    _add_nodes(listings["nodes"], common)
+    for verb in ("drain", "cordon", "uncordon"):
+        sp = sub.add_parser(verb, parents=[common], help=f"the same as 'nodes {verb}'")
+        sp.add_argument("node", metavar="NODE", help="node id")
 
     _add_bench(sub.add_parser("bench", parents=[common], help="drive load and report latency"))
     return p
+
+
+#: What each node action does, as its help says (the API route it calls follows).
+NODE_ACTIONS = {
+    "drain": "cordon a node and move its replicas elsewhere, make before break",
+    "cordon": "cordon a node: no new shards, its replicas stay (ends a drain)",
+    "uncordon": "undo a cordon or drain: the node takes new shards again",
+    "forget": "remove a node that is gone from the inventory, with its cordon (refused "
+    "while its agent is connected or replicas are placed on it)",
+}
+
+
+def _node_route(verb: str) -> tuple[str, str]:
+    """The method and the path (after nodes/ID) of a node action."""
+    return ("DELETE", "") if verb == "forget" else ("POST", f"/{verb}")
+
+
+def _add_nodes(n: argparse.ArgumentParser, common: _OneLineErrors) -> None:
+    n.description = (
+        "List the nodes, or change one: drain, cordon, uncordon, forget. With a store "
+        "configured, cordons and drains survive a server restart."
+    )
+    actions = n.add_subparsers(dest="action", metavar="ACTION", parser_class=_OneLineErrors)
+    for verb, help in NODE_ACTIONS.items():
+        method, tail = _node_route(verb)
+        a = actions.add_parser(
+            verb,
+            parents=[common],
+            help=help,
+            description=f"{help[0].upper()}{help[1:]} ({method} /api/v1/nodes/ID{tail}).",
+        )
+        a.add_argument("node", metavar="NODE", help="node id")
 
 
 def _add_keys(k: argparse.ArgumentParser, common: _OneLineErrors) -> None:
@@ -653,18 +687,17 @@ def cmd_listing(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_drain(args: argparse.Namespace) -> int:
+def cmd_node(args: argparse.Namespace, verb: str) -> int:
+    """drain, cordon, uncordon or forget a node; prints what it did to the node."""
     node = urllib.parse.quote(args.node, safe="")
-    data = admin_call(
-        args.admin, "POST", f"nodes/{node}/drain", key=args.admin_key, timeout=args.timeout
-    )
+    method, tail = _node_route(verb)
+    data = _call(args, method, f"nodes/{node}{tail}")
     if args.json:
-        _print_json(data if data is not None else {"node": args.node, "drain": "requested"})
+        _print_json(data if data is not None else {"node": args.node, verb: "requested"})
     elif isinstance(data, dict) and data:
-        console = _stdout()
-        console.print(render_table(data, f"drain {args.node}", console.width))
+        print(ctl_views.node_change(verb, data))
     else:
-        print(f"drain requested for node {args.node}")
+        print(f"{verb} requested for node {args.node}")
     return EXIT_OK
 
 
@@ -884,6 +917,7 @@ ACTIONS: dict[tuple[str, str | None], Callable[[argparse.Namespace], int]] = {
     ("models", "add"): cmd_models_add,
     ("models", "set-replicas"): cmd_models_set_replicas,
     ("models", "remove"): cmd_models_remove,
+    **{("nodes", verb): partial(cmd_node, verb=verb) for verb in NODE_ACTIONS},
 }
 
 
@@ -1193,8 +1227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "bench":
             return cmd_bench(args)
-        if args.command == "drain":
-            return cmd_drain(args)
+        if args.command in ("drain", "cordon", "uncordon"):
+            return cmd_node(args, args.command)
         action = ACTIONS.get((args.command, getattr(args, "action", None)))
         if action is not None:
             return action(args)

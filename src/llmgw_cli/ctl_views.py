@@ -317,3 +317,73 @@ def render(collection: str, data: Any) -> RenderableType | None:
     if collection == "models" and _records(data, "models", "name", "source", "routing"):
         return models(data)
     return None
+
+
+# -- node operations (drain, cordon, uncordon, forget) ----------------------------------
+
+#: Shard states of a replica that still runs on a node (what a drain moves).
+_RUNNING = ("starting", "ready")
+
+
+def _node_replicas(node: dict[str, Any]) -> list[tuple[str, str]]:
+    """(replica id, model) of the replicas on the node, once each: those placed there
+    (holding its GPUs, even before the agent reports them) and those it runs."""
+    seen: dict[str, str] = {}
+    for gpu in node.get("gpus", []):
+        if gpu.get("replica_id") is not None:
+            seen.setdefault(str(gpu["replica_id"]), str(gpu.get("model") or "?"))
+    for shard in node.get("shards", []):
+        if shard.get("state") in _RUNNING:
+            seen.setdefault(str(shard.get("replica_id")), str(shard.get("model") or "?"))
+    return sorted(seen.items())
+
+
+def _node_line(node: dict[str, Any]) -> str:
+    """``node gpu-1: ready, connected, draining``: where the node stands."""
+    parts = [str(node.get("state", "?")), "connected" if node.get("connected") else "disconnected"]
+    if node.get("draining"):
+        parts.append("draining (cordoned: no new shards, its replicas move elsewhere)")
+    elif node.get("cordoned"):
+        parts.append("cordoned (no new shards, its replicas stay)")
+    else:
+        parts.append("not cordoned" + ("" if node.get("schedulable") else ", but not ready"))
+    return f"node {node.get('id', '?')}: {', '.join(parts)}"
+
+
+def _replica_lines(replicas: list[tuple[str, str]]) -> list[str]:
+    return [f"  {replica_id} (model {model})" for replica_id, model in replicas]
+
+
+def node_change(verb: str, node: dict[str, Any]) -> str:
+    """What `llmgw-ctl drain|cordon|uncordon|forget` prints: the node, what the change
+    does to its replicas, and how to undo it."""
+    node_id = node.get("id", "?")
+    running = _node_replicas(node)
+    n = len(running)
+    lines = [_node_line(node) if verb != "forget" else f"forgot node {node_id}"]
+    if verb == "drain":
+        if running:
+            lines.append(
+                f"moving {n} replica{'s' if n != 1 else ''} elsewhere, each drained once its "
+                "replacement is ready:"
+            )
+            lines += _replica_lines(running)
+        else:
+            lines.append("nothing to move: no replica runs on it")
+        lines.append(f"undo: llmgw-ctl nodes uncordon {node_id}")
+    elif verb == "cordon":
+        if running:
+            lines.append(f"{n} replica{'s' if n != 1 else ''} stay{'s' if n == 1 else ''} on it:")
+            lines += _replica_lines(running)
+        lines.append(f"undo: llmgw-ctl nodes uncordon {node_id}")
+    elif verb == "uncordon":
+        lines.append(
+            "placement may put new shards on it again"
+            if node.get("schedulable")
+            else "placement may use it again once it is ready"
+        )
+    else:
+        lines.append(
+            f"it was {node.get('state', '?')}; if its agent comes back it registers as a new node"
+        )
+    return "\n".join(lines)

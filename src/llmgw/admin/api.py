@@ -231,6 +231,52 @@ class AdminApp:
                 },
             ),
             Route(
+                "POST",
+                "/api/v1/nodes/{id}/cordon",
+                self.cordon_node,
+                "cordonNode",
+                "Cordon a node: no new shards, its replicas stay (ends a drain)",
+                fleet,
+                {
+                    200: Out("cordoned: the node as it is now", views.NodeDetail),
+                    404: Out("no such node, or router-only mode", ErrorBody),
+                    503: Out("cordoned now, but the store failed to keep it", ErrorBody),
+                },
+            ),
+            Route(
+                "POST",
+                "/api/v1/nodes/{id}/uncordon",
+                self.uncordon_node,
+                "uncordonNode",
+                "Undo a cordon or drain: the node takes new shards again",
+                fleet,
+                {
+                    200: Out("uncordoned: the node as it is now", views.NodeDetail),
+                    404: Out("no such node, or router-only mode", ErrorBody),
+                    503: Out("uncordoned now, but the store failed to keep it", ErrorBody),
+                },
+            ),
+            Route(
+                "DELETE",
+                "/api/v1/nodes/{id}",
+                self.forget_node,
+                "forgetNode",
+                "Forget a lost or unreachable node (and its cordon)",
+                fleet,
+                {
+                    200: Out("forgotten: the node as it was", views.NodeDetail),
+                    204: Out(
+                        "not registered since the server started: its stored cordon is dropped"
+                    ),
+                    404: Out("no such node, or router-only mode", ErrorBody),
+                    409: Out(
+                        "refused: its agent is connected, or replicas are still placed on it",
+                        ErrorBody,
+                    ),
+                    503: Out("forgotten now, but the store failed to drop its cordon", ErrorBody),
+                },
+            ),
+            Route(
                 "GET",
                 "/api/v1/replicas",
                 self.replicas,
@@ -602,3 +648,52 @@ class AdminApp:
             raise ApiError(404, f"no node {node_id!r}", "node_not_found")
         controller.drain_node(node_id)
         return json_reply(202, views.node_json(controller, node_id))
+
+    async def cordon_node(self, id: str) -> Response:
+        """Cordon the node without moving its replicas; a drain in progress stops."""
+        return await self._set_cordon(id, on=True)
+
+    async def uncordon_node(self, id: str) -> Response:
+        """Let placement use the node again; a drain in progress stops."""
+        return await self._set_cordon(id, on=False)
+
+    async def _set_cordon(self, node_id: str, *, on: bool) -> Response:
+        controller = self._controller()
+        if controller.inventory.get(node_id) is None:
+            raise ApiError(404, f"no node {node_id!r}", "node_not_found")
+        change = controller.cordon_node(node_id, on)
+        body = views.node_json(controller, node_id)  # before the await: it may go meanwhile
+        failure = await controller.persisted(change)
+        if failure is not None:
+            done = "cordoned" if on else "uncordoned"
+            raise ApiError(
+                503,
+                f"node {node_id!r} is {done} now, but the store failed (a restart would "
+                f"undo it): {failure}",
+                "store_unavailable",
+            )
+        return json_reply(200, body)
+
+    async def forget_node(self, id: str) -> Response:
+        """Remove a node that is gone from the inventory; refused (409) while its agent
+        is connected or replicas are placed on it."""
+        controller = self._controller()
+        node_id = id
+        last = views.node_json(controller, node_id)
+        # A cordon read back from the store for a node that never came back: only
+        # forgetting it removes the row.
+        stored_only = last is None and controller.inventory.stored_cordon(node_id) is not None
+        if last is None and not stored_only:
+            raise ApiError(404, f"no node {node_id!r}", "node_not_found")
+        refusal = None if stored_only else controller.forget_refusal(node_id)
+        if refusal is not None:
+            raise ApiError(409, refusal, "node_in_use")
+        failure = await controller.persisted(controller.forget_node(node_id))
+        if failure is not None:
+            raise ApiError(
+                503,
+                f"node {node_id!r} is forgotten now, but the store failed to drop its cordon "
+                f"(a restart would bring the cordon back): {failure}",
+                "store_unavailable",
+            )
+        return json_reply(200, last) if last is not None else Response("", 204)

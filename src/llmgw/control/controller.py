@@ -9,33 +9,41 @@ to engines directly: they keep serving while the control plane restarts.
 
 After a start it waits one `settle` period before placing anything, so agents that
 still run replicas can reconnect and have them adopted instead of duplicated.
+
+The operator's cordons (and drains) are kept in the `store` when one is given: read
+back before the first agent is accepted, so a node cordoned before a restart is
+cordoned when its agent reconnects. Without a store they live in memory only.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
+import attrs
 import trio
 
 from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig, ModelConfig
 from llmgw.control.activity import ActivityTracker
-from llmgw.control.fleet import NodeState, ShardState
+from llmgw.control.fleet import NodeState, ReplicaState, ShardState
 from llmgw.control.inventory import (
     Inventory,
     InventoryError,
     NodeLost,
     NodeRecord,
     ShardReport,
+    UnknownNode,
     placement_from_reports,
 )
 from llmgw.control.placement import NodeCapacity
 from llmgw.control.reconciler import Actions, NodeView, Publish, Reconciler, Unpublish
 from llmgw.router.endpoints import Endpoint, EndpointSink
+from llmgw.store.base import StoredCordon, StoreError
 from llmgw.transport.base import AgentConnection, AgentListener, ConnectionClosed
 from llmgw.transport.messages import (
     CommandResult,
@@ -57,6 +65,8 @@ OUTBOX_SIZE = 1024
 # previous pass's duration (so passes use at most ~1/(1+PASS_SPACING) of the loop).
 MIN_PASS_GAP = 0.02
 PASS_SPACING = 4.0
+# How long a shutdown waits for cordon changes still queued for the store.
+FLUSH_TIMEOUT = 5.0
 
 #: The kinds of command the controller sends agents, as `Controller.commands` counts them.
 COMMAND_KINDS = ("start", "drain", "stop")
@@ -75,6 +85,31 @@ class ProtocolViolation(Exception):
     """An agent broke the protocol (e.g. did not register first)."""
 
 
+class NodeInUse(InventoryError):
+    """A node the operator asked to forget is not gone: its agent is connected, or
+    replicas are still placed on it."""
+
+
+class CordonStore(Protocol):
+    """Where cordons persist (a :class:`~llmgw.store.base.Store` is one)."""
+
+    async def put_cordon(self, node_id: str, *, drain: bool) -> None: ...
+
+    async def delete_cordon(self, node_id: str) -> bool: ...
+
+    async def list_cordons(self) -> list[StoredCordon]: ...
+
+
+@attrs.define
+class CordonChange:
+    """One cordon change for the store: `drain` None removes the node's row."""
+
+    node_id: str
+    drain: bool | None
+    done: trio.Event = attrs.field(factory=trio.Event)
+    error: StoreError | None = None
+
+
 class Controller:
     def __init__(
         self,
@@ -85,8 +120,10 @@ class Controller:
         heartbeat_interval: float = 5.0,
         settle: float | None = None,
         clock: Callable[[], float] = trio.current_time,
+        store: CordonStore | None = None,
     ) -> None:
         self.control = control
+        self.store = store
         self.catalog = catalog
         self.sink = sink
         self.heartbeat_interval = heartbeat_interval
@@ -109,6 +146,9 @@ class Controller:
         # Counts that stay put over passes and heartbeats say it chose to do nothing.
         self.passes = 0
         self.commands: dict[str, int] = dict.fromkeys(COMMAND_KINDS, 0)
+        # Cordon changes, written to the store in order by one task (a drain from a
+        # synchronous caller cannot await the write).
+        self._persist, self._persisting = trio.open_memory_channel[CordonChange](math.inf)
 
     # -- the catalog ---------------------------------------------------------------
 
@@ -117,11 +157,127 @@ class Controller:
         self.catalog = catalog
         self.poke()
 
-    def drain_node(self, node_id: str, *, on: bool = True) -> None:
+    def drain_node(self, node_id: str, *, on: bool = True) -> CordonChange:
         """Cordon a node (no new shards) and move its replicas elsewhere, each one
-        drained only once its replacement is ready. Raises UnknownNode."""
-        self.inventory.cordon(node_id, on)
+        drained only once its replacement is ready; `on=False` uncordons it. Raises
+        UnknownNode. Returns the store write, queued (see :meth:`cordon_node`)."""
+        return self.cordon_node(node_id, on, drain=True)
+
+    def cordon_node(self, node_id: str, on: bool = True, *, drain: bool = False) -> CordonChange:
+        """Cordon a node (no new shards), with `drain` moving its replicas elsewhere too;
+        `on=False` uncordons it (new shards may go there again). Uncordoning a draining
+        node stops the drain: its replicas count again, so replacements not yet needed
+        are scaled down (those still starting first); replicas already drained stay
+        gone. Raises UnknownNode. Applies now; the store write is queued: await
+        :meth:`persisted` with what this returns to know it is stored."""
+        self.inventory.cordon(node_id, on, drain=drain)
         self.poke()
+        return self._queue(node_id, drain if on else None)
+
+    def forget_node(self, node_id: str) -> CordonChange:
+        """Remove a node that is gone from the inventory (and its cordon). Refused with
+        :class:`NodeInUse` while its agent is connected and the node is not lost (it
+        would only register again) or while replicas are placed on it (an unreachable
+        node not lost yet: forgetting it would drop replicas that may still serve).
+        A node that has not registered since a restart but has a stored cordon loses
+        that cordon. Raises UnknownNode."""
+        if node_id not in self.inventory and self.inventory.drop_stored_cordon(node_id):
+            return self._queue(node_id, None)
+        refusal = self.forget_refusal(node_id)
+        if refusal is not None:
+            raise NodeInUse(refusal)
+        self.inventory.remove(node_id)
+        self.poke()
+        return self._queue(node_id, None)
+
+    def forget_refusal(self, node_id: str) -> str | None:
+        """Why :meth:`forget_node` would refuse `node_id` now, or None. Raises
+        UnknownNode."""
+        record = self.inventory.get(node_id)
+        if record is None:
+            raise UnknownNode(node_id)
+        # A lost node's stream may still be open (a hung agent): its next message is
+        # refused anyway, so only a live connection is a reason to refuse.
+        if record.connected and record.state is not NodeState.LOST:
+            return (
+                f"node {node_id!r} is connected: stop its agent first (a connected agent "
+                "would only register again); drain it to move its replicas"
+            )
+        holding = sorted(
+            r.placement.replica_id
+            for r in self.reconciler.replicas.values()
+            if r.state is not ReplicaState.STOPPED and node_id in r.placement.nodes
+        )
+        if holding:
+            return (
+                f"node {node_id!r} still holds replicas {', '.join(holding)} (it is "
+                f"{record.state.value}, not lost): wait until it is lost "
+                "(control.lost_after) or drain it first"
+            )
+        return None
+
+    async def persisted(self, change: CordonChange) -> StoreError | None:
+        """Wait until `change` is in the store (at once without one); the
+        :class:`~llmgw.store.base.StoreError` it failed with, else None. The change is
+        made either way: only a restart would undo a failed one."""
+        if self.store is None:
+            return None
+        await change.done.wait()
+        return change.error
+
+    def _queue(self, node_id: str, drain: bool | None) -> CordonChange:
+        change = CordonChange(node_id, drain)
+        if self.store is not None:
+            self._persist.send_nowait(change)
+        return change
+
+    async def _persist_loop(self) -> None:
+        current: CordonChange | None = None
+        try:
+            async for change in self._persisting:
+                current = change
+                await self._write(change)
+                current = None
+        finally:
+            # At shutdown, what is queued (or was cut off mid-write) is still written:
+            # a drain's caller does not wait for it, and a restart would undo it.
+            with trio.CancelScope(shield=True), trio.move_on_after(FLUSH_TIMEOUT):
+                if current is not None:
+                    await self._write(current)
+                while True:
+                    try:
+                        change = self._persisting.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                        break
+                    await self._write(change)
+
+    async def _write(self, change: CordonChange) -> None:
+        assert self.store is not None
+        try:
+            if change.drain is None:
+                await self.store.delete_cordon(change.node_id)
+            else:
+                await self.store.put_cordon(change.node_id, drain=change.drain)
+        except StoreError as exc:
+            log.error("node %s: cordon not stored (lost at a restart): %s", change.node_id, exc)
+            change.error = exc
+        finally:
+            change.done.set()  # whoever waits is told, even when cancelled
+
+    async def _restore_cordons(self) -> None:
+        assert self.store is not None
+        try:
+            stored = await self.store.list_cordons()
+        except StoreError as exc:
+            log.error("cordons not read from the store (nodes start uncordoned): %s", exc)
+            return
+        for cordon in stored:
+            log.info(
+                "node %s: %s (from the store)",
+                cordon.node_id,
+                "draining" if cordon.drain else "cordoned",
+            )
+            self.inventory.restore_cordon(cordon.node_id, drain=cordon.drain)
 
     def deployable(self) -> list[ModelConfig]:
         return [m for m in self.catalog.models if m.profiles]
@@ -139,7 +295,11 @@ class Controller:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         self.started_at = self.clock()
+        if self.store is not None:
+            await self._restore_cordons()  # before any agent registers
         async with trio.open_nursery() as nursery:
+            if self.store is not None:
+                nursery.start_soon(self._persist_loop)
             await nursery.start(listener.serve, self._serve_agent)
             nursery.start_soon(self._expiry_loop)
             nursery.start_soon(self._reconcile_loop)
@@ -192,7 +352,7 @@ class Controller:
             since=record.since,
             cordoned=record.cordoned,
         )
-        return NodeView(record.node_id, record.state, capacity)
+        return NodeView(record.node_id, record.state, capacity, drain=record.draining)
 
     def _adopt_reported(self, *, quiet: bool = False) -> None:
         """Rebuild placements from the shards agents report and adopt the whole ones

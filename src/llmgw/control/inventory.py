@@ -38,6 +38,15 @@ Node states
 * A registration refreshes everything the server knows of the node (inventory,
   fabrics, labels, GPUs, shards); the operator's cordon survives it.
 
+Cordons
+-------
+An operator's :meth:`~Inventory.cordon` keeps new shards off a node; with
+``drain=True`` (a drain) the reconciler also moves its replicas elsewhere, without
+(a plain cordon) they stay where they are. :meth:`~Inventory.restore_cordon` sets a
+cordon kept in the store, for a node that may not have registered yet (after a
+server restart): it applies when the node registers. :meth:`~Inventory.remove`
+forgets the node and its cordon.
+
 Connections
 -----------
 Every registration opens a new *session* (a number, in :class:`NodeRegistered` and
@@ -186,6 +195,7 @@ class NodeRecord:
     identity: str | None  # the connection's verified identity, if the transport has one
     session: int  # the registration (connection) the record belongs to
     seq: int | None = None  # last heartbeat sequence number of this session
+    draining: bool = False  # cordoned with its replicas moving elsewhere (a drain)
 
     @property
     def node_id(self) -> str:
@@ -266,6 +276,7 @@ class ShardChanged:
 class NodeCordoned:
     node_id: str
     cordoned: bool
+    drain: bool = True
 
 
 @attrs.frozen
@@ -300,6 +311,7 @@ class _Node:
     shards: dict[ShardKey, ShardStatus]
     connected: bool = True
     cordoned: bool = False
+    draining: bool = False
     seq: int | None = None
 
     def snapshot(self) -> NodeRecord:
@@ -315,6 +327,7 @@ class _Node:
             identity=self.identity,
             session=self.session,
             seq=self.seq,
+            draining=self.draining,
         )
 
 
@@ -336,6 +349,8 @@ class Inventory:
                 f"{self.unreachable_after} and {self.lost_after}"
             )
         self._nodes: dict[str, _Node] = {}
+        # Stored cordons of nodes not registered yet: node id -> drain.
+        self._pending_cordons: dict[str, bool] = {}
         self._sessions = itertools.count(1)
         self._now = -math.inf
 
@@ -384,6 +399,7 @@ class Inventory:
         node = self._nodes.get(node_id)
         events: list[Event] = []
         if node is None:
+            drain = self._pending_cordons.pop(node_id, None)
             self._nodes[node_id] = _Node(
                 info=info,
                 state=NodeState.READY,
@@ -393,6 +409,8 @@ class Inventory:
                 identity=identity,
                 gpus=gpus,
                 shards=shards,
+                cordoned=drain is not None,
+                draining=bool(drain),
             )
             events.append(NodeRegistered(node_id, info, None, session))
             events.append(NodeReady(node_id, None))
@@ -488,17 +506,37 @@ class Inventory:
 
     # -- operator --------------------------------------------------------------------
 
-    def cordon(self, node_id: str, on: bool) -> list[Event]:
-        """Keep new shards off the node (or allow them again); running ones stay."""
+    def cordon(self, node_id: str, on: bool, *, drain: bool = True) -> list[Event]:
+        """Keep new shards off the node (or allow them again). The inventory only records
+        `drain` (the reconciler moves a draining node's replicas); a cordon given again
+        with the other `drain` changes it. Raises :class:`UnknownNode`."""
         node = self._known(node_id)
-        if node.cordoned == on:
+        draining = on and drain
+        if node.cordoned == on and node.draining == draining:
             return []
         node.cordoned = on
-        return [NodeCordoned(node_id, on)]
+        node.draining = draining
+        return [NodeCordoned(node_id, on, draining)]
+
+    def restore_cordon(self, node_id: str, *, drain: bool) -> list[Event]:
+        """A cordon from the store: set now on a known node, else when it registers."""
+        if node_id in self._nodes:
+            return self.cordon(node_id, True, drain=drain)
+        self._pending_cordons[node_id] = drain
+        return []
+
+    def stored_cordon(self, node_id: str) -> bool | None:
+        """The drain flag of a restored cordon whose node has not registered, else None."""
+        return self._pending_cordons.get(node_id)
+
+    def drop_stored_cordon(self, node_id: str) -> bool:
+        """Forget the restored cordon of a node that has not registered; False if none."""
+        return self._pending_cordons.pop(node_id, None) is not None
 
     def remove(self, node_id: str) -> list[Event]:
-        """Forget a node (decommissioned). If its agent is still connected, its next
-        message is refused with :class:`ReregisterRequired` and it comes back as new."""
+        """Forget a node (decommissioned) and its cordon. If its agent is still connected,
+        its next message is refused with :class:`ReregisterRequired` and it comes back as
+        new."""
         node = self._known(node_id)
         del self._nodes[node_id]
         return [NodeRemoved(node_id, node.state)]

@@ -114,6 +114,9 @@ class NodeView:
     node_id: str
     state: NodeState
     capacity: NodeCapacity
+    # When cordoned: move its replicas elsewhere (a drain); False keeps them (a plain
+    # cordon only keeps new shards off).
+    drain: bool = True
 
 
 @attrs.define
@@ -188,7 +191,7 @@ class Reconciler:
                 actions += self._drop(replica, "start timed out", failed=True, now=now)
 
         wanted = {m.name: m for m in models if m.profiles}
-        cordoned = {n.node_id for n in nodes if n.capacity.cordoned}
+        cordoned = {n.node_id for n in nodes if n.capacity.cordoned and n.drain}
         requests: list[PlaceRequest] = []
         # Active replicas by model, once per pass (per-model scans were O(models x
         # replicas) and most of a steady pass).
@@ -197,7 +200,7 @@ class Reconciler:
             if replica.state in (ReplicaState.STARTING, ReplicaState.READY):
                 active_by_model.setdefault(replica.model, []).append(replica)
         for model in wanted.values():
-            # Make before break: replicas on cordoned nodes keep serving but no longer
+            # Make before break: replicas on draining nodes keep serving but no longer
             # count, so replacements are placed elsewhere; they drain once enough
             # replacements are ready.
             active: list[Replica] = []

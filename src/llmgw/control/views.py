@@ -14,8 +14,8 @@ Shapes (``GET /api/v1/...``):
 
 * ``nodes``: ``{"nodes": [node, ...]}``, sorted by id; ``nodes/{id}``: one node.
   A node: ``id, hostname, address, agent_version, state, since, in_state_seconds,
-  last_heartbeat, heartbeat_age_seconds, connected, cordoned, schedulable, labels,
-  fabrics, gpus_total, gpus_allocated, gpus_free, gpus: [{index, uuid, name,
+  last_heartbeat, heartbeat_age_seconds, connected, cordoned, draining, schedulable,
+  labels, fabrics, gpus_total, gpus_allocated, gpus_free, gpus: [{index, uuid, name,
   memory_total_bytes, memory_used_bytes, utilization, ecc_errors, replica_id,
   model}], engines: [{name, version}], shards: [{replica_id, rank, epoch, state,
   model, message, endpoint_url, port, gpu_indices, exit_code, output_tail}]``.
@@ -234,6 +234,7 @@ class NodeDetail:
     heartbeat_age_seconds: float
     connected: bool
     cordoned: bool
+    draining: bool  # cordoned and its replicas moving elsewhere (a drain)
     schedulable: bool
     labels: dict[str, str]
     fabrics: tuple[str, ...]
@@ -293,6 +294,7 @@ def node_detail(
         heartbeat_age_seconds=silent,
         connected=record.connected,
         cordoned=record.cordoned,
+        draining=record.draining,
         schedulable=record.schedulable,
         labels=dict(info.labels),
         fabrics=info.fabrics,

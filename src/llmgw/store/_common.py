@@ -24,6 +24,7 @@ from llmgw.store.base import (
     KeyRecord,
     SchemaTooNew,
     Session,
+    StoredCordon,
     StoredModel,
     StoreError,
     TimedUsage,
@@ -305,6 +306,29 @@ def list_models(db: DB) -> list[StoredModel]:
     ]
 
 
+# -- node cordons -----------------------------------------------------------------------
+
+
+def put_cordon(db: DB, node_id: str, drain: bool, now: float) -> None:
+    db.run(
+        "INSERT INTO node_cordons (node_id, drain, updated_at) VALUES (?, ?, ?)"
+        " ON CONFLICT (node_id) DO UPDATE SET drain = excluded.drain,"
+        " updated_at = excluded.updated_at",
+        (node_id, drain, now),
+    )
+
+
+def delete_cordon(db: DB, node_id: str) -> bool:
+    return db.run("DELETE FROM node_cordons WHERE node_id = ?", (node_id,)) > 0
+
+
+def list_cordons(db: DB) -> list[StoredCordon]:
+    return [
+        StoredCordon(str(r[0]), bool(r[1]), float(r[2]))
+        for r in db.rows("SELECT node_id, drain, updated_at FROM node_cordons ORDER BY node_id")
+    ]
+
+
 # -- sessions ---------------------------------------------------------------------------
 
 
@@ -491,6 +515,17 @@ class ThreadedStore:
 
     async def list_models(self) -> list[StoredModel]:
         return await self._read(list_models)
+
+    # node cordons
+
+    async def put_cordon(self, node_id: str, *, drain: bool) -> None:
+        await self._write(partial(put_cordon, node_id=node_id, drain=drain, now=self._clock()))
+
+    async def delete_cordon(self, node_id: str) -> bool:
+        return await self._write(partial(delete_cordon, node_id=node_id))
+
+    async def list_cordons(self) -> list[StoredCordon]:
+        return await self._read(list_cordons)
 
     # sessions
 

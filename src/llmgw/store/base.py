@@ -1,9 +1,10 @@
 """The store's interface and the values it returns.
 
 A store holds API keys (only their hashes), usage records, models added at
-runtime and dashboard sessions (DESIGN §8). Two backends implement :class:`Store`:
-SQLite for one server (:mod:`llmgw.store.sqlite`) and PostgreSQL for several
-(:mod:`llmgw.store.postgres`); :func:`llmgw.store.open_store` picks one from a URL.
+runtime, dashboard sessions (DESIGN §8) and the operator's node cordons. Two
+backends implement :class:`Store`: SQLite for one server (:mod:`llmgw.store.sqlite`)
+and PostgreSQL for several (:mod:`llmgw.store.postgres`);
+:func:`llmgw.store.open_store` picks one from a URL.
 
 Times are wall-clock seconds since the epoch (``time.time()``), as floats, in
 every column and value: usage buckets are whole multiples of the bucket size
@@ -30,6 +31,7 @@ __all__ = [
     "StoreClosed",
     "StoreError",
     "StoreUnavailable",
+    "StoredCordon",
     "StoredModel",
     "TimedUsage",
     "UnsupportedStoreURL",
@@ -124,6 +126,14 @@ class UsageRow:
     mean_latency: float
     # None when no request in the group reported a time to first token.
     mean_ttft: float | None
+
+
+class StoredCordon(NamedTuple):
+    """A node an operator cordoned: with `drain`, its replicas move elsewhere too."""
+
+    node_id: str
+    drain: bool
+    updated_at: float
 
 
 class StoredModel(NamedTuple):
@@ -256,3 +266,14 @@ class Store(Protocol):
 
     async def delete_session(self, token: str) -> bool:
         """Log out; False when there was no such session."""
+
+    # -- node cordons ----------------------------------------------------------------
+
+    async def put_cordon(self, node_id: str, *, drain: bool) -> None:
+        """Cordon a node (drain: and move its replicas), or change how; by node id."""
+
+    async def delete_cordon(self, node_id: str) -> bool:
+        """Uncordon a node; False when it was not cordoned."""
+
+    async def list_cordons(self) -> list[StoredCordon]:
+        """Every cordoned node, by id."""

@@ -62,4 +62,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX dashboard_sessions_expires ON dashboard_sessions (expires_at)",
         ),
     ),
+    Migration(
+        2,
+        "node cordons (the operator's, kept across server restarts)",
+        (
+            """
+            CREATE TABLE node_cordons (
+                node_id TEXT PRIMARY KEY,
+                drain INTEGER NOT NULL,
+                updated_at REAL NOT NULL
+            )
+            """,
+        ),
+    ),
 )
