@@ -147,12 +147,6 @@ def test_forget_refuses_a_connected_node_and_removes_a_lost_one(tmp_path: Any) -
         assert delete(srv, "/api/v1/nodes/n1").status_code == 404
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="llmgw.server must pass store= to Controller (a one-line change in server.py, "
-    "which the admin-HTTP rewrite owns); until then cordons persist only in a controller "
-    "built with a store",
-)
 def test_a_drain_survives_a_server_restart(store_url: str) -> None:
     config = control_config([model("m", replicas=1)], extra=f'[store]\nurl = "{store_url}"\n')
     with ExitStack() as stack:

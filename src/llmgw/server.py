@@ -212,7 +212,12 @@ async def _serve(
     if controller is None and any(m.profiles for m in registry.catalog.models):
         heartbeat, settle = control_timings(config.control)
         controller = Controller(
-            config.control, registry.catalog, router, heartbeat_interval=heartbeat, settle=settle
+            config.control,
+            registry.catalog,
+            router,
+            heartbeat_interval=heartbeat,
+            settle=settle,
+            store=store,
         )
     batcher = None
     if store is not None:
