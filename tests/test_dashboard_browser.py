@@ -611,3 +611,19 @@ def test_retries_are_counted_and_charted_per_model(page: Page) -> None:
             timeout=15_000
         )
         expect(chart).not_to_contain_text("No retry counts recorded")
+
+
+def test_cordon_and_uncordon_through_the_ui(fleet: Fleet, page: Page) -> None:
+    """A cordon is undone from the same page; a node that is not lost has no Forget."""
+    page.goto(f"{fleet.dash}/fleet")
+    n1 = page.locator('section.node[data-node="n1"]')
+    expect(n1.locator("button", has_text="Forget")).to_have_count(0)
+    n1.locator("button", has_text="Cordon").click()
+    expect(page.locator(".notice")).to_contain_text("Node n1 is cordoned")
+    n1 = page.locator('section.node[data-node="n1"]')
+    expect(n1.locator("[data-state]")).to_have_text(re.compile(r"ready, cordoned$"))
+    assert fleet.node("n1")["cordoned"] is True and fleet.node("n1")["draining"] is False
+    n1.locator("button", has_text="Uncordon").click()
+    expect(page.locator(".notice")).to_contain_text("Node n1 takes new replicas again")
+    expect(page.locator('section.node[data-node="n1"] [data-state]')).to_have_text("ready")
+    assert fleet.node("n1")["cordoned"] is False

@@ -93,6 +93,9 @@ PERIODS = {"1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 # so a link cannot put words in the dashboard's mouth.
 NOTICES = {
     "drain": "Node {id} is draining: its replicas move elsewhere, make before break.",
+    "cordon": "Node {id} is cordoned: no new replicas go there; its replicas stay.",
+    "uncordon": "Node {id} takes new replicas again.",
+    "forget": "Node {id} is forgotten.",
     "scale": "Model {id}: desired replicas set to {n}.",
     "revoke": "Key {id} is revoked.",
     "logout": "Logged out.",
@@ -175,6 +178,9 @@ class DashboardApp:
         }
         self.actions: dict[str, Handler] = {
             "/nodes/drain": DashboardApp.drain,
+            "/nodes/cordon": DashboardApp.cordon,
+            "/nodes/uncordon": DashboardApp.uncordon,
+            "/nodes/forget": DashboardApp.forget,
             "/models/replicas": DashboardApp.scale,
             "/keys/create": DashboardApp.create_key,
             "/keys/revoke": DashboardApp.revoke_key,
@@ -661,6 +667,26 @@ class DashboardApp:
         if status != 202:
             return await self.message_page(status, "Cannot drain", _message(data))
         return redirect(self.url("/fleet", done="drain", id=node))
+
+    async def cordon(self, view: View) -> Response:
+        return await self._node_action(view, "cordon", "Cannot cordon")
+
+    async def uncordon(self, view: View) -> Response:
+        return await self._node_action(view, "uncordon", "Cannot uncordon")
+
+    async def forget(self, view: View) -> Response:
+        node = view.form.get("node", "")
+        status, data = await self.api("DELETE", f"/api/v1/nodes/{quote(node, safe='')}")
+        if status not in (200, 204):
+            return await self.message_page(status, "Cannot forget", _message(data))
+        return redirect(self.url("/fleet", done="forget", id=node))
+
+    async def _node_action(self, view: View, verb: str, refused: str) -> Response:
+        node = view.form.get("node", "")
+        status, data = await self.api("POST", f"/api/v1/nodes/{quote(node, safe='')}/{verb}")
+        if status != 200:
+            return await self.message_page(status, refused, _message(data))
+        return redirect(self.url("/fleet", done=verb, id=node))
 
     async def scale(self, view: View) -> Response:
         form = view.form
