@@ -221,6 +221,26 @@ async def test_key_defaults_and_expiry_status(tmp_path: Path) -> None:
         assert statuses == {"plain": "active", "brief": "expired"}
 
 
+async def test_a_name_a_live_key_has_is_refused_and_free_once_revoked(tmp_path: Path) -> None:
+    async with admin_api(tmp_path) as a:
+        first = (await a.client.post("/api/v1/keys", json={"name": "ci"})).json()
+        r = await a.client.post("/api/v1/keys", json={"name": "ci", "band": "gold"})
+        assert r.status_code == 409, r.text
+        detail = error(r)
+        assert (detail["code"], detail["param"]) == ("duplicate_name", "name")
+        assert detail["message"] == (
+            f"name: a key named 'ci' exists ({first['id']}) and is not revoked: "
+            "choose another name, or revoke that key first"
+        )
+        assert [k["id"] for k in (await a.client.get("/api/v1/keys")).json()["keys"]] == [
+            first["id"]
+        ]
+        assert (await a.client.delete(f"/api/v1/keys/{first['id']}")).status_code == 200
+        r = await a.client.post("/api/v1/keys", json={"name": "ci"})
+        assert r.status_code == 201, r.text
+        assert r.json()["id"] != first["id"]
+
+
 @pytest.mark.parametrize(
     ("body", "param", "fragment"),
     [

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -34,7 +35,9 @@ def ctl(admin: str, *args: str, stdin: str | None = None) -> tuple[int, str, str
         text=True,
         input=stdin,
         timeout=30,
-        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        # PYTHONPATH passed on: the ctl under test is the tree's, not an installed one.
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}
+        | {k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
     )
     return done.returncode, done.stdout, done.stderr
 
@@ -150,17 +153,17 @@ def test_keys_lifecycle_and_usage(srv: Server) -> None:
     assert ask(srv.base, keeper["secret"]) == "m"
     assert "revoked" in next(line for line in ok(admin, "keys").splitlines() if "alice" in line)
 
-    # Names that match no key, or several.
+    # A name belongs to one key until it is revoked; then it may be used again.
     err = failed(admin, "keys", "revoke", "nobody")
     assert "no key with the id or name 'nobody'" in err
-    twins = [
-        httpx.post(f"{admin}/api/v1/keys", json={"name": "twin"}, timeout=5).json()["id"]
-        for _ in "ab"
-    ]
-    err = failed(admin, "keys", "revoke", "twin")
-    assert "2 keys are named 'twin'" in err and all(i in err for i in twins)
-    assert twins[0] in ok(admin, "keys", "revoke", twins[0])
-    assert twins[1] in ok(admin, "keys", "revoke", "twin")  # one left that is not revoked
+    first = json.loads(ok(admin, "--json", "keys", "create", "--name", "twin"))["id"]
+    err = failed(admin, "keys", "create", "--name", "twin")
+    assert "409" in err and f"a key named 'twin' exists ({first}) and is not revoked" in err
+    assert first in ok(admin, "keys", "revoke", "twin")
+    second = json.loads(ok(admin, "--json", "keys", "create", "--name", "twin"))["id"]
+    assert ok(admin, "keys", "revoke", "twin").startswith(f"revoked key 'twin' ({second})")
+    # Both revoked: the name is no longer ambiguous, revoking again changes nothing.
+    assert ok(admin, "keys", "revoke", "twin") == f"key 'twin' ({second}) was already revoked\n"
 
     # The admin API's own refusals name the value at fault.
     err = failed(admin, "keys", "create", "--name", "x", "--band", "diamond")

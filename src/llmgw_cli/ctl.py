@@ -731,16 +731,18 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
 
 
 def _resolve_key(args: argparse.Namespace, wanted: str) -> dict[str, Any]:
-    """The key with id `wanted`, or the one not-yet-revoked key named `wanted` (or the
-    one key of that name at all); CliError otherwise."""
+    """The key with id `wanted`, or the one not-yet-revoked key named `wanted` (or, all
+    of that name revoked, the newest: a revoked key's name may be reused, and revoking
+    again changes nothing); CliError otherwise. Several live keys share a name only
+    when they were made before names were unique (schema version 2)."""
     records = _key_records(_call(args, "GET", "keys"))
     for key in records:
         if key.get("id") == wanted:
             return key
     named = [k for k in records if k.get("name") == wanted]
     live = [k for k in named if k.get("status") != "revoked"]
-    if len(live) == 1 or (len(named) == 1 and not live):
-        return (live or named)[0]
+    if len(live) == 1 or (named and not live):
+        return (live or named)[-1]  # listings are oldest first
     if not named:
         raise CliError(
             f"no key with the id or name {wanted!r} (llmgw-ctl keys lists them)", EXIT_RUNTIME
