@@ -735,6 +735,19 @@ def test_readable_keys_and_models() -> None:
     assert rows["temp"].rstrip().endswith("expired 90s ago")
     assert "gold" in rows["ci"] and rows["ci"].rstrip().endswith("active, expires in 30d")
     assert "no API keys" in text(render("keys", {"keys": []}))
+    # A key without a band gets the server's default band, which the admission view names.
+    assert words(out, "ops")[3] == "default"  # not known: the caller had no admission view
+    admission = {"default_band": "silver", "bands": [{"name": n} for n in ("gold", "silver")]}
+    bands = ctl_views.Bands.of(admission)
+    assert bands == ctl_views.Bands("silver", ("gold", "silver"))
+    out = text(render("keys", keys, bands), width=200)
+    assert words(out, "ops")[3:5] == ["silver", "(default)"]
+    assert words(out, "ci")[3] == "gold"
+    # As the router resolves it: exact, then ignoring case; else it is refused (400).
+    assert ctl_views.key_band({"band": "GOLD"}, bands) == "gold"
+    assert ctl_views.key_band({"band": "tin"}, bands) == "tin (no such band: requests get 400)"
+    assert ctl_views.key_band({"band": ""}, bands) == "silver (default)"
+    assert ctl_views.Bands.of({"bands": []}) is None  # not llmgw's admission view
 
     out = text(render("models", models), width=200)
     assert words(out, "llama") == ["llama", "config", "l", "-", "1/2", "1/1", "available:", "r1"]

@@ -23,6 +23,8 @@ url = "sqlite:///{path}"
 [router]
 scrape_interval = "200ms"
 scrape_timeout = "150ms"
+[router.admission]
+default_band = "silver"
 """
 
 SECRET = re.compile(r"^\s+(llmgw-\S+)\s*$", re.MULTILINE)
@@ -96,6 +98,8 @@ def test_keys_lifecycle_and_usage(srv: Server) -> None:
     assert "first usable key" in out and "401" in out
     # Another key, so that revoking alice's leaves the client port guarded.
     keeper = json.loads(ok(admin, "--json", "keys", "create", "--name", "keeper"))
+    spare = ok(admin, "keys", "create", "--name", "spare")
+    assert "band silver (default); all models" in spare.splitlines()[0]
     assert keeper["secret"].startswith("llmgw-") and keeper["name"] == "keeper"
 
     # The server checks whether keys exist at most once per auth.cache_ttl (1 s); until
@@ -113,7 +117,10 @@ def test_keys_lifecycle_and_usage(srv: Server) -> None:
         assert cell in alice, (cell, alice)
     assert secret not in listing
     listed = json.loads(ok(admin, "keys", "--json"))["keys"]
-    assert [k["name"] for k in listed] == ["alice", "keeper"]
+    assert [k["name"] for k in listed] == ["alice", "keeper", "spare"]
+    # keeper has no band of its own: the server's default band applies, and is shown.
+    kept = next(line for line in listing.splitlines() if "keeper" in line)
+    assert "silver (default)" in kept and listed[1]["band"] is None
     assert all("secret" not in k for k in listed)
 
     # Usage reaches the store in batches (every second): wait on the API, then ask llmgw-ctl.

@@ -648,7 +648,8 @@ def cmd_listing(args: argparse.Namespace) -> int:
         _print_json(data)
     else:
         console = _stdout()
-        view = ctl_views.render(collection, data)
+        bands = _bands(args) if args.command == "keys" else None
+        view = ctl_views.render(collection, data, bands)
         console.print(view if view is not None else render_table(data, collection, console.width))
     return EXIT_OK
 
@@ -671,10 +672,19 @@ def cmd_drain(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- keys
 
 
-def _key_summary(key: dict[str, Any]) -> str:
+def _bands(args: argparse.Namespace) -> ctl_views.Bands | None:
+    """The server's bands and default band, to show the band a key without one gets;
+    None when the admission view cannot be had (the listing goes on without it)."""
+    try:
+        return ctl_views.Bands.of(_call(args, "GET", "admission"))
+    except CliError:
+        return None
+
+
+def _key_summary(key: dict[str, Any], bands: ctl_views.Bands | None) -> str:
     models = key.get("models")
     parts = [
-        f"band {key.get('band') or 'default'}",
+        f"band {ctl_views.key_band(key, bands)}",
         "all models" if models is None else "models " + (", ".join(models) or "none"),
     ]
     parts += [f"{key[k]:,} {k}" for k in ("rpm", "tpm") if key.get(k) is not None]
@@ -708,7 +718,8 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
         _print_json(key)
         return EXIT_OK
     say = partial(_stdout().print, markup=False, highlight=False)
-    say(f"Created API key {key.get('name', args.name)!r} ({key.get('id')}): {_key_summary(key)}")
+    summary = _key_summary(key, _bands(args))
+    say(f"Created API key {key.get('name', args.name)!r} ({key.get('id')}): {summary}")
     say()
     say(f"    {key['secret']}", style="bold yellow")
     say()
