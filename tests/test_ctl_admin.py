@@ -222,6 +222,15 @@ def test_models_add_scale_remove(srv: Server, tmp_path: Path) -> None:
     unknown.write_text('{"name": "x", "replica": 2}')
     assert "replica: unknown key" in failed(admin, "models", "add", str(unknown))
     assert "cannot read" in failed(admin, "models", "add", str(tmp_path / "no.toml"), code=2)
+    # This server routes only (its models have no profiles): one to deploy is refused.
+    deploy = tmp_path / "deploy.toml"
+    deploy.write_text(
+        '[[models]]\nname = "dep"\n[[models.profiles]]\nname = "p"\nengine = "sim"\n'
+        'weights = "sim"\n'
+    )
+    err = failed(admin, "models", "add", str(deploy))
+    assert "409" in err and "no control plane: this server runs as a router only" in err
+    assert [m["name"] for m in json.loads(ok(admin, "--json", "models"))["models"]] == ["m"]
     assert "no runtime model 'm'" in failed(admin, "models", "set-replicas", "m", "2")
     assert "no runtime model 'gone'" in failed(admin, "models", "remove", "gone")
     assert "must not be negative" in failed(admin, "models", "set-replicas", "rt", "-1", code=2)
