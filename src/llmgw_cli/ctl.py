@@ -41,7 +41,7 @@ from llmgw.bench.runner import BAND_HEADER, SESSION_HEADER
 from llmgw.bench.sweeping import PERCENTILES
 from llmgw.units import parse_duration
 from llmgw_cli import ctl_views
-from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, fail
+from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, fail, os_reason
 
 PROG = "llmgw-ctl"
 DEFAULT_ADMIN = "http://127.0.0.1:9090"
@@ -180,6 +180,20 @@ class _OneLineErrors(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         fail(self.prog, f"{message} (see '{self.prog} --help')", EXIT_USAGE)
+
+
+def http_url(text: str) -> str:
+    """An http:// or https:// URL with a host (argparse type): a bad one is refused
+    before any request, as one line, not reported per failed request after the run."""
+    try:
+        url = httpx.URL(text)
+    except httpx.InvalidURL as exc:
+        raise argparse.ArgumentTypeError(f"invalid URL {text!r}: {exc}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise argparse.ArgumentTypeError(
+            f"invalid URL {text!r}: use http://HOST[:PORT] or https://HOST[:PORT]"
+        )
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -351,7 +365,12 @@ def _add_bench(b: argparse.ArgumentParser) -> None:
         "to --url) and report TTFT, inter-token and end-to-end latency percentiles and "
         "throughput. A prompt of N tokens is N three-letter pseudo-words (~1 token each)."
     )
-    b.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
+    b.add_argument(
+        "--url",
+        required=True,
+        type=http_url,
+        help="server base URL, e.g. http://127.0.0.1:8080",
+    )
     b.add_argument("--model", required=True, help="model name to request")
     b.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
     b.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
@@ -819,7 +838,7 @@ def read_model_entry(path: str) -> dict[str, Any]:
         try:
             text = Path(path).read_text()
         except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)
             raise CliError(f"cannot read {path}: {reason}") from None
     data = _parse_model_text(text, source, suffix)
     if isinstance(data, dict) and isinstance(data.get("models"), list):
