@@ -333,6 +333,18 @@ async def test_concurrent_creators_of_one_name_get_one_key(store: ThreadedStore)
     assert [k.id for k in await store.list_keys()] == won
 
 
+async def test_the_database_itself_refuses_a_second_live_name(store: ThreadedStore) -> None:
+    """Not only the check in insert_key: a plain INSERT that skips it is refused by the
+    unique index, so no writer (another llmgw version, a race) gets past it."""
+    sql = "INSERT INTO api_keys (id, name, prefix, hash, created_at) VALUES (?, ?, ?, ?, ?)"
+    await execute(store, sql, ("key_a", "dup", "llmgw-a", "hash-a", T0))
+    with pytest.raises(StoreError, match=r"(?i)unique"):
+        await execute(store, sql, ("key_b", "dup", "llmgw-b", "hash-b", T0))
+    assert await store.revoke_key("key_a")
+    await execute(store, sql, ("key_b", "dup", "llmgw-b", "hash-b", T0))
+    assert [k.id for k in await store.list_keys() if k.revoked_at is None] == ["key_b"]
+
+
 async def test_the_migration_keeps_keys_that_already_shared_a_name(url: str) -> None:
     """Keys made before names were unique keep working, duplicates and all; the name
     they share is taken until every one of them is revoked."""
