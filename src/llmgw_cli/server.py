@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
@@ -151,31 +152,38 @@ async def _bind(address: str) -> list[trio.SocketListener]:
         raise CliError(f"cannot listen on {address}: {os_reason(exc)}", EXIT_RUNTIME) from None
 
 
-async def _bind_both(config: cfg.Config) -> tuple[list[trio.SocketListener], ...]:
-    """The client and admin listeners; server.serve closes them when it returns."""
-    client = await _bind(config.listen)
+Bound = tuple[list[trio.SocketListener], list[trio.SocketListener]]
+
+
+@contextlib.asynccontextmanager
+async def _bind_both(config: cfg.Config) -> AsyncIterator[Bound]:
+    """The client and admin listeners, closed on the way out (server.serve closes them
+    too, but not when it fails before it takes them, say opening the store)."""
+    sockets: list[trio.SocketListener] = []
     try:
-        return client, await _bind(config.admin_listen)
-    except BaseException:
-        for listener in client:
+        client = await _bind(config.listen)
+        sockets += client
+        admin = await _bind(config.admin_listen)
+        sockets += admin
+        yield client, admin
+    finally:
+        for listener in sockets:
             listener.socket.close()
-        raise
 
 
 async def _serve(config: cfg.Config, ready: str | None) -> None:
-    client, admin = await _bind_both(config)
-    await server.serve(
-        config,
-        client_listeners=client,
-        admin_listeners=admin,
-        on_listening=partial(write_ready_file, ready) if ready else None,
-    )
+    async with _bind_both(config) as (client, admin):
+        await server.serve(
+            config,
+            client_listeners=client,
+            admin_listeners=admin,
+            on_listening=partial(write_ready_file, ready) if ready else None,
+        )
 
 
 async def _run_demo(
     config: cfg.Config, fake_gpus: str | None = DEMO_GPUS, ready: str | None = None
 ) -> None:
-    client, admin = await _bind_both(config)
     listening: server.Listening = {}
 
     def on_listening(bound: server.Listening) -> None:
@@ -199,14 +207,15 @@ async def _run_demo(
             flush=True,
         )
 
-    await run_demo(
-        config,
-        announce=announce,
-        fake_gpus=fake_gpus,
-        on_listening=on_listening,
-        client_listeners=client,
-        admin_listeners=admin,
-    )
+    async with _bind_both(config) as (client, admin):
+        await run_demo(
+            config,
+            announce=announce,
+            fake_gpus=fake_gpus,
+            on_listening=on_listening,
+            client_listeners=client,
+            admin_listeners=admin,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
