@@ -105,8 +105,11 @@ async def admin_api(
     controller: Controller | None = None,
     cfg: Config | None = None,
     configured: Any = None,
+    control_plane: bool = False,
 ) -> AsyncIterator[Admin]:
-    """The admin app over a fresh SQLite store in `tmp_path` (no store when None)."""
+    """The admin app over a fresh SQLite store in `tmp_path` (no store when None);
+    router-only unless a `controller` is given or `control_plane` asks for one (wired
+    to the catalog as llmgw.server wires it)."""
     cfg = cfg or config()
     store = None if tmp_path is None else await open_store(f"sqlite:///{tmp_path / 'llmgw.db'}")
     try:
@@ -115,6 +118,9 @@ async def admin_api(
             cfg.models if configured is None else configured, cfg.router.profiles, store=store
         )
         await registry.load()
+        if control_plane and controller is None:
+            controller = Controller(cfg.control, registry.catalog, router)
+            registry.listeners.append(controller.set_catalog)
         app = AdminApp(
             router, controller=controller, store=store, models=registry, admin_auth=admin_auth
         )
@@ -220,6 +226,26 @@ async def test_key_defaults_and_expiry_status(tmp_path: Path) -> None:
             k["name"]: k["status"] for k in (await a.client.get("/api/v1/keys")).json()["keys"]
         }
         assert statuses == {"plain": "active", "brief": "expired"}
+
+
+async def test_a_name_a_live_key_has_is_refused_and_free_once_revoked(tmp_path: Path) -> None:
+    async with admin_api(tmp_path) as a:
+        first = (await a.client.post("/api/v1/keys", json={"name": "ci"})).json()
+        r = await a.client.post("/api/v1/keys", json={"name": "ci", "band": "gold"})
+        assert r.status_code == 409, r.text
+        detail = error(r)
+        assert (detail["code"], detail["param"]) == ("duplicate_name", "name")
+        assert detail["message"] == (
+            f"name: a key named 'ci' exists ({first['id']}) and is not revoked: "
+            "choose another name, or revoke that key first"
+        )
+        assert [k["id"] for k in (await a.client.get("/api/v1/keys")).json()["keys"]] == [
+            first["id"]
+        ]
+        assert (await a.client.delete(f"/api/v1/keys/{first['id']}")).status_code == 200
+        r = await a.client.post("/api/v1/keys", json={"name": "ci"})
+        assert r.status_code == 201, r.text
+        assert r.json()["id"] != first["id"]
 
 
 @pytest.mark.parametrize(
@@ -393,7 +419,7 @@ PROFILE = {"name": "sim1", "engine": "sim", "weights": "sim/tiny"}
 
 
 async def test_runtime_model_lifecycle(tmp_path: Path) -> None:
-    async with admin_api(tmp_path) as a:
+    async with admin_api(tmp_path, control_plane=True) as a:
         r = await a.client.post(
             "/api/v1/models",
             json={
@@ -409,7 +435,7 @@ async def test_runtime_model_lifecycle(tmp_path: Path) -> None:
         assert model["source"] == "runtime"
         assert model["replicas"] == 1
         assert model["profiles"][0]["min_gpu_memory"] == "80GB"  # the configuration's form
-        assert model["status"] is None  # no control plane
+        assert (model["status"]["desired"], model["status"]["ready"]) == (1, 0)
         assert model["routing"] == {"endpoints": [], "available": 0}
         assert a.registry.catalog.resolve("fresh-alias") is not None
 
@@ -450,6 +476,38 @@ async def test_runtime_model_lifecycle(tmp_path: Path) -> None:
             await a.client.patch("/api/v1/models/fresh", json={"replicas": 1})
         ).status_code == 404
         assert a.checked == 10  # every response was checked against the document
+
+
+async def test_router_only_refuses_models_with_deployment_profiles(tmp_path: Path) -> None:
+    """Without a control plane nothing would ever start such a model: refused, POST and
+    PATCH alike, saying why; without profiles the same model is fine."""
+    async with admin_api(tmp_path) as a:
+        assert a.app.controller is None
+        r = await a.client.post("/api/v1/models", json={"name": "fresh", "profiles": [PROFILE]})
+        assert r.status_code == 409, r.text
+        detail = error(r)
+        assert detail["code"] == "no_control_plane"
+        assert detail["message"].startswith(
+            "no control plane: this server runs as a router only (no model had deployment "
+            "profiles when it started), so no agent would ever start model 'fresh'"
+        )
+        assert a.store is not None and await a.store.list_models() == []
+        assert a.registry.catalog.resolve("fresh") is None
+
+        r = await a.client.post("/api/v1/models", json={"name": "fresh", "fallbacks": ["base"]})
+        assert r.status_code == 201, r.text
+        r = await a.client.patch("/api/v1/models/fresh", json={"profiles": [PROFILE]})
+        assert r.status_code == 409, r.text
+        assert error(r)["code"] == "no_control_plane"
+        assert a.registry.runtime["fresh"].profiles == ()
+        assert [m.config.get("profiles") for m in await a.store.list_models()] == [[]]
+        # Changes that add no profiles still go through.
+        r = await a.client.patch("/api/v1/models/fresh", json={"replicas": 2, "profiles": []})
+        assert r.status_code == 200, r.text
+        # A broken entry hears what is wrong with it first.
+        bad = {"name": "x", "profiles": [{**PROFILE, "engine": "tgi"}]}
+        r = await a.client.post("/api/v1/models", json=bad)
+        assert r.status_code == 400 and "engine: unknown" in error(r)["message"]
 
 
 async def test_model_names_with_slashes(tmp_path: Path) -> None:

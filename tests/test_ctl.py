@@ -44,6 +44,8 @@ from llmgw.router.core import Router
 from llmgw.router.usage import Usage, UsageRecord
 from llmgw.store import Store, open_store
 from llmgw.store.base import StoreError
+from llmgw.store.migrations.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
+from llmgw.store.sqlite import SQLiteStore
 from llmgw.testing_procs import reserve_port
 from llmgw_cli import ctl_views
 from llmgw_cli.ctl import main, read_model_entry, render_table
@@ -546,7 +548,12 @@ async def test_admin_auth_refusals(capsys: pytest.CaptureFixture[str], tmp_path:
             f"{ops.id} is the last usable admin key, and this admin API needs one: create "
             "another admin key first (param id)\n"
         )
-        assert [e.status for e in admin.exchanges] == [401, 403, 200, 200, 409]
+        # The listing also asks for the admission view (the default band of keys).
+        assert [(e.status, e.target) for e in admin.exchanges][2:4] == [
+            (200, "/api/v1/keys"),
+            (200, "/api/v1/admission"),
+        ]
+        assert [e.status for e in admin.exchanges] == [401, 403, 200, 200, 200, 409]
 
 
 def test_unreachable_admin(capsys: pytest.CaptureFixture[str]) -> None:
@@ -596,13 +603,25 @@ async def test_keys_create_prints_the_secret_once(
         )  # fmt: skip
         assert (key.rpm, key.tpm, key.admin) == (60, 5000, True)
 
+        # The name is taken while that key is not revoked: one line, exit 1.
+        admin.exchanges.clear()
+        code, out, err = await ctl_async(
+            capsys, "--admin", admin.url, "keys", "create", "--name", "ci"
+        )
+        assert (code, out) == (1, "")
+        assert err == (
+            "llmgw-ctl: error: admin API answered 409 to POST /api/v1/keys: name: a key "
+            f"named 'ci' exists ({key.id}) and is not revoked: choose another name, or "
+            "revoke that key first\n"
+        )
+
         admin.exchanges.clear()
         code, out, _ = await ctl_async(
-            capsys, "--admin", admin.url, "keys", "create", "--name", "ci", "--json"
+            capsys, "--admin", admin.url, "keys", "create", "--name", "ci-2", "--json"
         )
         assert code == 0 and json.loads(out) == admin.exchanges[0].answer
         assert json.loads(out)["secret"] != secret
-        assert admin.bodies == [{"name": "ci"}]
+        assert admin.bodies == [{"name": "ci-2"}]
 
     code, _, err = ctl(capsys, "keys", "create", "--name", "x", "--models", "a,,b")
     assert code == 2 and "--models" in err and err.count("\n") == 1
@@ -610,18 +629,38 @@ async def test_keys_create_prints_the_secret_once(
     assert code == 2 and "--name" in err and err.count("\n") == 1
 
 
+async def legacy_keys(db: Path, *names: str) -> list[str]:
+    """Keys made in `db` at schema version 1, before names were unique (so they may
+    share one); their ids, in order. The next open_store migrates them along."""
+    store = SQLiteStore(str(db), migrations=SQLITE_MIGRATIONS[:1])
+    await store.start()
+    try:
+        await store.migrate()
+        ids = [f"key_legacy{i}" for i in range(len(names))]
+        for i, (key_id, name) in enumerate(zip(ids, names, strict=True)):
+            sql = "INSERT INTO api_keys (id, name, prefix, hash, created_at) VALUES (?, ?, ?, ?, ?)"
+            params = (key_id, name, "llmgw-legacy", f"hash-{i}", 1_700_000_000.0 + i)
+            await store._write(partial(lambda db, q, p: db.run(q, p), q=sql, p=params))
+    finally:
+        await store.aclose()
+    return ids
+
+
 async def test_keys_revoke_resolves_names(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    twin_a, twin_b = await legacy_keys(tmp_path / "llmgw.db", "twin", "twin")
     async with live_admin(tmp_path) as admin:
         store = admin.store
         old, _ = await store.create_key("ci")
         await store.revoke_key(old.id)
         new, _ = await store.create_key("ci")
-        twin_a, _ = await store.create_key("twin")
-        twin_b, _ = await store.create_key("twin")
         gone, _ = await store.create_key("gone")
         await store.revoke_key(gone.id)
+        # A name reused after revoking: several keys, all revoked.
+        for _ in "ab":
+            reused, _ = await store.create_key("reused")
+            await store.revoke_key(reused.id)
 
         # a name matching a revoked key and a live one means the live one
         code, out, _ = await ctl_async(capsys, "--admin", admin.url, "keys", "revoke", "ci")
@@ -632,16 +671,19 @@ async def test_keys_revoke_resolves_names(
         assert code == 0 and "already revoked" in out
         code, out, _ = await ctl_async(capsys, "--admin", admin.url, "keys", "revoke", "gone")
         assert code == 0 and "already revoked" in out
+        code, out, _ = await ctl_async(capsys, "--admin", admin.url, "keys", "revoke", "reused")
+        assert (code, out) == (0, f"key 'reused' ({reused.id}) was already revoked\n")
+        # Live keys sharing a name: only those from before names were unique.
         code, out, err = await ctl_async(capsys, "--admin", admin.url, "keys", "revoke", "twin")
         assert (code, out) == (1, "")
         assert err == (
-            f"llmgw-ctl: error: 2 keys are named 'twin' ({twin_a.id}, {twin_b.id}): "
+            f"llmgw-ctl: error: 2 keys are named 'twin' ({twin_a}, {twin_b}): "
             "revoke one by its id\n"
         )
         code, _, err = await ctl_async(capsys, "--admin", admin.url, "keys", "revoke", "nobody")
         assert code == 1 and "no key with the id or name 'nobody'" in err
         deletes = [r[1] for r in admin.requests if r[0] == "DELETE"]
-        assert deletes == [f"/api/v1/keys/{k.id}" for k in (new, old, gone)]
+        assert deletes == [f"/api/v1/keys/{k}" for k in (new.id, old.id, gone.id, reused.id)]
         active = [k.name for k in await store.list_keys() if k.revoked_at is None]
         assert active == ["twin", "twin"]
 
@@ -760,6 +802,19 @@ def test_readable_keys_and_models() -> None:
     assert rows["temp"].rstrip().endswith("expired 90s ago")
     assert "gold" in rows["ci"] and rows["ci"].rstrip().endswith("active, expires in 30d")
     assert "no API keys" in text(render("keys", {"keys": []}))
+    # A key without a band gets the server's default band, which the admission view names.
+    assert words(out, "ops")[3] == "default"  # not known: the caller had no admission view
+    admission = {"default_band": "silver", "bands": [{"name": n} for n in ("gold", "silver")]}
+    bands = ctl_views.Bands.of(admission)
+    assert bands == ctl_views.Bands("silver", ("gold", "silver"))
+    out = text(render("keys", keys, bands), width=200)
+    assert words(out, "ops")[3:5] == ["silver", "(default)"]
+    assert words(out, "ci")[3] == "gold"
+    # As the router resolves it: exact, then ignoring case; else it is refused (400).
+    assert ctl_views.key_band({"band": "GOLD"}, bands) == "gold"
+    assert ctl_views.key_band({"band": "tin"}, bands) == "tin (no such band: requests get 400)"
+    assert ctl_views.key_band({"band": ""}, bands) == "silver (default)"
+    assert ctl_views.Bands.of({"bands": []}) is None  # not llmgw's admission view
 
     out = text(render("models", models), width=200)
     assert words(out, "llama") == ["llama", "config", "l", "-", "1/2", "1/1", "available:", "r1"]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ url = "sqlite:///{path}"
 [router]
 scrape_interval = "200ms"
 scrape_timeout = "150ms"
+[router.admission]
+default_band = "silver"
 """
 
 SECRET = re.compile(r"^\s+(llmgw-\S+)\s*$", re.MULTILINE)
@@ -34,7 +37,9 @@ def ctl(admin: str, *args: str, stdin: str | None = None) -> tuple[int, str, str
         text=True,
         input=stdin,
         timeout=30,
-        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        # PYTHONPATH passed on: the ctl under test is the tree's, not an installed one.
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}
+        | {k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
     )
     return done.returncode, done.stdout, done.stderr
 
@@ -93,6 +98,8 @@ def test_keys_lifecycle_and_usage(srv: Server) -> None:
     assert "first usable key" in out and "401" in out
     # Another key, so that revoking alice's leaves the client port guarded.
     keeper = json.loads(ok(admin, "--json", "keys", "create", "--name", "keeper"))
+    spare = ok(admin, "keys", "create", "--name", "spare")
+    assert "band silver (default); all models" in spare.splitlines()[0]
     assert keeper["secret"].startswith("llmgw-") and keeper["name"] == "keeper"
 
     # The server checks whether keys exist at most once per auth.cache_ttl (1 s); until
@@ -110,7 +117,10 @@ def test_keys_lifecycle_and_usage(srv: Server) -> None:
         assert cell in alice, (cell, alice)
     assert secret not in listing
     listed = json.loads(ok(admin, "keys", "--json"))["keys"]
-    assert [k["name"] for k in listed] == ["alice", "keeper"]
+    assert [k["name"] for k in listed] == ["alice", "keeper", "spare"]
+    # keeper has no band of its own: the server's default band applies, and is shown.
+    kept = next(line for line in listing.splitlines() if "keeper" in line)
+    assert "silver (default)" in kept and listed[1]["band"] is None
     assert all("secret" not in k for k in listed)
 
     # Usage reaches the store in batches (every second): wait on the API, then ask llmgw-ctl.
@@ -150,17 +160,17 @@ def test_keys_lifecycle_and_usage(srv: Server) -> None:
     assert ask(srv.base, keeper["secret"]) == "m"
     assert "revoked" in next(line for line in ok(admin, "keys").splitlines() if "alice" in line)
 
-    # Names that match no key, or several.
+    # A name belongs to one key until it is revoked; then it may be used again.
     err = failed(admin, "keys", "revoke", "nobody")
     assert "no key with the id or name 'nobody'" in err
-    twins = [
-        httpx.post(f"{admin}/api/v1/keys", json={"name": "twin"}, timeout=5).json()["id"]
-        for _ in "ab"
-    ]
-    err = failed(admin, "keys", "revoke", "twin")
-    assert "2 keys are named 'twin'" in err and all(i in err for i in twins)
-    assert twins[0] in ok(admin, "keys", "revoke", twins[0])
-    assert twins[1] in ok(admin, "keys", "revoke", "twin")  # one left that is not revoked
+    first = json.loads(ok(admin, "--json", "keys", "create", "--name", "twin"))["id"]
+    err = failed(admin, "keys", "create", "--name", "twin")
+    assert "409" in err and f"a key named 'twin' exists ({first}) and is not revoked" in err
+    assert first in ok(admin, "keys", "revoke", "twin")
+    second = json.loads(ok(admin, "--json", "keys", "create", "--name", "twin"))["id"]
+    assert ok(admin, "keys", "revoke", "twin").startswith(f"revoked key 'twin' ({second})")
+    # Both revoked: the name is no longer ambiguous, revoking again changes nothing.
+    assert ok(admin, "keys", "revoke", "twin") == f"key 'twin' ({second}) was already revoked\n"
 
     # The admin API's own refusals name the value at fault.
     err = failed(admin, "keys", "create", "--name", "x", "--band", "diamond")
@@ -212,6 +222,15 @@ def test_models_add_scale_remove(srv: Server, tmp_path: Path) -> None:
     unknown.write_text('{"name": "x", "replica": 2}')
     assert "replica: unknown key" in failed(admin, "models", "add", str(unknown))
     assert "cannot read" in failed(admin, "models", "add", str(tmp_path / "no.toml"), code=2)
+    # This server routes only (its models have no profiles): one to deploy is refused.
+    deploy = tmp_path / "deploy.toml"
+    deploy.write_text(
+        '[[models]]\nname = "dep"\n[[models.profiles]]\nname = "p"\nengine = "sim"\n'
+        'weights = "sim"\n'
+    )
+    err = failed(admin, "models", "add", str(deploy))
+    assert "409" in err and "no control plane: this server runs as a router only" in err
+    assert [m["name"] for m in json.loads(ok(admin, "--json", "models"))["models"]] == ["m"]
     assert "no runtime model 'm'" in failed(admin, "models", "set-replicas", "m", "2")
     assert "no runtime model 'gone'" in failed(admin, "models", "remove", "gone")
     assert "must not be negative" in failed(admin, "models", "set-replicas", "rt", "-1", code=2)

@@ -21,6 +21,7 @@ from llmgw import catalog
 from llmgw.config import DeploymentProfile, ModelConfig
 from llmgw.router.usage import Usage, UsageRecord
 from llmgw.store import (
+    DuplicateKeyName,
     SchemaTooNew,
     StoredCordon,
     StoreError,
@@ -42,8 +43,10 @@ from tests.pg_cluster import TempCluster
 from tests.waiting import wait_until
 
 T0 = 1_700_000_040.0  # a multiple of 60 s
+# Both backends have the same numbered migrations.
 LATEST = latest(SQLITE_MIGRATIONS)
-VERSIONS = [(v,) for v in range(1, LATEST + 1)]
+assert latest(PG_MIGRATIONS) == LATEST
+APPLIED = [(n,) for n in range(1, LATEST + 1)]
 
 
 class WallClock:
@@ -141,32 +144,36 @@ async def test_migrations_from_empty_and_rerun_is_a_noop(url: str) -> None:
         for table in tables | {"node_cordons"}:
             assert await rows(s, f"SELECT COUNT(*) FROM {table}") == [(0,)]
         assert await s.migrate() == LATEST
-        assert await rows(s, "SELECT version FROM schema_version ORDER BY version") == VERSIONS
+        assert await rows(s, "SELECT version FROM schema_version ORDER BY version") == APPLIED
     finally:
         await s.aclose()
     # Opening again (which migrates) changes nothing either.
     s = cast(ThreadedStore, await open_store(url))
     try:
-        assert await rows(s, "SELECT version FROM schema_version ORDER BY version") == VERSIONS
+        assert await rows(s, "SELECT version FROM schema_version ORDER BY version") == APPLIED
     finally:
         await s.aclose()
 
 
 async def test_a_later_migration_applies_only_what_is_pending(url: str) -> None:
-    first = base_migrations(url)[:1]  # a database of the first release
-    second = (*first, Migration(2, "extra", ("CREATE TABLE extra (id INTEGER PRIMARY KEY)",)))
+    first = base_migrations(url)
+    extra = Migration(LATEST + 1, "extra", ("CREATE TABLE extra (id INTEGER PRIMARY KEY)",))
+    second = (*first, extra)
     s = make_store(url, first)
     await s.start()  # type: ignore[attr-defined]
-    assert await s.migrate() == 1
+    assert await s.migrate() == LATEST
     await s.create_key("survives")
     await s.aclose()
     s = make_store(url, second)
     await s.start()  # type: ignore[attr-defined]
     try:
-        assert await s.migrate() == 2
-        assert await s.migrate() == 2
+        assert await s.migrate() == LATEST + 1
+        assert await s.migrate() == LATEST + 1
         assert [k.name for k in await s.list_keys()] == ["survives"]
-        assert await rows(s, "SELECT version FROM schema_version ORDER BY version") == [(1,), (2,)]
+        assert await rows(s, "SELECT version FROM schema_version ORDER BY version") == [
+            *APPLIED,
+            (LATEST + 1,),
+        ]
         assert await rows(s, "SELECT COUNT(*) FROM extra") == [(0,)]
     finally:
         await s.aclose()
@@ -222,7 +229,7 @@ async def test_two_instances_migrating_at_once_both_succeed(url: str) -> None:
             nursery.start_soon(migrate, a)
             nursery.start_soon(migrate, b)
         assert results == [LATEST, LATEST]
-        assert await rows(a, "SELECT version FROM schema_version ORDER BY version") == VERSIONS
+        assert await rows(a, "SELECT version FROM schema_version ORDER BY version") == APPLIED
     finally:
         await a.aclose()
         await b.aclose()
@@ -269,6 +276,109 @@ async def test_keys_create_lookup_list_revoke(store: ThreadedStore, clock: WallC
     assert len(await store.list_keys()) == 2  # listings keep revoked keys
     assert await store.count_keys() == 1
     assert await store.lookup_key(admin_secret) == admin
+
+
+async def test_a_name_belongs_to_one_key_until_it_is_revoked(
+    store: ThreadedStore, clock: WallClock
+) -> None:
+    first, _ = await store.create_key("ci")
+    with pytest.raises(DuplicateKeyName) as info:
+        await store.create_key("ci", band="gold")
+    assert (info.value.name, info.value.existing) == ("ci", first.id)
+    assert str(info.value) == (
+        f"a key named 'ci' exists ({first.id}) and is not revoked: "
+        "choose another name, or revoke that key first"
+    )
+    # An expired key still holds its name (expiry is a time, not a state an index sees).
+    temp, _ = await store.create_key("temp", expires_at=clock.now + 1)
+    clock.now += 2
+    with pytest.raises(DuplicateKeyName):
+        await store.create_key("temp")
+    # Revoked, the name is free again, as often as needed.
+    assert await store.revoke_key(first.id)
+    second, secret = await store.create_key("ci")
+    assert await store.lookup_key(secret) == second
+    assert await store.revoke_key(second.id)
+    await store.create_key("ci")
+    assert await store.revoke_key(temp.id)
+    await store.create_key("temp")
+    names = [(k.name, k.revoked_at is not None) for k in await store.list_keys()]
+    assert sorted(names) == [("ci", False), ("ci", True), ("ci", True), ("temp", False),
+                             ("temp", True)]  # fmt: skip
+    assert await store.count_keys() == 2
+    # Names are compared exactly: case and spaces make another name.
+    await store.create_key("CI")
+    await store.create_key("ci ")
+
+
+async def test_concurrent_creators_of_one_name_get_one_key(store: ThreadedStore) -> None:
+    """The database decides, not a check before the insert: of 20 creators started at
+    once (on PostgreSQL, up to its pool size truly in parallel), exactly one wins."""
+    won: list[str] = []
+    refused: list[str] = []
+
+    async def create() -> None:
+        try:
+            record, _ = await store.create_key("race")
+        except DuplicateKeyName as exc:
+            refused.append(exc.existing)
+        else:
+            won.append(record.id)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for _ in range(20):
+                nursery.start_soon(create)
+    assert len(won) == 1 and len(refused) == 19
+    assert set(refused) == set(won)  # each refusal names the winner
+    assert [k.id for k in await store.list_keys()] == won
+
+
+async def test_the_database_itself_refuses_a_second_live_name(store: ThreadedStore) -> None:
+    """Not only the check in insert_key: a plain INSERT that skips it is refused by the
+    unique index, so no writer (another llmgw version, a race) gets past it."""
+    sql = "INSERT INTO api_keys (id, name, prefix, hash, created_at) VALUES (?, ?, ?, ?, ?)"
+    await execute(store, sql, ("key_a", "dup", "llmgw-a", "hash-a", T0))
+    with pytest.raises(StoreError, match=r"(?i)unique"):
+        await execute(store, sql, ("key_b", "dup", "llmgw-b", "hash-b", T0))
+    assert await store.revoke_key("key_a")
+    await execute(store, sql, ("key_b", "dup", "llmgw-b", "hash-b", T0))
+    assert [k.id for k in await store.list_keys() if k.revoked_at is None] == ["key_b"]
+
+
+async def test_the_migration_keeps_keys_that_already_shared_a_name(url: str) -> None:
+    """Keys made before names were unique keep working, duplicates and all; the name
+    they share is taken until every one of them is revoked."""
+    old = make_store(url, base_migrations(url)[:1])
+    await old.start()  # type: ignore[attr-defined]
+    assert await old.migrate() == 1
+    for i, name in enumerate(["twin", "twin", "solo", "gone", "gone"]):
+        await execute(
+            old,
+            "INSERT INTO api_keys (id, name, prefix, hash, created_at, revoked_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (f"key_{i}", name, "llmgw-old", f"hash{i}", T0 + i, T0 if i == 4 else None),
+        )
+    await old.aclose()
+    s = cast(ThreadedStore, await open_store(url))
+    try:
+        assert await s.schema_version() == LATEST
+        live = sorted((k.name, k.id) for k in await s.list_keys() if k.revoked_at is None)
+        assert live == [("gone", "key_3"), ("solo", "key_2"), ("twin", "key_0"),
+                        ("twin", "key_1")]  # fmt: skip
+        for name, holder in (("twin", "key_0"), ("solo", "key_2"), ("gone", "key_3")):
+            with pytest.raises(DuplicateKeyName) as info:
+                await s.create_key(name)
+            assert info.value.existing == holder
+        assert await s.revoke_key("key_0")
+        with pytest.raises(DuplicateKeyName):  # key_1 still holds it
+            await s.create_key("twin")
+        assert await s.revoke_key("key_1")
+        await s.create_key("twin")
+        with pytest.raises(DuplicateKeyName):
+            await s.create_key("twin")
+    finally:
+        await s.aclose()
 
 
 async def test_keys_without_models_allow_all_and_secrets_differ(store: ThreadedStore) -> None:

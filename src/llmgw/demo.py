@@ -15,7 +15,7 @@ pretended GPUs.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,16 +71,26 @@ async def run_demo(
     announce: Any = print,
     fake_gpus: str | None = DEMO_GPUS,
     on_listening: Callable[[server.Listening], None] | None = None,
+    client_listeners: Sequence[trio.SocketListener] | None = None,
+    admin_listeners: Sequence[trio.SocketListener] | None = None,
 ) -> None:
     """Serve `config` (which includes a demo overlay) with one in-process demo agent
-    (`fake_gpus` None: a CPU node); `on_listening` as for :func:`llmgw.server.serve`,
-    called before the first `announce`. Unless the configuration names a store, the demo
+    (`fake_gpus` None: a CPU node); `on_listening`, `client_listeners` and
+    `admin_listeners` as for :func:`llmgw.server.serve`, `on_listening` called before
+    the first `announce`. Unless the configuration names a store, the demo
     has a fresh one of its own (keys and usage work), gone when it stops: keys made in
     one demo run do not lock the README's requests out of the next."""
     with tempfile.TemporaryDirectory(prefix="llmgw-demo-") as state:
         if config.store.url == DEFAULT_STORE_URL:
             config = attrs.evolve(config, store=StoreConfig(url=f"sqlite:///{state}/llmgw.db"))
-        await _run(config, announce, fake_gpus, Path(state), on_listening)
+        await _run(
+            config,
+            announce,
+            fake_gpus,
+            Path(state),
+            on_listening,
+            (client_listeners, admin_listeners),
+        )
 
 
 async def _run(
@@ -89,6 +99,10 @@ async def _run(
     fake_gpus: str | None,
     state: Path,
     on_listening: Callable[[server.Listening], None] | None,
+    sockets: tuple[Sequence[trio.SocketListener] | None, Sequence[trio.SocketListener] | None] = (
+        None,
+        None,
+    ),
 ) -> None:
     router = Router(config)
     # Nothing survives from a previous run to adopt: place at once.
@@ -104,6 +118,8 @@ async def _run(
             router=router,
             controller=controller,
             listener=listener,
+            client_listeners=sockets[0],
+            admin_listeners=sockets[1],
             on_listening=on_listening,
             task_status=task_status,
         )

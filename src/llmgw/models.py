@@ -22,12 +22,27 @@ log = logging.getLogger("llmgw.models")
 
 
 class ModelChangeError(Exception):
-    """A runtime change was refused; `status` is the HTTP status that fits."""
+    """A runtime change was refused; `status` is the HTTP status that fits, `code` a
+    machine-readable reason when the status alone does not say it."""
 
-    def __init__(self, status: int, message: str, problems: Sequence[str] = ()) -> None:
+    def __init__(
+        self, status: int, message: str, problems: Sequence[str] = (), *, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.problems = tuple(problems)
+        self.code = code
+
+
+def no_control_plane(name: str) -> ModelChangeError:
+    return ModelChangeError(
+        409,
+        f"no control plane: this server runs as a router only (no model had deployment "
+        f"profiles when it started), so no agent would ever start model {name!r}; add it "
+        "without profiles (served by the endpoints that name it), or put it in the "
+        "configuration file and restart the server, which then runs the control plane",
+        code="no_control_plane",
+    )
 
 
 def parse_model(data: Mapping[str, Any]) -> ModelConfig:
@@ -128,8 +143,15 @@ class ModelRegistry:
             )
         return self.store
 
-    async def put(self, model: ModelConfig, *, create: bool) -> ModelConfig:
-        """Add (`create`) or replace a runtime model; validated, persisted, then live."""
+    async def put(
+        self, model: ModelConfig, *, create: bool, control_plane: bool = True
+    ) -> ModelConfig:
+        """Add (`create`) or replace a runtime model; validated, persisted, then live.
+
+        `control_plane` says whether a controller runs to deploy models with profiles:
+        without one such a model could never start, so it is refused (409) rather than
+        reported added. (A server decides on its control plane at start, from the
+        models it has then; the caller knows which it got.)"""
         store = self._require_store()
         if model.name in self.configured:
             raise ModelChangeError(
@@ -143,12 +165,18 @@ class ModelRegistry:
         problems = self._check(runtime)
         if problems:
             raise ModelChangeError(400, problems[0], problems)
+        # After validation: a broken entry hears what is wrong with it first.
+        if model.profiles and not control_plane:
+            raise no_control_plane(model.name)
         await store.put_model(model)  # replaces a skipped one of that name
         self.skipped.pop(model.name, None)
         self._publish(runtime)
         return model
 
-    async def patch(self, name: str, changes: Mapping[str, Any]) -> ModelConfig:
+    async def patch(
+        self, name: str, changes: Mapping[str, Any], *, control_plane: bool = True
+    ) -> ModelConfig:
+        """Change some keys of a runtime model; `control_plane` as for :meth:`put`."""
         current = self.runtime.get(name)
         if current is None:
             if name in self.configured:
@@ -169,7 +197,7 @@ class ModelRegistry:
             model = parse_model(merged)
         except ConfigError as exc:
             raise ModelChangeError(400, exc.problems[0], exc.problems) from None
-        return await self.put(model, create=False)
+        return await self.put(model, create=False, control_plane=control_plane)
 
     async def delete(self, name: str) -> None:
         store = self._require_store()

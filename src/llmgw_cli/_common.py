@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +45,27 @@ def find_error(exc: BaseException, kind: type[OSError]) -> OSError | None:
     return None
 
 
+def os_reason(exc: OSError) -> str:
+    """An OSError's reason as the clause that ends a line ("address already in use"):
+    its strerror (not ``[Errno 98] ...``), the first letter lowered unless it starts an
+    acronym."""
+    text = exc.strerror or str(exc)
+    if text[:1].isupper() and not text[1:2].isupper():
+        text = text[0].lower() + text[1:]
+    return text
+
+
+def os_error_line(exc: OSError, doing: str) -> str:
+    """One line for an OSError met while `doing` something ("cannot listen on ...").
+    The system's own errors get `doing` in front; those llmgw composed, which say what
+    failed already ("cannot write the ready file ...", the agent listener's "cannot
+    listen on ..."), are kept as they are."""
+    raw = isinstance(exc, socket.gaierror) or (
+        exc.errno is not None and exc.strerror == os.strerror(exc.errno)
+    )
+    return f"{doing}: {os_reason(exc)}" if raw else os_reason(exc)
+
+
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--version", action="version", version=f"{prog} {__version__}")
@@ -78,6 +100,17 @@ def write_ready_file(path: str | os.PathLike[str], listening: Mapping[str, Seque
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
+
+
+def check_ready_file(path: str | None) -> None:
+    """CliError (exit 1, as when writing it fails) unless `path` could be written: its
+    directory exists. Checked before serving, so a typo fails at once as one line
+    rather than after the listeners are up and have logged."""
+    if path is None:
+        return
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise CliError(f"cannot write the ready file {path}: no directory {folder}", EXIT_RUNTIME)
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ from llmgw.bench.runner import BAND_HEADER, SESSION_HEADER
 from llmgw.bench.sweeping import PERCENTILES
 from llmgw.units import parse_duration
 from llmgw_cli import ctl_views
-from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, fail
+from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, fail, os_reason
 
 PROG = "llmgw-ctl"
 DEFAULT_ADMIN = "http://127.0.0.1:9090"
@@ -182,6 +182,20 @@ class _OneLineErrors(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         fail(self.prog, f"{message} (see '{self.prog} --help')", EXIT_USAGE)
+
+
+def http_url(text: str) -> str:
+    """An http:// or https:// URL with a host (argparse type): a bad one is refused
+    before any request, as one line, not reported per failed request after the run."""
+    try:
+        url = httpx.URL(text)
+    except httpx.InvalidURL as exc:
+        raise argparse.ArgumentTypeError(f"invalid URL {text!r}: {exc}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise argparse.ArgumentTypeError(
+            f"invalid URL {text!r}: use http://HOST[:PORT] or https://HOST[:PORT]"
+        )
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -385,7 +399,12 @@ def _add_bench(b: argparse.ArgumentParser) -> None:
         "to --url) and report TTFT, inter-token and end-to-end latency percentiles and "
         "throughput. A prompt of N tokens is N three-letter pseudo-words (~1 token each)."
     )
-    b.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8080")
+    b.add_argument(
+        "--url",
+        required=True,
+        type=http_url,
+        help="server base URL, e.g. http://127.0.0.1:8080",
+    )
     b.add_argument("--model", required=True, help="model name to request")
     b.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
     b.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
@@ -682,7 +701,8 @@ def cmd_listing(args: argparse.Namespace) -> int:
         _print_json(data)
     else:
         console = _stdout()
-        view = ctl_views.render(collection, data)
+        bands = _bands(args) if args.command == "keys" else None
+        view = ctl_views.render(collection, data, bands)
         console.print(view if view is not None else render_table(data, collection, console.width))
     return EXIT_OK
 
@@ -704,10 +724,19 @@ def cmd_node(args: argparse.Namespace, verb: str) -> int:
 # --------------------------------------------------------------------------- keys
 
 
-def _key_summary(key: dict[str, Any]) -> str:
+def _bands(args: argparse.Namespace) -> ctl_views.Bands | None:
+    """The server's bands and default band, to show the band a key without one gets;
+    None when the admission view cannot be had (the listing goes on without it)."""
+    try:
+        return ctl_views.Bands.of(_call(args, "GET", "admission"))
+    except CliError:
+        return None
+
+
+def _key_summary(key: dict[str, Any], bands: ctl_views.Bands | None) -> str:
     models = key.get("models")
     parts = [
-        f"band {key.get('band') or 'default'}",
+        f"band {ctl_views.key_band(key, bands)}",
         "all models" if models is None else "models " + (", ".join(models) or "none"),
     ]
     parts += [f"{key[k]:,} {k}" for k in ("rpm", "tpm") if key.get(k) is not None]
@@ -741,7 +770,8 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
         _print_json(key)
         return EXIT_OK
     say = partial(_stdout().print, markup=False, highlight=False)
-    say(f"Created API key {key.get('name', args.name)!r} ({key.get('id')}): {_key_summary(key)}")
+    summary = _key_summary(key, _bands(args))
+    say(f"Created API key {key.get('name', args.name)!r} ({key.get('id')}): {summary}")
     say()
     say(f"    {key['secret']}", style="bold yellow")
     say()
@@ -764,16 +794,18 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
 
 
 def _resolve_key(args: argparse.Namespace, wanted: str) -> dict[str, Any]:
-    """The key with id `wanted`, or the one not-yet-revoked key named `wanted` (or the
-    one key of that name at all); CliError otherwise."""
+    """The key with id `wanted`, or the one not-yet-revoked key named `wanted` (or, all
+    of that name revoked, the newest: a revoked key's name may be reused, and revoking
+    again changes nothing); CliError otherwise. Several live keys share a name only
+    when they were made before names were unique (schema version 2)."""
     records = _key_records(_call(args, "GET", "keys"))
     for key in records:
         if key.get("id") == wanted:
             return key
     named = [k for k in records if k.get("name") == wanted]
     live = [k for k in named if k.get("status") != "revoked"]
-    if len(live) == 1 or (len(named) == 1 and not live):
-        return (live or named)[0]
+    if len(live) == 1 or (named and not live):
+        return (live or named)[-1]  # listings are oldest first
     if not named:
         raise CliError(
             f"no key with the id or name {wanted!r} (llmgw-ctl keys lists them)", EXIT_RUNTIME
@@ -839,7 +871,7 @@ def read_model_entry(path: str) -> dict[str, Any]:
         try:
             text = Path(path).read_text()
         except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)
             raise CliError(f"cannot read {path}: {reason}") from None
     data = _parse_model_text(text, source, suffix)
     if isinstance(data, dict) and isinstance(data.get("models"), list):

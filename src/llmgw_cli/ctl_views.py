@@ -11,6 +11,7 @@ import datetime
 import time
 from typing import Any
 
+import attrs
 from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -151,7 +152,44 @@ def _limits(key: dict[str, Any]) -> str:
     return ", ".join(parts) or "-"
 
 
-def keys(data: dict[str, Any], now: float | None = None) -> RenderableType:
+@attrs.frozen
+class Bands:
+    """What decides a key's band on the server: its admission bands and default band
+    (``GET /api/v1/admission``)."""
+
+    default: str
+    names: tuple[str, ...]
+
+    @classmethod
+    def of(cls, admission: Any) -> Bands | None:
+        """From the admission view; None when it lacks llmgw's shape."""
+        if not isinstance(admission, dict) or not isinstance(admission.get("default_band"), str):
+            return None
+        listed = admission.get("bands")
+        names = tuple(
+            str(b["name"])
+            for b in (listed if isinstance(listed, list) else [])
+            if isinstance(b, dict) and "name" in b
+        )
+        return cls(admission["default_band"], names)
+
+
+def key_band(key: dict[str, Any], bands: Bands | None) -> str:
+    """The band a key's requests get, as the router picks it (``Admission.select_band``):
+    its own, else the default band; "default" only when the server's is not known."""
+    own = (key.get("band") or "").strip()
+    if not own:
+        return f"{bands.default} (default)" if bands is not None else "default"
+    if bands is None or own in bands.names:
+        return own
+    folded = {name.casefold(): name for name in bands.names}
+    # The configuration changed since the key was made: the router answers 400 for it.
+    return folded.get(own.casefold(), f"{own} (no such band: requests get 400)")
+
+
+def keys(
+    data: dict[str, Any], now: float | None = None, bands: Bands | None = None
+) -> RenderableType:
     records = data.get("keys", [])
     if not records:
         return Text("no API keys (create one: llmgw-ctl keys create --name NAME)")
@@ -167,7 +205,7 @@ def keys(data: dict[str, Any], now: float | None = None) -> RenderableType:
             Text(str(key.get("name", "?"))),
             key.get("id", "?"),
             f"{key.get('prefix', '')}…",
-            key.get("band") or "default",
+            key_band(key, bands),
             Text("all" if models is None else ", ".join(models) or "none"),
             _limits(key),
             "yes" if key.get("admin") else "",
@@ -292,9 +330,10 @@ def _records(data: Any, key: str, *fields: str) -> bool:
     )
 
 
-def render(collection: str, data: Any) -> RenderableType | None:
+def render(collection: str, data: Any, bands: Bands | None = None) -> RenderableType | None:
     """A readable view when `data` has llmgw's shape for `collection`; else None (the
-    caller falls back to a generic table, e.g. for another tool's admin API)."""
+    caller falls back to a generic table, e.g. for another tool's admin API). `bands`
+    names the band of keys that have none of their own."""
     if collection == "nodes" and _records(data, "nodes", "id", "gpus_total", "state"):
         return nodes(data)
     if (
@@ -306,7 +345,7 @@ def render(collection: str, data: Any) -> RenderableType | None:
     if collection == "placement" and _records(data, "models", "model", "explanations"):
         return placement(data)
     if collection == "keys" and _records(data, "keys", "id", "name", "prefix", "status"):
-        return keys(data)
+        return keys(data, bands=bands)
     if (
         collection == "usage"
         and isinstance(data, dict)

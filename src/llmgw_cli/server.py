@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
@@ -25,8 +26,11 @@ from llmgw_cli._common import (
     EXIT_USAGE,
     READY_FILE_HELP,
     CliError,
+    check_ready_file,
     fail,
     find_error,
+    os_error_line,
+    os_reason,
     parser,
     ready_file,
     write_ready_file,
@@ -137,6 +141,46 @@ def _reachable(address: str) -> str:
     return str(units.Address(host, parsed.port))
 
 
+async def _bind(address: str) -> list[trio.SocketListener]:
+    """Sockets listening on `address` (a `listen` or `admin_listen` value), or CliError
+    naming it: bound here rather than in server.serve, whose OSError would not say which
+    of its addresses failed."""
+    parsed = units.parse_address(address)
+    try:
+        return await trio.open_tcp_listeners(parsed.port, host=parsed.bind_host)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {address}: {os_reason(exc)}", EXIT_RUNTIME) from None
+
+
+Bound = tuple[list[trio.SocketListener], list[trio.SocketListener]]
+
+
+@contextlib.asynccontextmanager
+async def _bind_both(config: cfg.Config) -> AsyncIterator[Bound]:
+    """The client and admin listeners, closed on the way out (server.serve closes them
+    too, but not when it fails before it takes them, say opening the store)."""
+    sockets: list[trio.SocketListener] = []
+    try:
+        client = await _bind(config.listen)
+        sockets += client
+        admin = await _bind(config.admin_listen)
+        sockets += admin
+        yield client, admin
+    finally:
+        for listener in sockets:
+            listener.socket.close()
+
+
+async def _serve(config: cfg.Config, ready: str | None) -> None:
+    async with _bind_both(config) as (client, admin):
+        await server.serve(
+            config,
+            client_listeners=client,
+            admin_listeners=admin,
+            on_listening=partial(write_ready_file, ready) if ready else None,
+        )
+
+
 async def _run_demo(
     config: cfg.Config, fake_gpus: str | None = DEMO_GPUS, ready: str | None = None
 ) -> None:
@@ -163,7 +207,15 @@ async def _run_demo(
             flush=True,
         )
 
-    await run_demo(config, announce=announce, fake_gpus=fake_gpus, on_listening=on_listening)
+    async with _bind_both(config) as (client, admin):
+        await run_demo(
+            config,
+            announce=announce,
+            fake_gpus=fake_gpus,
+            on_listening=on_listening,
+            client_listeners=client,
+            admin_listeners=admin,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -186,6 +238,10 @@ def _main(args: argparse.Namespace, weights: Path | None) -> None:
         _config_error(exc)
     except CliError as exc:
         fail(PROG, str(exc), exc.code)
+    try:
+        check_ready_file(args.ready_file)
+    except CliError as exc:
+        fail(PROG, str(exc), exc.code)
     if args.print_config:
         sys.stdout.write(cfg.dump_toml(config))
         raise SystemExit(EXIT_OK)
@@ -200,24 +256,26 @@ def _main(args: argparse.Namespace, weights: Path | None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    on_listening = partial(write_ready_file, args.ready_file) if args.ready_file else None
     try:
         with ready_file(args.ready_file):
             if args.demo:
                 gpus = None if weights is not None else DEMO_GPUS
                 trio.run(_run_demo, config, gpus, args.ready_file)
             else:
-                trio.run(partial(server.serve, config, on_listening=on_listening))
+                trio.run(_serve, config, args.ready_file)
     except cfg.ConfigError as exc:
         _config_error(exc)
+    except CliError as exc:
+        fail(PROG, str(exc), exc.code)
     except StoreError as exc:
         fail(PROG, f"store: {exc}", EXIT_RUNTIME)
     except OSError as exc:
-        fail(PROG, f"cannot serve: {exc.strerror or exc}", EXIT_RUNTIME)
+        fail(PROG, os_error_line(exc, "cannot serve"), EXIT_RUNTIME)
     except KeyboardInterrupt:
         pass
-    except BaseExceptionGroup as group:  # from inside a nursery (a ready file unwritable)
+    except BaseExceptionGroup as group:
+        # From inside a nursery: the agent listener's port, a ready file unwritable.
         err = find_error(group, OSError)
         if err is None:
             raise
-        fail(PROG, f"cannot serve: {err.strerror or err}", EXIT_RUNTIME)
+        fail(PROG, os_error_line(err, "cannot serve"), EXIT_RUNTIME)

@@ -15,6 +15,7 @@ from functools import partial
 
 import trio
 
+from llmgw import units
 from llmgw.sim import personalities
 from llmgw.sim.metrics import FORMATS
 from llmgw.sim.model import EngineConfig
@@ -24,11 +25,14 @@ from llmgw_cli._common import (
     EXIT_RUNTIME,
     EXIT_USAGE,
     READY_FILE_HELP,
+    CliError,
+    check_ready_file,
     duration_at_least,
     fail,
     find_error,
     float_in,
     int_in,
+    os_error_line,
     parser,
     ready_file,
     write_ready_file,
@@ -292,19 +296,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         fail(PROG, str(e), EXIT_USAGE)
     try:
+        check_ready_file(args.ready_file)
+    except CliError as e:
+        fail(PROG, str(e), e.code)
+    try:
         with ready_file(args.ready_file):
             trio.run(_run, config, args.ready_file)
     except KeyboardInterrupt:
         pass  # a second Ctrl-C during shutdown
     except BaseException as e:
-        err = find_error(e, OSError)
+        err = find_error(e, OSError)  # from inside the server's nursery
         if err is None:
             raise
-        fail(
-            PROG,
-            f"cannot serve on {config.host}:{config.port}: {err.strerror or err}",
-            EXIT_RUNTIME,
-        )
+        where = units.Address(config.host, config.port)
+        fail(PROG, os_error_line(err, f"cannot listen on {where}"), EXIT_RUNTIME)
     return EXIT_OK
 
 

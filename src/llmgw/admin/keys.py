@@ -7,8 +7,9 @@ every route here answers 409 saying so.
 Shapes: a key is ``{id, name, prefix, band, models, rpm, tpm, admin, status,
 created_at, expires_at, revoked_at}`` (times in Unix seconds, `status` one of
 active, expired, revoked); ``GET`` answers ``{"keys": [key, ...]}`` oldest first,
-``POST`` 201 with the key and its ``secret``, ``DELETE keys/{id}`` 200 with the
-revoked key.
+``POST`` 201 with the key and its ``secret`` (409 ``duplicate_name`` when a key
+that is not revoked has that name: names tell keys apart; a revoked key's name is
+free again), ``DELETE keys/{id}`` 200 with the revoked key.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from llmgw.admin.inputs import json_object
 from llmgw.admin.schema import structure_strict
 from llmgw.admin.views import unstructure
 from llmgw.config import ConfigError
-from llmgw.store.base import KeyRecord, Store
+from llmgw.store.base import DuplicateKeyName, KeyRecord, Store
 
 if TYPE_CHECKING:
     from llmgw.admin.api import AdminApp
@@ -219,15 +220,18 @@ async def create_key(app: AdminApp) -> Response:
     check_key(request, bands, set(app.catalog().names()))
     now = time.time()
     expires = None if request.expires_in_seconds is None else now + request.expires_in_seconds
-    record, secret = await store.create_key(
-        request.name,
-        band=request.band,
-        models=request.models,
-        rpm=request.rpm,
-        tpm=request.tpm,
-        admin=request.admin,
-        expires_at=expires,
-    )
+    try:
+        record, secret = await store.create_key(
+            request.name,
+            band=request.band,
+            models=request.models,
+            rpm=request.rpm,
+            tpm=request.tpm,
+            admin=request.admin,
+            expires_at=expires,
+        )
+    except DuplicateKeyName as exc:
+        raise ApiError(409, f"name: {exc}", "duplicate_name", param="name") from None
     view = KeyView.of(record, now)
     created = NewKeyView(**attrs.asdict(view, recurse=False), secret=secret)
     location = f"/api/v1/keys/{record.id}"

@@ -11,7 +11,8 @@ them their breakers let requests through to).
 Changes go through :class:`llmgw.models.ModelRegistry`: validated against the whole
 catalog by the catalog's rules, persisted in the store, then swapped in. Without a
 store they are refused (409), as are changes to models the configuration file
-defines (409: edit the file).
+defines (409: edit the file) and, in router-only mode (no control plane), models with
+deployment profiles (409 ``no_control_plane``: nothing would ever start them).
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ def _change_error(exc: ModelChangeError) -> ApiError:
     first = problems[0]
     param = first.split(":", 1)[0] if exc.status == 400 and ": " in first else None
     message = "; ".join(problems) if exc.problems else str(exc)
-    return ApiError(exc.status, message, _CODES.get(exc.status, "model_error"), param=param)
+    code = exc.code or _CODES.get(exc.status, "model_error")
+    return ApiError(exc.status, message, code, param=param)
 
 
 def _invalid(problems: tuple[str, ...] | list[str]) -> ApiError:
@@ -174,7 +176,7 @@ async def create_model(app: AdminApp) -> Response:
     registry = _registry(app)
     model = _parse(await json_object())
     try:
-        await registry.put(model, create=True)
+        await registry.put(model, create=True, control_plane=app.controller is not None)
     except ModelChangeError as exc:
         raise _change_error(exc) from None
     return json_reply(201, model_json(app, model, _counts(app)), headers=_location(model.name))
@@ -188,7 +190,7 @@ async def patch_model(app: AdminApp, name: str) -> Response:
         raise _invalid(problems)
     _check_replicas(changes)
     try:
-        model = await registry.patch(name, changes)
+        model = await registry.patch(name, changes, control_plane=app.controller is not None)
     except ModelChangeError as exc:
         raise _change_error(exc) from None
     return json_reply(200, model_json(app, model, _counts(app)))

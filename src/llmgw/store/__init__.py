@@ -19,6 +19,7 @@ from collections.abc import Callable
 import trio
 
 from llmgw.store.base import (
+    DuplicateKeyName,
     GroupBy,
     KeyRecord,
     SchemaTooNew,
@@ -39,6 +40,7 @@ from llmgw.store.base import (
 from llmgw.store.usage import UsageBatcher
 
 __all__ = [
+    "DuplicateKeyName",
     "GroupBy",
     "KeyRecord",
     "SchemaTooNew",

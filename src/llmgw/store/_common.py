@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 from llmgw.config import ModelConfig
 from llmgw.store import keys
 from llmgw.store.base import (
+    DuplicateKeyName,
     GroupBy,
     KeyRecord,
     SchemaTooNew,
@@ -129,9 +130,26 @@ def _key(row: Row) -> KeyRecord:
     )
 
 
+def _holder(db: DB, name: str) -> str | None:
+    """The id of a key not revoked that is named `name` (the oldest), if any."""
+    row = one(
+        db,
+        "SELECT id FROM api_keys WHERE name = ? AND revoked_at IS NULL ORDER BY created_at, id",
+        (name,),
+    )
+    return None if row is None else str(row[0])
+
+
 def insert_key(db: DB, record: KeyRecord, secret_hash: str) -> None:
-    db.run(
-        f"INSERT INTO api_keys ({KEY_COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    # The query sees legacy duplicates, which the unique index leaves out; the index
+    # settles a race between two creators (on PostgreSQL the second waits for the
+    # first to commit, then inserts nothing), so the rowcount decides.
+    holder = _holder(db, record.name)
+    if holder is not None:
+        raise DuplicateKeyName(record.name, holder)
+    changed = db.run(
+        f"INSERT INTO api_keys ({KEY_COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (name) WHERE revoked_at IS NULL AND NOT legacy_duplicate DO NOTHING",
         (
             record.id,
             record.name,
@@ -147,6 +165,8 @@ def insert_key(db: DB, record: KeyRecord, secret_hash: str) -> None:
             secret_hash,
         ),
     )
+    if not changed:
+        raise DuplicateKeyName(record.name, _holder(db, record.name) or "created just now")
 
 
 def lookup_key(db: DB, secret_hash: str, now: float) -> KeyRecord | None:

@@ -63,6 +63,18 @@ class UnsupportedStoreURL(StoreError, ValueError):
     """The URL's scheme names no backend."""
 
 
+class DuplicateKeyName(StoreError):
+    """A key that is not revoked already has this name (names tell keys apart)."""
+
+    def __init__(self, name: str, existing: str) -> None:
+        self.name = name
+        self.existing = existing  # that key's id
+        super().__init__(
+            f"a key named {name!r} exists ({existing}) and is not revoked: "
+            "choose another name, or revoke that key first"
+        )
+
+
 class SchemaTooNew(StoreError):
     """The database was migrated by a newer llmgw than this one."""
 
@@ -210,7 +222,10 @@ class Store(Protocol):
         admin: bool = False,
         expires_at: float | None = None,
     ) -> tuple[KeyRecord, str]:
-        """A new key and its secret (``llmgw-…``): show the secret once, it is not kept."""
+        """A new key and its secret (``llmgw-…``): show the secret once, it is not kept.
+
+        Raises :class:`DuplicateKeyName` when a key that is not revoked (an expired one
+        included) has `name`; a revoked key's name may be used again."""
 
     async def lookup_key(self, secret: str) -> KeyRecord | None:
         """The usable key with this secret; None when unknown, revoked or expired."""

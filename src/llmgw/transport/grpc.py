@@ -468,6 +468,30 @@ def _bind_target(address: str) -> str:
     return f"{host}:{parsed.port}"
 
 
+async def _check_bindable(address: str) -> None:
+    """Bind `address` as the gRPC server is about to, and let go at once, raising the
+    OSError a bind meets ("cannot listen on 127.0.0.1:7443: address already in use").
+
+    grpc's own failure says only "Failed to bind" (and its C core logs a line of its
+    own to stderr), so without this the operator does not learn why. A race with
+    another process in between only brings back grpc's vaguer message."""
+    parsed = units.parse_address(address)
+    if parsed.port == 0:
+        return  # the kernel picks a free port: nothing to collide with
+    try:
+        infos = await trio.socket.getaddrinfo(
+            parsed.bind_host, parsed.port, type=trio.socket.SOCK_STREAM
+        )
+        family, kind, proto, _, sockaddr = infos[0]
+        with trio.socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)  # as grpc
+            await sock.bind(sockaddr)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        reason = reason[:1].lower() + reason[1:]
+        raise OSError(exc.errno, f"cannot listen on {address}: {reason}") from None
+
+
 async def _start_server(
     servicer: _Servicer,
     target: str,
@@ -569,6 +593,7 @@ class GrpcListener:
             streams.add(stream)
             stream.on_finished = lambda: streams.discard(stream)
 
+        await _check_bindable(self.address)
         target = _bind_target(self.address)
         server, port = await bridge.run(
             _start_server,

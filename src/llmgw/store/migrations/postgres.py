@@ -75,4 +75,24 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        3,
+        "key names are unique among keys not revoked (duplicates from before are kept)",
+        (
+            # Keys that already shared a name keep it (clients use them), marked so the
+            # index below leaves them out; every key created from now on is in it.
+            "ALTER TABLE api_keys ADD COLUMN legacy_duplicate BOOLEAN NOT NULL DEFAULT FALSE",
+            """
+            UPDATE api_keys SET legacy_duplicate = TRUE
+            WHERE revoked_at IS NULL AND name IN (
+                SELECT name FROM api_keys WHERE revoked_at IS NULL
+                GROUP BY name HAVING COUNT(*) > 1
+            )
+            """,
+            # Partial: a revoked key's name is free again. The predicate is spelled as
+            # the INSERT's ON CONFLICT clause spells it (llmgw.store._common.insert_key).
+            "CREATE UNIQUE INDEX api_keys_live_name ON api_keys (name)"
+            " WHERE revoked_at IS NULL AND NOT legacy_duplicate",
+        ),
+    ),
 )
