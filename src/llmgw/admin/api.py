@@ -318,7 +318,12 @@ class AdminApp:
                         headers={"location": "the key's URL"},
                     ),
                     **_errors(400),
-                    **key_errors,
+                    409: Out(
+                        "no store is configured, or a key that is not revoked has that name "
+                        "(code duplicate_name)",
+                        ErrorBody,
+                    ),
+                    **_errors(503),
                 },
                 body=Body(keys.KeyCreate, "the key to create"),
                 uses_store=True,
@@ -372,8 +377,9 @@ class AdminApp:
                     201: Out("added", "Model", headers={"location": "the model's URL"}),
                     **_errors(400),
                     409: Out(
-                        "no store is configured, or the model exists (or the configuration "
-                        "file defines it)",
+                        "no store is configured, the model exists (or the configuration "
+                        "file defines it), or it has deployment profiles and no control "
+                        "plane runs (code no_control_plane)",
                         ErrorBody,
                     ),
                     **_errors(503),
@@ -404,7 +410,9 @@ class AdminApp:
                     **_errors(400),
                     404: Out("no runtime model by that name", ErrorBody),
                     409: Out(
-                        "no store is configured, or the configuration file defines the model",
+                        "no store is configured, the configuration file defines the model, or "
+                        "the change gives it deployment profiles and no control plane runs "
+                        "(code no_control_plane)",
                         ErrorBody,
                     ),
                     **_errors(503),
