@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
 import tomllib
 import types
 import typing
@@ -231,6 +232,11 @@ class EndpointConfig:
     # Sequences the engine runs at once (vLLM --max-num-seqs, SGLang
     # --max-running-requests, llama.cpp -np), when known: past it, requests queue.
     capacity: int | None = None
+    # Sent to the engine as `Authorization: Bearer <api_key>` (vLLM's --api-key, a
+    # hosted provider's key), on requests and scrapes; never logged nor shown.
+    api_key: str | None = attrs.field(default=None, repr=False)
+    # More headers sent with every request to this engine (a provider's org header).
+    headers: dict[str, str] = attrs.field(factory=dict, repr=False)
 
 
 @attrs.frozen
@@ -321,6 +327,17 @@ class Config:
 _T = TypeVar("_T")
 
 
+# What may be sent in an engine request's head: RFC 9110 tokens and visible ASCII (so
+# a configured value can never add a header line of its own).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"[\x21-\x7e]+")
+_HEADER_VALUE_SPACES = re.compile(r"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")
+# Headers llmgw writes itself on each engine request.
+_OWN_HEADERS = frozenset(
+    {"authorization", "content-type", "content-length", "host", "x-request-id", "traceparent"}
+)
+
+
 class ConfigError(Exception):
     """The configuration cannot be used; `problems` name each key and what is wrong."""
 
@@ -373,9 +390,21 @@ def _unstructure(config: object) -> Any:
     return prune(converter.unstructure(config))
 
 
+#: What `dump_toml` writes for a secret.
+HIDDEN = "<hidden>"
+
+
 def dump_toml(config: Config) -> str:
-    """The effective configuration as TOML that :func:`load` reads back unchanged."""
-    return tomli_w.dumps(_unstructure(config))
+    """The effective configuration as TOML that :func:`load` reads back unchanged,
+    but for secrets (endpoints' `api_key` and `headers` values): shown as HIDDEN."""
+    data = _unstructure(config)
+    for endpoint in data.get("endpoints", ()):
+        if "api_key" in endpoint:
+            endpoint["api_key"] = HIDDEN
+        endpoint["headers"] = dict.fromkeys(endpoint.get("headers", {}), HIDDEN)
+        if not endpoint["headers"]:
+            del endpoint["headers"]
+    return tomli_w.dumps(data)
 
 
 # -- layering -----------------------------------------------------------------
@@ -770,6 +799,16 @@ def check(config: Config) -> list[str]:
             problems.append(f"{key}.priority: must be 0 or more, got {ep.priority}")
         if ep.capacity is not None and ep.capacity < 1:
             problems.append(f"{key}.capacity: must be at least 1, got {ep.capacity}")
+        if ep.api_key is not None and not _HEADER_VALUE.fullmatch(ep.api_key):
+            problems.append(f"{key}.api_key: must be printable ASCII without spaces")
+        for name, value in ep.headers.items():
+            if not _HEADER_NAME.fullmatch(name) or name.lower() in _OWN_HEADERS:
+                problems.append(
+                    f"{key}.headers: {name!r} is not a header name llmgw may send "
+                    f"(a token, not one of {', '.join(sorted(_OWN_HEADERS))})"
+                )
+            elif not _HEADER_VALUE_SPACES.fullmatch(value):
+                problems.append(f"{key}.headers.{name}: must be printable ASCII")
 
     problems.extend(catalog.check_models(config.models, set(r.profiles), "models"))
     if config.agent_tls is not None and config.agent_tls.client_ca is None:

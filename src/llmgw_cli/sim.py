@@ -179,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--seed", type=int, default=0, help="seed of all randomness (default 0)")
     g.add_argument(
+        "--api-key",
+        default=None,
+        help="like vLLM's: API routes want 'Authorization: Bearer KEY' (probes stay open)",
+    )
+    g.add_argument(
         "--metrics-format",
         choices=FORMATS,
         default=None,
@@ -270,6 +275,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         embedding_dim=args.embedding_dim,
         faults=faults,
         personality=persona.name if persona else None,
+        api_key=args.api_key,
     )
 
 

@@ -8,8 +8,12 @@ usage injection). One `_Call` value carries a request from admission to its end.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import json
 import math
+import re
+import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +35,9 @@ from llmgw.router.admission import AdmissionRejected, UnknownBand
 from llmgw.router.auth import AuthError
 from llmgw.router.body import BIG_BODY, BodyError, RequestBody, parse
 from llmgw.router.breaker import Outcome, Ticket, classify_status
+from llmgw.router.paths import PATHS, ApiPath, engine_names
 from llmgw.router.proxy import AttemptFailed, Delivery
+from llmgw.router.scrape import UNKNOWN
 from llmgw.router.usage import Caller, Usage, estimate_prompt_tokens
 from llmgw.store.base import KeyRecord
 
@@ -39,6 +45,36 @@ if TYPE_CHECKING:
     from llmgw.config import ModelConfig
     from llmgw.router.core import Router
     from llmgw.router.endpoints import EndpointState
+
+
+#: The scope key of a request's id (:func:`request_id_of`).
+REQUEST_ID = "llmgw.request_id"
+_MODEL_PREFIX = "/v1/models/"
+_TRACE_HEADERS = (b"traceparent", b"tracestate")
+# What a client's x-request-id may be to be passed on as is: short, and nothing a
+# log line or another server's header parser could trip on.
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:+/=@-]{1,128}")
+
+
+def request_id_of(given: bytes | None) -> bytes:
+    """The client's ``x-request-id`` when it is 1-128 characters of letters, digits
+    and ``._:+/=@-``; else a new random one (32 hex digits)."""
+    if given is not None and _REQUEST_ID.fullmatch(given):
+        return given
+    return secrets.token_hex(16).encode()
+
+
+@functools.cache
+def _version() -> str:
+    # Not `llmgw.__version__`: the package's __init__ imports the router.
+    try:
+        return importlib.metadata.version("llmgw")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+def _model_object(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
 
 
 class HttpError(Exception):
@@ -90,20 +126,27 @@ class ClientApp:
         # parse holds in memory is bounded by one body, not by how many arrive.
         self._big_parses = trio.CapacityLimiter(1)
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
-            ("POST", "/v1/chat/completions"): self._inference,
-            ("POST", "/v1/completions"): self._inference,
-            ("POST", "/v1/embeddings"): self._inference,
+            **{("POST", path): self._inference for path in PATHS},
             ("GET", "/v1/models"): self._models,
+            ("GET", "/health"): self._health,
+            ("GET", "/version"): self._version,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await answer_non_http(scope, receive, send)
             return
-        handler = self._routes.get((scope["method"], scope["path"].rstrip("/") or "/"))
+        path = scope["path"].rstrip("/") or "/"
+        handler = self._routes.get((scope["method"], path))
+        if handler is None and scope["method"] == "GET" and path.startswith(_MODEL_PREFIX):
+            handler = self._model
+        # The client's id when it is one we can pass on safely, else ours; on every
+        # answer, to the engine, and in the usage record.
+        request_id = request_id_of(header(scope, b"x-request-id"))
+        scope[REQUEST_ID] = request_id
         try:
             if handler is None:
-                known = any(path == scope["path"] for _, path in self._routes)
+                known = any(p == path for _, p in self._routes)
                 if known:
                     raise HttpError(405, f"method {scope['method']} not allowed here")
                 raise HttpError(404, f"no route {scope['path']}", code="not_found")
@@ -112,22 +155,50 @@ class ClientApp:
             return
         except HttpError as err:
             self.router.metrics.rejected.labels(err.code or str(err.status), err.model).inc()
+            err.headers.append((b"x-request-id", request_id))
             await send_error(send, err)
 
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Up and able to serve (an endpoint has been scraped); nothing more, no key."""
+        ready = any(s.sample is not None for s in self.router.endpoints.all())
+        body = b'{"status":"ok"}' if ready else b'{"status":"not ready"}'
+        await send_json(send, 200 if ready else 503, body, [(b"x-request-id", scope[REQUEST_ID])])
+
+    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = json.dumps({"version": _version(), "server": "llmgw"}).encode()
+        await send_json(send, 200, body, [(b"x-request-id", scope[REQUEST_ID])])
+
+    async def _model(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``GET /v1/models/{id}``: one model or alias the key may use and a replica
+        serves; 404 in OpenAI's shape otherwise (what ``models.retrieve`` expects)."""
+        name = scope["path"].rstrip("/")[len(_MODEL_PREFIX) :]
+        entry = next((m for m in self._listed(await self._authenticate(scope)) if m == name), None)
+        if entry is None:
+            raise HttpError(
+                404, f"the model {name!r} does not exist", code="model_not_found", param="model"
+            )
+        body = json.dumps(_model_object(name)).encode()
+        await send_json(send, 200, body, [(b"x-request-id", scope[REQUEST_ID])])
+
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        router = self.router
-        key = await self._authenticate(scope)
-        served = router.endpoints.models()
-        data = []
-        for model in router.catalog.models:
+        names = self._listed(await self._authenticate(scope))
+        data = [_model_object(name) for name in names]
+        body = json.dumps({"object": "list", "data": data}).encode()
+        await send_json(send, 200, body, [(b"x-request-id", scope[REQUEST_ID])])
+
+    def _listed(self, key: KeyRecord | None) -> list[str]:
+        """The names and aliases of the models a replica serves that `key` may use."""
+        served = self.router.endpoints.models()
+        names = []
+        for model in self.router.catalog.models:
             if model.name not in served:
                 continue
             permitted = None if key is None else key.models
             for name in (model.name, *model.aliases):
                 # A key limited to some models sees those (by name or alias) only.
                 if permitted is None or model.name in permitted or name in permitted:
-                    data.append({"id": name, "object": "model", "created": 0, "owned_by": "llmgw"})
-        await send_json(send, 200, json.dumps({"object": "list", "data": data}).encode())
+                    names.append(name)
+        return names
 
     async def _authenticate(self, scope: Scope) -> KeyRecord | None:
         try:
@@ -168,6 +239,8 @@ class ClientApp:
                 code="model_not_found",
                 param="model",
             )
+        route = PATHS[scope["path"].rstrip("/")]
+        self._check_served(route, body.model, chain)
         # The client may go away at any point; the watcher cancels the upstream
         # request at once, which frees the engine's slot.
         # Once the last byte is handed over, a disconnect no longer matters.
@@ -187,6 +260,7 @@ class ClientApp:
         session = header(scope, router.session_header)
         call = _Call(
             scope,
+            route,
             tracked_send,
             body,
             chain,
@@ -221,6 +295,21 @@ class ClientApp:
                 retries=call.retries,
             )
             raise refused
+
+    def _check_served(self, route: ApiPath, asked: str, chain: list[ModelConfig]) -> None:
+        """404 when every replica of the model and its fallbacks runs an engine known
+        not to serve `route` (retrying them would only repeat the engine's 404)."""
+        if route.engines == PATHS["/v1/chat/completions"].engines:
+            return
+        engines = {_engine(s) for m in chain for s in self.router.endpoints.serving(m.name)}
+        if engines and not any(route.served_by(e) for e in engines):
+            raise HttpError(
+                404,
+                f"no replica of {asked!r} serves {route.path}: they run "
+                f"{engine_names(engines)}; {route.what} is served by "
+                f"{engine_names(route.engines)}",
+                code="unsupported_endpoint",
+            )
 
     async def _serve(self, call: _Call) -> None:
         """Admission by priority band, then routing. The request waits in its band's
@@ -302,7 +391,9 @@ class ClientApp:
                 usable = [
                     s
                     for s in router.endpoints.serving(model.name)
-                    if s.endpoint.id not in tried and s.breaker.allows(now)
+                    if s.endpoint.id not in tried
+                    and s.breaker.allows(now)
+                    and call.route.served_by(_engine(s))
                 ]
                 prefix = (
                     router.prefixes.chain(prompt_text, model.name)
@@ -415,12 +506,19 @@ class ClientApp:
         `prefill` (the prompt tokens it is estimated to compute) counts in the
         endpoint's prefill work until the first token, or the answer, is in."""
         router = self.router
-        url = state.endpoint.url.rstrip("/") + call.scope["path"]
+        url = state.endpoint.url.rstrip("/") + call.route.path
+        request_id = call.scope[REQUEST_ID]
         extra = [
             (b"x-llmgw-model", model.name.encode()),
             (b"x-llmgw-endpoint", state.endpoint.id.encode()),
+            (b"x-request-id", request_id),
         ]
-        headers = [(b"content-type", b"application/json")]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"x-request-id", request_id),
+            *state.endpoint.headers,
+            *call.trace,
+        ]
         in_flight = router.metrics.in_flight.labels(model.name)
         in_flight.inc()
         state.inflight += 1
@@ -493,17 +591,20 @@ class _Call:
         "prompt_tokens",
         "queued",
         "retries",
+        "route",
         "scope",
         "send",
         "session_key",
         "started",
         "stream",
+        "trace",
         "wants_usage",
     )
 
     def __init__(
         self,
         scope: Scope,
+        route: ApiPath,
         send: Send,
         body: RequestBody,
         chain: list[ModelConfig],
@@ -512,6 +613,9 @@ class _Call:
         session_key: str | None,
     ) -> None:
         self.scope = scope
+        self.route = route
+        # W3C trace context, passed to the engine unchanged (vLLM continues the trace).
+        self.trace = [(k, v) for k, v in scope["headers"] if k in _TRACE_HEADERS]
         self.body = body
         #: The model asked for, then its fallbacks.
         self.chain = chain
@@ -523,13 +627,17 @@ class _Call:
         self.caller = Caller(key.id if key is not None else None)
         self.queued = 0.0  # seconds admission held it
         self.retries = 0  # attempts after the first, on other endpoints
-        # Embeddings never stream, whatever the body says.
-        self.stream = body.stream and not scope["path"].endswith("/embeddings")
+        # Embeddings, rerank and the like never stream, whatever the body says.
+        self.stream = body.stream and route.streams
         self.wants_usage = self.stream and body.include_usage
         self.session_key = session_key
         # Estimated from the body's size: the prefill work routing charges, and the
         # usage of a stream cut before the engine reported any.
         self.prompt_tokens = estimate_prompt_tokens(len(body.raw))
+
+
+def _engine(state: EndpointState) -> str:
+    return UNKNOWN if state.sample is None else state.sample.engine
 
 
 class _DisconnectWatch:

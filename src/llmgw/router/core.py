@@ -81,7 +81,10 @@ def catalog_for(config: Config) -> Catalog:
 
 
 def endpoint_from_config(e: EndpointConfig) -> Endpoint:
-    return Endpoint(e.id, e.url, e.models, e.pool, e.weight, e.priority, e.capacity)
+    headers = [(k.lower().encode(), v.encode()) for k, v in e.headers.items()]
+    if e.api_key is not None:
+        headers.append((b"authorization", b"Bearer " + e.api_key.encode()))
+    return Endpoint(e.id, e.url, e.models, e.pool, e.weight, e.priority, e.capacity, tuple(headers))
 
 
 #: The usage of a request that ended without the engine reporting any.

@@ -30,6 +30,9 @@ class Endpoint:
     priority: int = 0
     # Sequences the engine runs at once, when known (see Candidate.capacity).
     capacity: int | None = None
+    # Sent with every request and scrape to this engine (its API key, as configured);
+    # kept out of reprs, logs and the admin API.
+    headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), repr=False)
 
 
 class EndpointSink(Protocol):

@@ -45,7 +45,8 @@ from llmgw.router.usage import Usage, estimate_prompt_tokens
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 # Response headers worth passing on; hop-by-hop and length headers are ours to set.
-_RELAYED_HEADERS = frozenset({b"content-type", b"x-request-id", b"openai-processing-ms"})
+# x-request-id is llmgw's own (the client's, or one it made), never the engine's.
+_RELAYED_HEADERS = frozenset({b"content-type", b"openai-processing-ms"})
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),

@@ -32,10 +32,15 @@ class PageTooLarge(Exception):
     pass
 
 
-async def read_bounded(client: httpx.AsyncClient, url: str, limit: int) -> bytes:
+async def read_bounded(
+    client: httpx.AsyncClient,
+    url: str,
+    limit: int,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+) -> bytes:
     """GET `url`'s body, raising httpx.HTTPStatusError on a non-2xx answer and
     PageTooLarge past `limit` bytes (stopping there)."""
-    async with client.stream("GET", url) as response:
+    async with client.stream("GET", url, headers=list(headers)) as response:
         response.raise_for_status()
         body = bytearray()
         # Decoded (engines gzip their pages when asked, and httpx asks), and bounded
@@ -110,7 +115,9 @@ class Scraper:
         base = state.endpoint.url.rstrip("/")
         try:
             with trio.fail_after(self.timeout):
-                page = await read_bounded(self.client, base + "/metrics", MAX_METRICS_BYTES)
+                page = await read_bounded(
+                    self.client, base + "/metrics", MAX_METRICS_BYTES, state.endpoint.headers
+                )
             sample = parse_metrics(page, previous=state.sample)
         except PageTooLarge:
             self._failed(state, f"the /metrics page is larger than {MAX_METRICS_BYTES} bytes")
@@ -145,7 +152,9 @@ class Scraper:
     async def _read_slots(self, state: EndpointState, base: str) -> None:
         try:
             with trio.fail_after(self.timeout):
-                body = await read_bounded(self.client, base + "/props", MAX_PROPS_BYTES)
+                body = await read_bounded(
+                    self.client, base + "/props", MAX_PROPS_BYTES, state.endpoint.headers
+                )
         except (trio.TooSlowError, httpx.HTTPError, PageTooLarge):
             return  # unknown until a later try: its queue still says when it is full
         state.reported_capacity = total_slots(body)

@@ -36,7 +36,9 @@ connection, so the first SSE events are not held back by Nagle.
 from __future__ import annotations
 
 import base64
+import collections
 import hashlib
+import hmac
 import json
 import math
 import os
@@ -160,6 +162,45 @@ class Faults:
         return {name: getattr(self, name) for name in self.FIELDS}
 
 
+#: Paths an ``api_key`` does not guard (as vLLM leaves its probes and metrics open).
+_OPEN_PATHS = frozenset(
+    {"/health", "/version", "/metrics", "/sim/faults", "/sim/requests", "/props", "/slots"}
+)
+_WORD_OF = dict(zip(tokens.WORD_IDS, tokens.WORDS, strict=True))
+
+
+#: Requests GET /sim/requests remembers.
+SEEN_REQUESTS = 64
+_PASSED_ON = (b"x-request-id", b"traceparent", b"tracestate")
+
+
+def _seen(scope: Scope) -> dict[str, Any]:
+    headers = {bytes(k): bytes(v) for k, v in scope["headers"]}
+    return {
+        "method": scope["method"],
+        "path": scope["path"],
+        **{k.decode(): headers[k].decode("latin-1") for k in _PASSED_ON if k in headers},
+        "authorized": b"authorization" in headers,  # never the secret itself
+    }
+
+
+def _texts(body: Mapping[str, Any], name: str) -> list[str]:
+    value = body.get(name)
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise HTTPError(400, f"'{name}' must be a string or a list of them", param=name)
+    return texts
+
+
+def _similarity(query: str, document: str) -> float:
+    """The share of `query`'s 4-character pieces found in `document` (0 to 1)."""
+    wanted = set(tokens.pieces(query.lower()))
+    if not wanted:
+        return 0.0
+    have = set(tokens.pieces(document.lower()))
+    return round(len(wanted & have) / len(wanted), 6)
+
+
 @attrs.frozen
 class SimConfig:
     """Everything `llmgw-sim` is started with."""
@@ -174,6 +215,9 @@ class SimConfig:
     faults: Faults = attrs.Factory(Faults)
     #: The personality the defaults came from (llmgw.sim.personalities), if any.
     personality: str | None = None
+    #: Like vLLM's ``--api-key``: the API routes want ``Authorization: Bearer <it>``
+    #: (health, version, metrics and the sim's own routes stay open).
+    api_key: str | None = attrs.field(default=None, repr=False)
 
 
 # -- engine driver ----------------------------------------------------------------------
@@ -392,6 +436,8 @@ class SimApp:
         self._fault_rng = random.Random(config.engine.seed ^ 0x5EED)
         self._served = 0  # requests counted towards faults.exit_after
         self._ids = 0
+        # What the last requests carried that a gateway should pass on (GET /sim/requests).
+        self._seen: collections.deque[dict[str, Any]] = collections.deque(maxlen=SEEN_REQUESTS)
         self._id_prefix = uuid.uuid4().hex[:12]
         self.started = int(time.time())
         self.exposition = exposition(
@@ -419,8 +465,15 @@ class SimApp:
             ("GET", "/get_server_info"): self._server_info,
             ("GET", "/health_generate"): self._health,  # SGLang's deep probe
             ("POST", "/tokenize"): self._tokenize,
+            ("POST", "/detokenize"): self._detokenize,
+            ("POST", "/v1/rerank"): self._rerank,
+            ("POST", "/rerank"): self._rerank,
+            ("POST", "/v2/rerank"): self._rerank,
+            ("POST", "/v1/score"): self._score,
+            ("POST", "/score"): self._score,
             ("GET", "/sim/faults"): self._get_faults,
             ("POST", "/sim/faults"): self._set_faults,
+            ("GET", "/sim/requests"): self._requests,
         }
         if config.metrics_format == "llamacpp":
             # llama-server's own side endpoints, only where its metric names are: a
@@ -435,7 +488,11 @@ class SimApp:
             await answer_non_http(scope, receive, send)
             return
         route = self._routes.get((scope["method"], scope["path"]))
+        if not scope["path"].startswith(("/sim/", "/metrics")):
+            self._seen.append(_seen(scope))
         try:
+            if self.config.api_key is not None and scope["path"] not in _OPEN_PATHS:
+                self._check_api_key(scope)
             if route is None:
                 if any(path == scope["path"] for _, path in self._routes):
                     raise HTTPError(405, f"method {scope['method']} not allowed here")
@@ -448,6 +505,12 @@ class SimApp:
         finally:
             if route in self._counted:
                 self._count_served()
+
+    def _check_api_key(self, scope: Scope) -> None:
+        expected = f"Bearer {self.config.api_key}".encode()
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        if not hmac.compare_digest(bytes(given), expected):
+            raise HTTPError(401, "Unauthorized", code="unauthorized")
 
     def _next_id(self, prefix: str) -> str:
         self._ids += 1
@@ -535,6 +598,11 @@ class SimApp:
                 "port": self.config.port,
             },
         )
+
+    async def _requests(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The last requests (oldest first): method, path and the headers a gateway
+        should pass on (request id, trace context; whether credentials came)."""
+        await send_json(send, 200, {"requests": list(self._seen)})
 
     async def _get_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, self.faults.to_json())
@@ -705,6 +773,78 @@ class SimApp:
                 "count": len(ids),
                 "max_model_len": self.config.engine.max_model_len,
                 "tokens": list(ids),
+            },
+        )
+
+    async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's /detokenize: token ids back to text. Ids of generated words become
+        their words; any other id (prompt slices are hashed) becomes ``<id>``."""
+        body = parse_json(await read_body(scope, receive))
+        self._check_model(body)
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < tokens.VOCAB_SIZE
+            for t in ids
+        ):
+            raise HTTPError(400, "'tokens' must be a list of token ids", param="tokens")
+        text = "".join(_WORD_OF.get(t, f"<{t}>") for t in ids)
+        await send_json(send, 200, {"prompt": text})
+
+    async def _rerank(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's (and Jina's, Cohere's) rerank: each document scored against the query
+        by the share of the query's 4-character pieces it contains, best first."""
+        body = parse_json(await read_body(scope, receive))
+        model = self._check_model(body)
+        query, documents = body.get("query"), body.get("documents")
+        if not isinstance(query, str):
+            raise HTTPError(400, "'query' must be a string", param="query")
+        if not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
+            raise HTTPError(400, "'documents' must be a list of strings", param="documents")
+        top_n = body.get("top_n", len(documents))
+        if not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 0:
+            raise HTTPError(400, "'top_n' must be a whole number", param="top_n")
+        scored = sorted(
+            ((i, _similarity(query, d)) for i, d in enumerate(documents)),
+            key=lambda x: (-x[1], x[0]),
+        )
+        results = [
+            {"index": i, "document": {"text": documents[i]}, "relevance_score": score}
+            for i, score in scored[: top_n or len(documents)]
+        ]
+        used = tokens.count(query) * len(documents) + sum(tokens.count(d) for d in documents)
+        await send_json(
+            send,
+            200,
+            {
+                "id": self._next_id("rerank"),
+                "model": model,
+                "usage": {"total_tokens": used},
+                "results": results,
+            },
+        )
+
+    async def _score(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's /score: `text_1` against each of `text_2` (strings or lists of them)."""
+        body = parse_json(await read_body(scope, receive))
+        model = self._check_model(body)
+        firsts, seconds = _texts(body, "text_1"), _texts(body, "text_2")
+        if len(firsts) != 1 and len(firsts) != len(seconds):
+            raise HTTPError(400, "'text_1' must be one text or as many as 'text_2'", param="text_1")
+        pairs = [(firsts[0] if len(firsts) == 1 else firsts[i], t) for i, t in enumerate(seconds)]
+        used = sum(tokens.count(a) + tokens.count(b) for a, b in pairs)
+        await send_json(
+            send,
+            200,
+            {
+                "id": self._next_id("score"),
+                "object": "list",
+                "created": int(time.time()),
+                "model": model,
+                "data": [
+                    {"index": i, "object": "score", "score": _similarity(a, b)}
+                    for i, (a, b) in enumerate(pairs)
+                ],
+                "usage": {"prompt_tokens": used, "total_tokens": used, "completion_tokens": 0},
             },
         )
 

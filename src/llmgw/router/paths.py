@@ -1,0 +1,69 @@
+"""The engine API paths the client port serves, and which engines serve each.
+
+Every path here is model-routed: its JSON body names the model, and the request
+gets the catalog (aliases, fallbacks, a key's models), admission, scoring, retries
+before the first byte, breakers, deadlines and usage accounting, then goes to the
+chosen replica under the same path. A replica whose engine (as its metrics say) does
+not serve the path is not chosen; when none of a model's replicas does, the client
+gets 404 ``unsupported_endpoint`` naming the engines that would, never a retry.
+A replica whose engine is not known yet (not scraped, or an engine llmgw does not
+recognise) is tried, and its answer relayed: an engine's own 404 is not retried.
+
+docs/router.md shows this table; tests/test_api_paths.py checks the two agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from llmgw.router.scrape import ENGINES, UNKNOWN
+
+__all__ = ["PATHS", "ApiPath", "engine_names"]
+
+_VLLM, _SGLANG, _LLAMACPP = "vllm", "sglang", "llamacpp"
+_ALL = frozenset(ENGINES)
+
+#: How docs and errors name the engines.
+_NAMES = {_VLLM: "vLLM", _SGLANG: "SGLang", _LLAMACPP: "llama.cpp"}
+
+
+@attrs.frozen
+class ApiPath:
+    """One engine path: what it is, whether its body's ``stream`` applies, and the
+    engines that serve it."""
+
+    path: str
+    what: str
+    engines: frozenset[str]
+    streams: bool = False
+
+    def served_by(self, engine: str) -> bool:
+        """Whether a replica running `engine` may be sent this path (unknown: yes)."""
+        return engine == UNKNOWN or engine in self.engines
+
+
+PATHS: dict[str, ApiPath] = {
+    p.path: p
+    for p in (
+        ApiPath("/v1/chat/completions", "chat completions", _ALL, streams=True),
+        ApiPath("/v1/completions", "completions", _ALL, streams=True),
+        ApiPath("/v1/embeddings", "embeddings", _ALL),
+        ApiPath("/tokenize", "tokenize", _ALL),
+        ApiPath("/detokenize", "detokenize", _ALL),
+        ApiPath("/v1/rerank", "rerank", _ALL),
+        ApiPath("/rerank", "rerank", frozenset({_VLLM, _LLAMACPP})),
+        ApiPath("/v2/rerank", "rerank (Cohere v2 shape)", frozenset({_VLLM})),
+        ApiPath("/v1/score", "score", frozenset({_VLLM, _SGLANG})),
+        ApiPath("/score", "score", frozenset({_VLLM})),
+        ApiPath("/pooling", "pooling", frozenset({_VLLM})),
+        ApiPath("/classify", "classify", frozenset({_VLLM, _SGLANG})),
+        ApiPath("/v1/classify", "classify", frozenset({_SGLANG})),
+    )
+}
+
+
+def engine_names(engines: Iterable[str]) -> str:
+    """``vLLM, SGLang`` for error messages and docs, in a fixed order."""
+    return ", ".join(_NAMES[e] for e in ENGINES if e in set(engines))
