@@ -32,6 +32,7 @@ from llmgw.router.anthropic import (
     encode,
     error_body,
     error_event,
+    error_from_chat,
     error_type,
     from_chat,
     to_chat,
@@ -283,7 +284,8 @@ _DROP = object()
     ("body", "message"),
     [
         (_mangle(max_tokens=_DROP), "max_tokens: Field required"),
-        (_mangle(max_tokens=0), "max_tokens: Input should be an integer of at least 1"),
+        (_mangle(max_tokens=0), "max_tokens: Input should be an integer from 1 to 2147483648"),
+        (_mangle(max_tokens=1 << 40), "max_tokens"),
         (_mangle(max_tokens=True), "max_tokens"),
         (_mangle(max_tokens="5"), "max_tokens"),
         (_mangle(max_tokens=2.0), "max_tokens"),
@@ -494,6 +496,15 @@ def test_cached_prompt_tokens_are_cache_reads() -> None:
     Message.model_validate(message)
 
 
+def test_content_parts_in_a_response_are_its_text() -> None:
+    response = completion(None)
+    response["choices"][0]["message"]["content"] = [
+        {"type": "text", "text": "a"},
+        {"type": "text", "text": "b"},
+    ]
+    assert from_chat(response, "m")["content"] == [{"type": "text", "text": "ab"}]
+
+
 def test_a_response_without_usage_or_id() -> None:
     response = completion()
     del response["usage"], response["id"]
@@ -532,12 +543,48 @@ def tool_chunk(index: int, id: str | None = None, name: str | None = None, args:
 
 
 def run(translator: StreamTranslator, payloads: list[Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The events for `payloads`, each checked with the SDK's type, and their order."""
     events = [event for payload in payloads for event in translator.feed(payload)]
     for name, data in events:
         if name != "error":
             parsed = EVENT.validate_python(data)
             assert parsed.type == name
+    check_order([name for name, _ in events], [data.get("index") for _, data in events])
     return events
+
+
+def check_order(names: list[str], indices: list[int | None]) -> None:
+    """Anthropic's grammar: message_start (block_start delta* block_stop)* message_delta
+    message_stop, blocks numbered from 0; or, cut anywhere, an error event last."""
+    if names and names[-1] == "error":
+        names, indices = names[:-1], indices[:-1]
+        complete = False
+    else:
+        complete = True
+    assert "error" not in names
+    if not names:
+        assert not complete, "a stream that was not cut has a message"
+        return
+    assert names[0] == "message_start"
+    open_block: int | None = None
+    next_block = 0
+    for position, (name, index) in enumerate(zip(names, indices, strict=True)):
+        if position == 0:
+            continue
+        if name == "content_block_start":
+            assert open_block is None and index == next_block
+            open_block, next_block = index, next_block + 1
+        elif name == "content_block_delta":
+            assert open_block is not None and index == open_block
+        elif name == "content_block_stop":
+            assert open_block is not None and index == open_block
+            open_block = None
+        elif name == "message_delta":
+            assert open_block is None and names[position + 1 :] == ["message_stop"]
+        else:
+            assert name == "message_stop" and names[position - 1] == "message_delta"
+    if complete:
+        assert names[-2:] == ["message_delta", "message_stop"]
 
 
 def accumulate(events: list[tuple[str, dict[str, Any]]]) -> Message:
@@ -736,7 +783,9 @@ def test_continuous_usage_gives_input_tokens_at_the_start() -> None:
 
 def test_an_empty_stream_is_still_a_whole_message() -> None:
     translator = StreamTranslator("m")
+    assert not translator.started
     events = run(translator, ["[DONE]"])
+    assert translator.started
     assert [name for name, _ in events] == ["message_start", "message_delta", "message_stop"]
     assert accumulate(events).stop_reason == "end_turn"
     assert translator.done
@@ -838,6 +887,160 @@ def test_a_stream_accumulates_to_the_message_of_the_whole_response(
     assert starts == stops == list(range(len(expected["content"])))
 
 
+# ------------------------------------------------ hypothesis: any request, 400 or valid
+
+_RICH = request(
+    system=[{"type": "text", "text": "s"}],
+    messages=[
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "q"},
+                _IMAGE := {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": "image/png", "data": "AA"},
+                },
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "t"},
+                {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "x"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t1",
+                    "content": [{"type": "text", "text": "r"}, _IMAGE],
+                },
+                {"type": "text", "text": "more"},
+            ],
+        },
+    ],
+    tools=[WEATHER],
+    tool_choice={"type": "tool", "name": "get_weather"},
+    stop_sequences=["x"],
+    temperature=0.1,
+    top_p=0.5,
+    top_k=3,
+    stream=True,
+    metadata={"user_id": "u"},
+)
+
+_JSON = st.recursive(
+    # Finite floats only: NaN and infinities are not JSON, and the client's body was.
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    yield path
+    if isinstance(value, dict):
+        for key, member in value.items():
+            yield from _paths(member, (*path, key))
+    elif isinstance(value, list):
+        for i, member in enumerate(value):
+            yield from _paths(member, (*path, i))
+
+
+_PATHS = list(_paths(_RICH))[1:]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(_PATHS), st.one_of(st.just(_DROP), _JSON))
+def test_a_mangled_request_is_a_400_or_a_valid_chat_request(
+    path: tuple[Any, ...], replacement: Any
+) -> None:
+    body = json.loads(json.dumps(_RICH))
+    *parents, last = path
+    container = body
+    for key in parents:
+        container = container[key]
+    if replacement is _DROP:
+        del container[last]
+    else:
+        container[last] = replacement
+    try:
+        translated = to_chat(body)
+    except MessagesError as error:
+        assert (error.status, error.type) == (400, "invalid_request_error")
+        ErrorResponse.model_validate(error.body())
+    else:
+        CHAT_REQUEST.validate_python(translated)
+        json.dumps(translated, allow_nan=False)  # What the engine is sent is JSON.
+
+
+def _mangled(value: Any, path: tuple[Any, ...], replacement: Any) -> Any:
+    value = json.loads(json.dumps(value))
+    *parents, last = path
+    container = value
+    for key in parents:
+        container = container[key]
+    if replacement is _DROP:
+        del container[last]
+    else:
+        container[last] = replacement
+    return value
+
+
+_RICH_RESPONSE = completion(
+    "text",
+    [call("c1", "f", '{"a": 1}'), call("c2", "g", "{")],
+    finish="tool_calls",
+    usage={
+        "prompt_tokens": 9,
+        "completion_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    },
+    stop_reason="x",
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(list(_paths(_RICH_RESPONSE))[1:]), st.one_of(st.just(_DROP), _JSON))
+def test_a_mangled_response_is_a_valid_message_or_a_502(
+    path: tuple[Any, ...], replacement: Any
+) -> None:
+    response = _mangled(_RICH_RESPONSE, path, replacement)
+    try:
+        message = from_chat(response, "m")
+    except MessagesError as error:
+        assert (error.status, error.type) == (502, "api_error")
+    else:
+        Message.model_validate(message)
+
+
+_STREAM_PATHS = [
+    (i, *path) for i, payload in enumerate(TEXT_THEN_TOOL[:-1]) for path in _paths(payload)
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(_STREAM_PATHS), st.one_of(st.just(_DROP), _JSON))
+def test_a_mangled_stream_is_valid_events_or_a_502(path: tuple[Any, ...], replacement: Any) -> None:
+    payloads = _mangled(TEXT_THEN_TOOL, path, replacement)
+    try:
+        events = run(StreamTranslator("m"), payloads)
+    except MessagesError as error:
+        assert (error.status, error.type) == (502, "api_error")
+        return
+    if events[-1][0] == "error":
+        ErrorResponse.model_validate(events[-1][1])
+    # (Not accumulated: mangled arguments are not JSON, which the SDK refuses, as it should.)
+
+
 # ------------------------------------------------------------------------------ errors
 
 
@@ -863,6 +1066,22 @@ def test_error_bodies(status: int, kind: str) -> None:
     assert error_type(status) == kind
     if kind != "request_too_large":  # Documented, but not (yet) in the SDK's union.
         ErrorResponse.model_validate(body)
+
+
+@pytest.mark.parametrize(
+    ("status", "response", "message"),
+    [
+        (400, {"error": {"message": "too long", "type": "BadRequestError"}}, "too long"),  # OpenAI
+        (400, {"object": "error", "message": "bad max_tokens", "code": 400}, "bad max_tokens"),
+        (503, {"error": "Loading model"}, "Loading model"),  # llama.cpp
+        (500, {"error": {}}, "engine error"),
+        (502, b"<html>", "engine error (HTTP 502)"),
+    ],
+)
+def test_engine_errors(status: int, response: Any, message: str) -> None:
+    body = error_from_chat(status, response)
+    assert body["error"] == {"type": error_type(status), "message": message}
+    ErrorResponse.model_validate(body)
 
 
 # ---------------------------------------------- the anthropic SDK end to end, over HTTP

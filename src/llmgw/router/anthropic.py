@@ -60,6 +60,7 @@ __all__ = [
     "encode",
     "error_body",
     "error_event",
+    "error_from_chat",
     "error_type",
     "from_chat",
     "to_chat",
@@ -147,6 +148,20 @@ def error_body(status: int, message: str) -> Json:
     return {"type": "error", "error": {"type": error_type(status), "message": message}}
 
 
+def error_from_chat(status: int, response: Any) -> Json:
+    """Anthropic's error body for an engine's error response (its status, its JSON).
+
+    Takes OpenAI's ``{"error": {"message": ...}}``, vLLM's and SGLang's
+    ``{"object": "error", "message": ...}`` and llama.cpp's ``{"error": "..."}``.
+    """
+    if isinstance(response, dict):
+        error = response.get("error", response)
+        message = _error_message(error)
+    else:
+        message = f"engine error (HTTP {status})"
+    return error_body(status, message)
+
+
 def error_event(message: str, status: int = 500) -> Event:
     """The ``error`` event that ends a stream which failed after it started."""
     return "error", error_body(status, message)
@@ -200,9 +215,14 @@ def _number(value: Any, path: str, low: float, high: float) -> float:
     return value
 
 
+# The router's own bound on max_tokens (router/body.py): past it, its arithmetic on the
+# token budget stops meaning anything.
+_MAX_INTEGER = 1 << 31
+
+
 def _integer(value: Any, path: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise _invalid(f"{path}: Input should be an integer of at least {low}")
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= _MAX_INTEGER:
+        raise _invalid(f"{path}: Input should be an integer from {low} to {_MAX_INTEGER}")
     return value
 
 
@@ -226,7 +246,7 @@ def _image(block: Json, path: str) -> Json:
     if kind == "base64":
         _keys(source, f"{path}.source", frozenset({"type", "media_type", "data"}))
         media = source.get("media_type")
-        if media not in _IMAGE_TYPES:
+        if not isinstance(media, str) or media not in _IMAGE_TYPES:
             raise _invalid(
                 f"{path}.source.media_type: Input should be one of "
                 + ", ".join(sorted(_IMAGE_TYPES))
@@ -530,7 +550,7 @@ def _stop(
     finish: Any, choice: Json, has_tools: bool, stop_sequences: Sequence[str] | None
 ) -> tuple[str, str | None]:
     """``stop_reason`` and ``stop_sequence`` for an engine's finish."""
-    if finish in _FINISH:
+    if isinstance(finish, str) and finish in _FINISH:
         return _FINISH[finish], None
     if has_tools:
         return "tool_use", None  # Some engines finish a tool call with "stop".
@@ -577,6 +597,15 @@ def from_chat(response: Json, model: str, *, stop_sequences: Sequence[str] | Non
         raise _bad_engine("choices.0.message is not an object")
     content: list[Json] = []
     text = message.get("content")
+    if isinstance(text, list):
+        # Content parts, as some engines answer: the text ones are the answer.
+        text = "".join(
+            part["text"]
+            for part in text
+            if isinstance(part, dict)
+            and part.get("type") == "text"
+            and isinstance(part.get("text"), str)
+        )
     if isinstance(text, str) and text:
         content.append({"type": "text", "text": text})
     calls = message.get("tool_calls")
@@ -584,11 +613,12 @@ def from_chat(response: Json, model: str, *, stop_sequences: Sequence[str] | Non
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict):
             raise _bad_engine("a tool call without a function")
+        name = function.get("name")
         content.append(
             {
                 "type": "tool_use",
                 "id": _tool_id(call.get("id")),
-                "name": function.get("name") or "",
+                "name": name if isinstance(name, str) else "",
                 "input": _input(function.get("arguments")),
             }
         )
@@ -641,7 +671,9 @@ class StreamTranslator:
         self.model = model
         self.stop_sequences = stop_sequences
         self.done = False
-        self._started = False
+        # Whether message_start went out: until it has, a failure can still be a
+        # plain HTTP error response rather than an error event.
+        self.started = False
         self._blocks = 0  # Blocks started so far: the next block's index.
         self._open: int | None = None  # The block started and not yet stopped.
         self._text_open = False
@@ -703,9 +735,9 @@ class StreamTranslator:
         return events
 
     def _start(self, events: list[Event], chunk: Json) -> None:
-        if self._started:
+        if self.started:
             return
-        self._started = True
+        self.started = True
         usage = _usage(chunk.get("usage"))  # Known this early only with vLLM's
         usage["output_tokens"] = 0  # continuous_usage_stats; else zeros.
         message: Json = {
@@ -764,6 +796,8 @@ class StreamTranslator:
 
     def _tool_delta(self, events: list[Event], call: Json) -> None:
         position = call.get("index", 0)
+        if isinstance(position, bool) or not isinstance(position, int):
+            raise _bad_engine("a tool call's index is not an integer")
         tool = self._tools.get(position)
         if tool is None:
             tool = self._tools[position] = _Tool()
@@ -798,4 +832,4 @@ class StreamTranslator:
 
 def _error_message(error: Any) -> str:
     message = error.get("message") if isinstance(error, dict) else error
-    return message if isinstance(message, str) else "engine error"
+    return message if isinstance(message, str) and message else "engine error"
