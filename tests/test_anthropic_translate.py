@@ -343,6 +343,17 @@ _DROP = object()
             _mangle(messages=[{"role": "assistant", "content": [{"type": "thinking"}]}]),
             "'thinking' blocks are not supported",
         ),
+        (
+            _mangle(
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "x"}],
+                    }
+                ]
+            ),
+            "messages.0.content.0.tool_use_id: no tool_use block with id 't9'",
+        ),
         (_mangle(system=[{"type": "image"}]), "system.0.type"),
         (_mangle(system=5), "system"),
         (_mangle(tools=[{"name": "bad name", "input_schema": {"type": "object"}}]), "tools.0.name"),

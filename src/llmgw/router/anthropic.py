@@ -55,6 +55,7 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "RAW_ARGUMENTS",
     "MessagesError",
     "StreamTranslator",
     "encode",
@@ -282,10 +283,15 @@ def _system(value: Any) -> str:
     return "\n\n".join(texts)
 
 
-def _tool_result(block: Json, path: str) -> tuple[Json, list[Json]]:
+def _tool_result(block: Json, path: str, calls: set[str]) -> tuple[Json, list[Json]]:
     """The ``tool`` message for one result, and the images it carried."""
     _keys(block, path, _TOOL_RESULT_KEYS)
     call = _string(block.get("tool_use_id"), f"{path}.tool_use_id", empty=False)
+    if call not in calls:
+        # As Anthropic refuses it: a chat template would render a result of nothing.
+        raise _invalid(
+            f"{path}.tool_use_id: no tool_use block with id '{call}' in the previous message"
+        )
     content = block.get("content", "")
     images: list[Json] = []
     if isinstance(content, str):
@@ -310,7 +316,7 @@ def _tool_result(block: Json, path: str) -> tuple[Json, list[Json]]:
     return {"role": "tool", "tool_call_id": call, "content": text}, images
 
 
-def _user(content: Any, path: str) -> list[Json]:
+def _user(content: Any, path: str, calls: set[str]) -> list[Json]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     tools: list[Json] = []
@@ -323,7 +329,7 @@ def _user(content: Any, path: str) -> list[Json]:
         elif kind == "image":
             parts.append(_image(block, where))
         elif kind == "tool_result":
-            message, images = _tool_result(block, where)
+            message, images = _tool_result(block, where, calls)
             tools.append(message)
             parts.extend(images)
         elif kind == "tool_use":
@@ -452,6 +458,7 @@ def to_chat(body: Json) -> Json:
             messages.append({"role": "system", "content": system})
     if "messages" not in body:
         raise _invalid("messages: Field required")
+    calls: set[str] = set()  # The tool calls a user message may answer.
     for i, item in enumerate(_list(body["messages"], "messages", empty=False)):
         message = _object(item, f"messages.{i}")
         _keys(message, f"messages.{i}", frozenset({"role", "content"}))
@@ -459,9 +466,11 @@ def to_chat(body: Json) -> Json:
             raise _invalid(f"messages.{i}.content: Field required")
         role = message.get("role")
         if role == "user":
-            messages.extend(_user(message["content"], f"messages.{i}.content"))
+            messages.extend(_user(message["content"], f"messages.{i}.content", calls))
+            calls = set()
         elif role == "assistant":
             messages.append(_assistant(message["content"], f"messages.{i}.content"))
+            calls = {call["id"] for call in messages[-1].get("tool_calls", ())}
         else:
             raise _invalid(f"messages.{i}.role: Input should be 'user' or 'assistant'")
     chat["messages"] = messages
