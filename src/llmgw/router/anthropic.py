@@ -21,7 +21,15 @@ Translated:
   engine reports it: vLLM's ``stop_reason``, SGLang's ``matched_stop``), usage with
   cached prompt tokens as ``cache_read_input_tokens``;
 - streams: the engine's chunks as Anthropic's event sequence, errors in
-  Anthropic's error shape (whole responses and ``event: error`` mid-stream).
+  Anthropic's error shape (whole responses and ``event: error`` mid-stream), an
+  engine's own error responses included (:func:`error_from_chat`).
+
+Requests are validated strictly, as Anthropic does: a member or block key not
+listed here is a 400 (``invalid_request_error``) naming it, as is a
+``tool_result`` that answers no ``tool_use`` of the message before it. An engine
+response that cannot be translated is a 502 (``api_error``). Ids: a message is
+``msg_`` + the engine's completion id (so the two can be matched in logs); a tool
+call keeps the engine's id, which comes back as ``tool_call_id``.
 
 Not translated (limitations):
 
@@ -43,6 +51,11 @@ Not translated (limitations):
 - a streamed tool call's arguments are passed on as the engine streams them, so
   arguments that are not JSON reach the client as such (the SDK raises), whereas
   :func:`from_chat` keeps them as ``{"_raw": "<the arguments>"}``;
+- ``system`` text blocks are joined with blank lines into one system message;
+  ``citations`` in text blocks are refused;
+- a stream's ``message_start`` reports ``input_tokens`` 0 unless the engine's first
+  chunk carries usage (vLLM's ``continuous_usage_stats``): the count comes with
+  ``message_delta``, which the SDK's accumulator takes;
 - ``ping`` events are not generated (a caller may send its own).
 """
 
