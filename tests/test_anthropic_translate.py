@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import openai.types.chat as oai
 import pydantic
 import pytest
@@ -37,6 +38,7 @@ from llmgw.router.anthropic import (
     from_chat,
     to_chat,
 )
+from tests.procs import sim
 
 EVENT = pydantic.TypeAdapter(RawMessageStreamEvent)
 CHAT_REQUEST = pydantic.TypeAdapter(oai.completion_create_params.CompletionCreateParamsBase)
@@ -1193,3 +1195,111 @@ def test_the_sdk_raises_its_own_error_for_a_refused_request(client: anthropic.An
     assert caught.value.status_code == 400
     assert isinstance(caught.value.body, dict)
     assert caught.value.body["error"]["type"] == "invalid_request_error"
+
+
+# ------------------------------------------------ the simulator as the engine, over HTTP
+
+
+@pytest.fixture(scope="module")
+def simulator() -> Iterator[str]:
+    with sim() as (_, base):
+        yield base
+
+
+def _via(base: str) -> Callable[[httpx2.Request], httpx2.Response]:
+    """A ``/v1/messages`` handler doing what the router will: translate the request,
+    ask the engine, translate its answer (whole or streamed) or its error back."""
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        try:
+            body = json.loads(request.content)
+            chat_request = to_chat(body)
+        except MessagesError as error:
+            return httpx2.Response(error.status, json=error.body())
+        stops = body.get("stop_sequences")
+        with httpx.Client(base_url=base, timeout=10) as engine:
+            if not chat_request.get("stream"):
+                answer = engine.post("/v1/chat/completions", json=chat_request)
+                if answer.status_code != 200:
+                    failure = error_from_chat(answer.status_code, answer.json())
+                    return httpx2.Response(answer.status_code, json=failure)
+                message = from_chat(answer.json(), body["model"], stop_sequences=stops)
+                return httpx2.Response(200, json=message)
+            translator = StreamTranslator(body["model"], stop_sequences=stops)
+            sse: list[bytes] = []
+            with engine.stream("POST", "/v1/chat/completions", json=chat_request) as answer:
+                assert answer.status_code == 200
+                for line in answer.iter_lines():
+                    if line.startswith("data: "):
+                        data = line.removeprefix("data: ")
+                        payload = data if data == "[DONE]" else json.loads(data)
+                        sse += [encode(*event) for event in translator.feed(payload)]
+            if not translator.done:
+                sse.append(encode(*error_event("the engine's stream was cut")))
+        return httpx2.Response(
+            200, content=b"".join(sse), headers={"content-type": "text/event-stream"}
+        )
+
+    return handler
+
+
+@pytest.fixture
+def sim_client(simulator: str) -> Iterator[anthropic.Anthropic]:
+    http = httpx2.Client(transport=httpx2.MockTransport(_via(simulator)))
+    with anthropic.Anthropic(
+        api_key="k", base_url="http://llmgw.test", http_client=http, max_retries=0
+    ) as sdk:
+        yield sdk
+
+
+_CONVERSATION: Any = {
+    "model": "sim-model",
+    "max_tokens": 6,
+    "system": "You are terse.",
+    "messages": [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sun"}],
+        },
+    ],
+    "tools": [WEATHER],
+    "metadata": {"user_id": "u"},
+    "extra_body": {"top_k": 5},  # Not a keyword of this SDK version; a member all the same.
+}
+
+
+def test_the_simulator_answers_a_translated_conversation(sim_client: anthropic.Anthropic) -> None:
+    message = sim_client.messages.create(**_CONVERSATION)
+    assert message.id.startswith("msg_")
+    assert message.model == "sim-model"
+    assert message.content[0].type == "text"
+    assert message.content[0].text
+    assert message.stop_reason == "max_tokens"
+    assert message.usage.output_tokens == 6
+    assert message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0) > 0
+
+
+def test_the_simulator_streams_through_the_translator(sim_client: anthropic.Anthropic) -> None:
+    with sim_client.messages.stream(**_CONVERSATION) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert len(pieces) > 1
+    assert final.content[0].type == "text"
+    assert final.content[0].text == "".join(pieces)
+    assert final.stop_reason == "max_tokens"
+    assert final.usage.output_tokens == 6
+    assert final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0) > 0
+
+
+def test_an_engine_error_reaches_the_sdk_as_its_own_error(sim_client: anthropic.Anthropic) -> None:
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        sim_client.messages.create(**{**_CONVERSATION, "model": "no-such-model"})
+    assert 400 <= caught.value.status_code < 500
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["type"] == "error"
+    assert "no-such-model" in caught.value.body["error"]["message"]
