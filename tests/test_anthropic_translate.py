@@ -42,6 +42,7 @@ from tests.procs import sim
 
 EVENT = pydantic.TypeAdapter(RawMessageStreamEvent)
 CHAT_REQUEST = pydantic.TypeAdapter(oai.completion_create_params.CompletionCreateParamsBase)
+_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
 
 WEATHER = {
     "name": "get_weather",
@@ -830,6 +831,38 @@ def test_a_tool_call_resumed_after_the_next_block_began_is_refused() -> None:
     assert (caught.value.status, caught.value.type) == (502, "api_error")
 
 
+def test_a_tool_call_never_named_is_refused() -> None:
+    translator = StreamTranslator("m")
+    translator.feed(chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}))
+    with pytest.raises(MessagesError, match="without a name") as caught:
+        translator.feed("[DONE]")
+    assert caught.value.status == 502
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(max_size=6),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | _TEXT,
+            lambda inner: (
+                st.lists(inner, max_size=3)
+                | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+            ),
+            max_leaves=6,
+        ),
+        max_size=4,
+    )
+)
+def test_tool_arguments_survive_the_round_trip(arguments: dict[str, Any]) -> None:
+    """Engine arguments -> tool_use input -> the next request's arguments: the same JSON."""
+    response = completion(None, [call("c", "f", json.dumps(arguments))], finish="tool_calls")
+    blocks = from_chat(response, "m")["content"]
+    assert blocks[0]["input"] == arguments
+    back = to_chat(request(messages=[{"role": "assistant", "content": blocks}]))
+    assert json.loads(back["messages"][0]["tool_calls"][0]["function"]["arguments"]) == arguments
+
+
 def test_encode() -> None:
     assert encode("message_stop", {"type": "message_stop"}) == (
         b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
@@ -838,8 +871,6 @@ def test_encode() -> None:
 
 
 # ------------------------------------------------------------ hypothesis: stream == whole
-
-_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
 
 
 def _split(text: str, cuts: list[int]) -> list[str]:

@@ -685,7 +685,8 @@ class StreamTranslator:
 
     A stream that ends without ``[DONE]`` is cut: send :func:`error_event`.
     Raises :class:`MessagesError` (502, ``api_error``) for a chunk it cannot
-    place (a tool call continued after the next block began); send its
+    place (a tool call continued after the next block began, or never named);
+    send its
     :meth:`MessagesError.body` as an ``error`` event.
     """
 
@@ -710,6 +711,9 @@ class StreamTranslator:
             return []
         events: list[Event] = []
         if payload == "[DONE]":
+            if any(tool.index is None for tool in self._tools.values()):
+                # Its arguments are held back, and a tool_use block needs a name.
+                raise _bad_engine("a tool call without a name")
             self._start(events, {})
             self._close(events)
             reason, sequence = _stop(
