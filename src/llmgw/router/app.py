@@ -31,11 +31,13 @@ from llmgw.http.asgi import (
     read_body,
     send_json,
 )
+from llmgw.router import anthropic
 from llmgw.router.admission import AdmissionRejected, UnknownBand
 from llmgw.router.auth import AuthError
 from llmgw.router.body import BIG_BODY, BodyError, RequestBody, parse
 from llmgw.router.breaker import Outcome, Ticket, classify_status
-from llmgw.router.paths import PATHS, ApiPath, engine_names
+from llmgw.router.messages import AnthropicSend, error_response
+from llmgw.router.paths import CHAT, PATHS, ApiPath, engine_names
 from llmgw.router.proxy import AttemptFailed, Delivery
 from llmgw.router.scrape import UNKNOWN
 from llmgw.router.usage import Caller, Usage, estimate_prompt_tokens
@@ -128,6 +130,7 @@ class ClientApp:
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             **{("POST", path): self._inference for path in PATHS},
             ("GET", "/v1/models"): self._models,
+            ("POST", "/v1/messages"): self._messages,
             ("GET", "/health"): self._health,
             ("GET", "/version"): self._version,
         }
@@ -200,9 +203,9 @@ class ClientApp:
                     names.append(name)
         return names
 
-    async def _authenticate(self, scope: Scope) -> KeyRecord | None:
+    async def _authenticate(self, scope: Scope, bearer: bytes | None = None) -> KeyRecord | None:
         try:
-            return await self.router.auth.authenticate(header(scope, b"authorization"))
+            return await self.router.auth.authenticate(bearer or header(scope, b"authorization"))
         except AuthError as exc:
             raise _auth_error(exc) from None
 
@@ -220,17 +223,65 @@ class ClientApp:
             ) from None
 
     async def _inference(self, scope: Scope, receive: Receive, send: Send) -> None:
-        router = self.router
         started = trio.current_time()
         key = await self._authenticate(scope)
-        raw = await self._read_body(scope, receive)
+        body = await self._parse(await self._read_body(scope, receive))
+        route = PATHS[scope["path"].rstrip("/")]
+        await self._proxy(scope, receive, send, route, body, key, started)
+
+    async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Anthropic's Messages API, translated to a chat completion and back
+        (llmgw.router.messages); its errors in Anthropic's shape."""
+        started = trio.current_time()
+        request_id = [(b"x-request-id", scope[REQUEST_ID])]
+        try:
+            # Anthropic's clients send the key as x-api-key.
+            given = header(scope, b"x-api-key")
+            bearer = header(scope, b"authorization") or (b"Bearer " + given if given else None)
+            key = await self._authenticate(scope, bearer)
+            raw = await self._read_body(scope, receive)
+            try:
+                request = json.loads(raw)
+            except (ValueError, RecursionError) as exc:
+                raise anthropic.MessagesError(
+                    400, "invalid_request_error", f"the body is not valid JSON: {exc}"
+                ) from None
+            chat = anthropic.to_chat(request)
+            body = await self._parse(json.dumps(chat).encode())
+            reply = AnthropicSend(
+                send,
+                request["model"],
+                stream=bool(chat.get("stream")),
+                stop_sequences=request.get("stop_sequences"),
+            )
+            await self._proxy(scope, receive, reply, PATHS[CHAT], body, key, started)
+        except anthropic.MessagesError as exc:
+            await error_response(send, exc.status, exc.body(), request_id)
+        except HttpError as err:
+            self.router.metrics.rejected.labels(err.code or str(err.status), err.model).inc()
+            body_ = anthropic.error_body(err.status, str(err))
+            await error_response(send, err.status, body_, [*err.headers, *request_id])
+
+    async def _parse(self, raw: bytes) -> RequestBody:
         try:
             if len(raw) > BIG_BODY:
-                body = await trio.to_thread.run_sync(parse, raw, limiter=self._big_parses)
-            else:
-                body = parse(raw)
+                return await trio.to_thread.run_sync(parse, raw, limiter=self._big_parses)
+            return parse(raw)
         except BodyError as exc:
             raise HttpError(400, str(exc), param=exc.param) from None
+
+    async def _proxy(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        route: ApiPath,
+        body: RequestBody,
+        key: KeyRecord | None,
+        started: float,
+    ) -> None:
+        """Route `body` on `route` and relay the answer; HttpError for a refusal."""
+        router = self.router
         chain = router.catalog.candidates(body.model)
         if not chain:
             raise HttpError(
@@ -239,7 +290,6 @@ class ClientApp:
                 code="model_not_found",
                 param="model",
             )
-        route = PATHS[scope["path"].rstrip("/")]
         self._check_served(route, body.model, chain)
         # The client may go away at any point; the watcher cancels the upstream
         # request at once, which frees the engine's slot.
@@ -299,7 +349,7 @@ class ClientApp:
     def _check_served(self, route: ApiPath, asked: str, chain: list[ModelConfig]) -> None:
         """404 when every replica of the model and its fallbacks runs an engine known
         not to serve `route` (retrying them would only repeat the engine's 404)."""
-        if route.engines == PATHS["/v1/chat/completions"].engines:
+        if route.engines == PATHS[CHAT].engines:
             return
         engines = {_engine(s) for m in chain for s in self.router.endpoints.serving(m.name)}
         if engines and not any(route.served_by(e) for e in engines):

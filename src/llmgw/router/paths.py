@@ -20,7 +20,7 @@ import attrs
 
 from llmgw.router.scrape import ENGINES, UNKNOWN
 
-__all__ = ["PATHS", "ApiPath", "engine_names"]
+__all__ = ["CHAT", "PATHS", "ApiPath", "engine_names"]
 
 _VLLM, _SGLANG, _LLAMACPP = "vllm", "sglang", "llamacpp"
 _ALL = frozenset(ENGINES)
@@ -44,10 +44,12 @@ class ApiPath:
         return engine == UNKNOWN or engine in self.engines
 
 
+CHAT = "/v1/chat/completions"
+
 PATHS: dict[str, ApiPath] = {
     p.path: p
     for p in (
-        ApiPath("/v1/chat/completions", "chat completions", _ALL, streams=True),
+        ApiPath(CHAT, "chat completions", _ALL, streams=True),
         ApiPath("/v1/completions", "completions", _ALL, streams=True),
         ApiPath("/v1/embeddings", "embeddings", _ALL),
         ApiPath("/tokenize", "tokenize", _ALL),
