@@ -310,7 +310,8 @@ def test_a_large_fleet_is_paged_with_problems_first() -> None:
         return {
             "id": f"n{i:03d}", "hostname": "h", "address": "a", "agent_version": "1",
             "state": state, "in_state_seconds": 1.0, "heartbeat_age_seconds": 1.0,
-            "cordoned": i == 7, "labels": {}, "fabrics": [], "engines": [], "shards": [],
+            "cordoned": i == 7, "draining": False, "labels": {}, "fabrics": [], "engines": [],
+            "shards": [],
             "gpus_total": 0, "gpus_allocated": 0, "gpus_free": 0, "gpus": [],
         }  # fmt: skip
 

@@ -124,13 +124,14 @@ def connection_of(base: str, case: str) -> int:
     return int(next(c for c, name in reversed(engine_log(base)["requests"]) if name == case))
 
 
-def wait_closed_by_router(base: str, case: str) -> None:
-    conn = connection_of(base, case)
-    wait_for(
-        lambda: conn in engine_log(base)["closed_by_peer"] or None,
-        f"the router to close the connection that answered {case}",
-        timeout=5,
-    )
+def wait_closed_by_router(base: str, case: str, timeout: float = 5) -> None:
+    def closed() -> bool:
+        # The engine may not have logged the request yet when the wait starts.
+        log = engine_log(base)
+        conns = [c for c, name in log["requests"] if name == case]
+        return bool(conns) and conns[-1] in log["closed_by_peer"]
+
+    wait_for(closed, f"the router to close the connection that answered {case}", timeout)
 
 
 def check_error(base: str, message: str, *words: str) -> None:
@@ -470,13 +471,7 @@ def test_a_tls_client_that_stops_reading_is_cut_after_idle_too() -> None:
                 b"content-length: %d\r\n\r\n%s" % (len(body), body)
             )
             # Read nothing: the kernel's buffers fill, then llmgw's writes stall.
-            wait_for(
-                lambda: (
-                    connection_of(base, "sse_forever") in engine_log(base)["closed_by_peer"] or None
-                ),
-                "the router to close the engine's connection",
-                timeout=30,
-            )
+            wait_closed_by_router(base, "sse_forever", timeout=30)
             took = time.monotonic() - started
         # The kernel's zero-window probes back off, so the cut comes a little after idle.
         assert took < 20, took

@@ -340,6 +340,9 @@ async def _serve(
                             app,
                             socks,
                             tls=tls.get(name),
+                            # Hypercorn has no head deadline of its own: a connection
+                            # with no complete request is idle, closed after this.
+                            keep_alive_timeout=timeouts.client_header,
                             read_timeout=timeouts.client_header,
                             send_timeout=timeouts.idle,
                             graceful_timeout=drain,
