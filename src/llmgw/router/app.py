@@ -17,6 +17,7 @@ import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import trio
 
 from llmgw.http.asgi import (
@@ -37,8 +38,9 @@ from llmgw.router.auth import AuthError
 from llmgw.router.body import BIG_BODY, BodyError, RequestBody, parse
 from llmgw.router.breaker import Outcome, Ticket, classify_status
 from llmgw.router.messages import AnthropicSend, error_response
-from llmgw.router.paths import CHAT, PATHS, ApiPath, engine_names
+from llmgw.router.paths import CHAT, PATHS, RESPONSES, ApiPath, engine_names
 from llmgw.router.proxy import AttemptFailed, Delivery
+from llmgw.router.responses import SCAN_BYTES, Home, response_id_in
 from llmgw.router.scrape import UNKNOWN
 from llmgw.router.usage import Caller, Usage, estimate_prompt_tokens
 from llmgw.store.base import KeyRecord
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
 #: The scope key of a request's id (:func:`request_id_of`).
 REQUEST_ID = "llmgw.request_id"
 _MODEL_PREFIX = "/v1/models/"
+_RESPONSE_PREFIX = RESPONSES + "/"
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
 # What a client's x-request-id may be to be passed on as is: short, and nothing a
 # log line or another server's header parser could trip on.
@@ -143,6 +146,8 @@ class ClientApp:
         handler = self._routes.get((scope["method"], path))
         if handler is None and scope["method"] == "GET" and path.startswith(_MODEL_PREFIX):
             handler = self._model
+        elif handler is None and path.startswith(_RESPONSE_PREFIX):
+            handler = self._stored_response
         # The client's id when it is one we can pass on safely, else ours; on every
         # answer, to the engine, and in the usage record.
         request_id = request_id_of(header(scope, b"x-request-id"))
@@ -170,6 +175,71 @@ class ClientApp:
     async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = json.dumps({"version": _version(), "server": "llmgw"}).encode()
         await send_json(send, 200, body, [(b"x-request-id", scope[REQUEST_ID])])
+
+    async def _stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``GET`` and ``DELETE /v1/responses/{id}``, ``POST .../{id}/cancel``: sent to
+        the replica that made the response (it alone has it); 404 when llmgw does not
+        know it, or that replica is gone."""
+        router = self.router
+        key = await self._authenticate(scope)
+        rest = scope["path"].rstrip("/")[len(_RESPONSE_PREFIX) :]
+        response_id, _, action = rest.partition("/")
+        allowed = {"": ("GET", "DELETE"), "cancel": ("POST",)}.get(action)
+        if allowed is None or not response_id:
+            raise HttpError(404, f"no route {scope['path']}", code="not_found")
+        if scope["method"] not in allowed:
+            raise HttpError(405, f"method {scope['method']} not allowed here")
+        home = router.responses.lookup(response_id, trio.current_time())
+        state = router.endpoints.get(home.endpoint) if home is not None else None
+        if home is None or state is None:
+            raise HttpError(
+                404,
+                f"response {response_id!r} is unknown to this gateway, or the replica that "
+                "stored it is gone",
+                code="response_not_found",
+            )
+        if key is not None:
+            try:
+                router.auth.check_model(key, home.model, home.model)
+            except AuthError as exc:
+                raise _auth_error(exc) from None
+        url = state.endpoint.url.rstrip("/") + scope["path"]
+        headers = [(b"x-request-id", scope[REQUEST_ID]), *state.endpoint.headers]
+        limit = router.config.router.max_response_bytes
+        try:
+            with trio.fail_after(router.config.router.timeouts.total):
+                async with router.scraper.client.stream(
+                    scope["method"], url, headers=headers, timeout=None
+                ) as answer:
+                    data = bytearray()
+                    async for chunk in answer.aiter_bytes():
+                        data += chunk
+                        if len(data) > limit:
+                            raise HttpError(
+                                502,
+                                f"endpoint {home.endpoint!r} answered more than {limit} bytes",
+                                type_="server_error",
+                                code="upstream_error",
+                            )
+        except (trio.TooSlowError, httpx.HTTPError) as exc:
+            why = "timed out" if isinstance(exc, trio.TooSlowError) else type(exc).__name__
+            raise HttpError(
+                502,
+                f"endpoint {home.endpoint!r} did not answer: {why}",
+                type_="server_error",
+                code="upstream_error",
+            ) from None
+        if scope["method"] == "DELETE" and answer.status_code == 200:
+            router.responses.forget(response_id)
+        await send_json(
+            send,
+            answer.status_code,
+            bytes(data),
+            [
+                (b"x-request-id", scope[REQUEST_ID]),
+                (b"x-llmgw-endpoint", state.endpoint.id.encode()),
+            ],
+        )
 
     async def _model(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``GET /v1/models/{id}``: one model or alias the key may use and a replica
@@ -291,6 +361,9 @@ class ClientApp:
                 param="model",
             )
         self._check_served(route, body.model, chain)
+        pinned = None
+        if route.path == RESPONSES:
+            pinned, chain = self._follow_up(body, chain)
         # The client may go away at any point; the watcher cancels the upstream
         # request at once, which frees the engine's slot.
         # Once the last byte is handed over, a disconnect no longer matters.
@@ -318,6 +391,9 @@ class ClientApp:
             key,
             session.decode(errors="replace") if session else None,
         )
+        call.pinned = pinned
+        if route.path == RESPONSES:
+            call.send = self._id_tap(call, tracked_send)
         refused: HttpError | None = None
         try:
             async with trio.open_nursery() as nursery:
@@ -345,6 +421,58 @@ class ClientApp:
                 retries=call.retries,
             )
             raise refused
+
+    def _follow_up(
+        self, body: RequestBody, chain: list[ModelConfig]
+    ) -> tuple[str | None, list[ModelConfig]]:
+        """For a Responses request with ``previous_response_id``: the endpoint that
+        holds that response, and its model alone (no fallback has it); 404 when llmgw
+        does not know where it is, or the replica is gone."""
+        raw = body.member("previous_response_id")
+        if raw is None:
+            return None, chain
+        if not isinstance(raw, str):
+            raise HttpError(
+                400, "previous_response_id must be a string", param="previous_response_id"
+            )
+        home = self.router.responses.lookup(raw, trio.current_time())
+        if home is None:
+            raise HttpError(
+                404,
+                f"previous response {raw!r} is unknown to this gateway: it was not made "
+                "through it, was made before it started, or more than "
+                f"{self.router.responses.ttl / 3600:g}h ago",
+                code="previous_response_not_found",
+                param="previous_response_id",
+            )
+        state = self.router.endpoints.get(home.endpoint)
+        if state is None or state.draining:
+            raise HttpError(
+                404,
+                f"previous response {raw!r} was stored by endpoint {home.endpoint!r}, which "
+                "no longer serves: its context is gone, start from the full conversation",
+                code="previous_response_gone",
+                param="previous_response_id",
+            )
+        return home.endpoint, [m for m in chain if m.name == home.model] or chain[:1]
+
+    def _id_tap(self, call: _Call, send: Send) -> Send:
+        """`send`, noting the id of the response it relays (so follow-ups find it)."""
+        seen = 0
+
+        async def tapped(message: MutableMapping[str, Any]) -> None:
+            nonlocal seen
+            if (
+                call.response_id is None
+                and seen < SCAN_BYTES
+                and message["type"] == "http.response.body"
+            ):
+                data = bytes(message.get("body", b""))
+                call.response_id = response_id_in(data)
+                seen += len(data)
+            await send(message)
+
+        return tapped
 
     def _check_served(self, route: ApiPath, asked: str, chain: list[ModelConfig]) -> None:
         """404 when every replica of the model and its fallbacks runs an engine known
@@ -444,6 +572,7 @@ class ClientApp:
                     if s.endpoint.id not in tried
                     and s.breaker.allows(now)
                     and call.route.served_by(_engine(s))
+                    and (call.pinned is None or s.endpoint.id == call.pinned)
                 ]
                 prefix = (
                     router.prefixes.chain(prompt_text, model.name)
@@ -495,6 +624,9 @@ class ClientApp:
                         caller=call.caller,
                         retries=call.retries,
                     )
+                    if call.response_id is not None and delivery.status == 200:
+                        home = Home(state.endpoint.id, model.name)
+                        router.responses.record(call.response_id, home, trio.current_time())
                     return
         requested = call.body.model
         if attempted is None:
@@ -540,7 +672,12 @@ class ClientApp:
 
     def _add_usage(self, call: _Call) -> bool:
         """Ask the engine for a usage chunk the client did not ask for (to account)."""
-        return call.stream and self.router.config.router.inject_usage and not call.wants_usage
+        return (
+            call.route.usage_option
+            and call.stream
+            and self.router.config.router.inject_usage
+            and not call.wants_usage
+        )
 
     async def _attempt(
         self,
@@ -591,6 +728,7 @@ class ClientApp:
                     call.send,
                     extra,
                     strip_usage=not call.wants_usage,
+                    final=call.route.final,
                     started=call.started,
                     outcome=partial,
                     first_token=prefilled,
@@ -638,8 +776,10 @@ class _Call:
         "caller",
         "chain",
         "key",
+        "pinned",
         "prompt_tokens",
         "queued",
+        "response_id",
         "retries",
         "route",
         "scope",
@@ -679,7 +819,12 @@ class _Call:
         self.retries = 0  # attempts after the first, on other endpoints
         # Embeddings, rerank and the like never stream, whatever the body says.
         self.stream = body.stream and route.streams
-        self.wants_usage = self.stream and body.include_usage
+        # What the client gets of the engine's usage: a chunk it asked for, or a
+        # Responses stream's own (never stripped).
+        self.wants_usage = self.stream and (body.include_usage or not route.usage_option)
+        #: The endpoint a Responses follow-up must go to (the previous response's).
+        self.pinned: str | None = None
+        self.response_id: str | None = None  # the id of the response relayed, if seen
         self.session_key = session_key
         # Estimated from the body's size: the prefill work routing charges, and the
         # usage of a stream cut before the engine reported any.

@@ -30,6 +30,7 @@ from llmgw.router.breaker import Outcome, Ticket
 from llmgw.router.endpoints import Endpoint, EndpointRegistry, EndpointState
 from llmgw.router.metrics import KeyMetrics, RouterMetrics
 from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
+from llmgw.router.responses import ResponseHomes
 from llmgw.router.scheduling import Candidate, Decision, Saturation, Scheduler
 from llmgw.router.scheduling.plugins import default_schedulers
 from llmgw.router.scraper import Scraper
@@ -123,6 +124,8 @@ class Router:
             max_response_bytes=r.max_response_bytes,
             max_event_bytes=r.max_event_bytes,
         )
+        # Which replica holds each stored response (Responses API follow-ups).
+        self.responses = ResponseHomes()
         self.scraper = Scraper(
             self.endpoints,
             self.metrics,

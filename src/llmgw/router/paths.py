@@ -20,7 +20,7 @@ import attrs
 
 from llmgw.router.scrape import ENGINES, UNKNOWN
 
-__all__ = ["CHAT", "PATHS", "ApiPath", "engine_names"]
+__all__ = ["CHAT", "PATHS", "RESPONSES", "ApiPath", "engine_names"]
 
 _VLLM, _SGLANG, _LLAMACPP = "vllm", "sglang", "llamacpp"
 _ALL = frozenset(ENGINES)
@@ -38,6 +38,11 @@ class ApiPath:
     what: str
     engines: frozenset[str]
     streams: bool = False
+    # Whether ``stream_options.include_usage`` asks the engine for a usage chunk (chat
+    # completions and completions; a Responses stream ends with its usage anyway).
+    usage_option: bool = False
+    # The events that end a whole stream, besides ``data: [DONE]``.
+    final: tuple[bytes, ...] = ()
 
     def served_by(self, engine: str) -> bool:
         """Whether a replica running `engine` may be sent this path (unknown: yes)."""
@@ -45,12 +50,22 @@ class ApiPath:
 
 
 CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 
 PATHS: dict[str, ApiPath] = {
     p.path: p
     for p in (
-        ApiPath(CHAT, "chat completions", _ALL, streams=True),
-        ApiPath("/v1/completions", "completions", _ALL, streams=True),
+        ApiPath(CHAT, "chat completions", _ALL, streams=True, usage_option=True),
+        ApiPath("/v1/completions", "completions", _ALL, streams=True, usage_option=True),
+        ApiPath(
+            RESPONSES,
+            "responses",
+            frozenset({_VLLM, _SGLANG}),
+            streams=True,
+            final=tuple(
+                b"event: response." + end for end in (b"completed", b"failed", b"incomplete")
+            ),
+        ),
         ApiPath("/v1/embeddings", "embeddings", _ALL),
         ApiPath("/tokenize", "tokenize", _ALL),
         ApiPath("/detokenize", "detokenize", _ALL),

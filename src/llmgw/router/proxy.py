@@ -204,6 +204,9 @@ def _usage_in(event: bytes | bytearray) -> tuple[Usage | None, bool]:
         return None, False
     if not isinstance(obj, dict):
         return None, False
+    if "usage" not in obj:  # a Responses event: response.completed carries it inside
+        inner = obj.get("response")
+        return Usage.from_openai(inner.get("usage") if isinstance(inner, dict) else None), False
     return Usage.from_openai(obj.get("usage")), not obj.get("choices")
 
 
@@ -369,12 +372,15 @@ class Upstream:
         started: float,
         outcome: Delivery,
         first_token: Callable[[], None] | None = None,
+        final: tuple[bytes, ...] = (),
     ) -> Delivery:
         """A streaming request, relayed event by event into `outcome`.
 
         The caller owns `outcome`, so what was relayed is still known when the
         client goes away and this is cancelled half-way. `first_token` is called once,
-        when the first event is in (the engine's prefill is done)."""
+        when the first event is in (the engine's prefill is done). A stream is whole
+        once ``data: [DONE]`` came, or an event starting with one of `final` (the
+        Responses API ends with its ``response.completed`` event instead)."""
         t = self.timeouts
         end = started + t.total
         now = trio.current_time()
@@ -390,7 +396,15 @@ class Upstream:
                 # is in (by the first_token deadline, as the answer in a token's place).
                 return await self._pass_on(response, send, extra_headers, end)
             return await self._relay(
-                response, send, extra_headers, strip_usage, started, len(body), outcome, first_token
+                response,
+                send,
+                extra_headers,
+                strip_usage,
+                started,
+                len(body),
+                outcome,
+                first_token,
+                final,
             )
         finally:
             await _close(response)
@@ -445,6 +459,7 @@ class Upstream:
         body_size: int,
         outcome: Delivery,
         first_token: Callable[[], None] | None,
+        final: tuple[bytes, ...] = (),
     ) -> Delivery:
         t = self.timeouts
         events = _Events(self.max_event_bytes)
@@ -490,6 +505,8 @@ class Upstream:
                         done = True
                         out.append(event)
                         break
+                    if final and event.startswith(final):
+                        done = True
                     usage, usage_only = _usage_in(event)
                     if usage is not None:
                         outcome.usage = usage

@@ -18,14 +18,16 @@ class Usage:
 
     @classmethod
     def from_openai(cls, usage: Any) -> Usage | None:
-        """From an OpenAI `usage` object, or None when it is not one."""
+        """From an OpenAI `usage` object (the Responses API's names too), or None when
+        it is not one."""
         if not isinstance(usage, dict):
             return None
-        prompt = usage.get("prompt_tokens")
-        completion = usage.get("completion_tokens", 0)
+        responses = "input_tokens" in usage
+        prompt = usage.get("input_tokens" if responses else "prompt_tokens")
+        completion = usage.get("output_tokens" if responses else "completion_tokens", 0)
         if not isinstance(prompt, int) or not isinstance(completion, int):
             return None
-        details = usage.get("prompt_tokens_details")
+        details = usage.get("input_tokens_details" if responses else "prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         return cls(prompt, completion, cached if isinstance(cached, int) else None)
 

@@ -60,7 +60,7 @@ from llmgw.http import asgi
 from llmgw.http.asgi import answer_non_http
 from llmgw.http.server import HttpServerConfig
 from llmgw.http.server import serve as http_serve
-from llmgw.sim import llamacpp, render, tokens
+from llmgw.sim import llamacpp, render, responses, tokens
 from llmgw.sim.metrics import CONTENT_TYPES, MetricsFormat, Recorder, exposition
 from llmgw.sim.model import Engine, EngineConfig, Finished, Request, Token
 from llmgw.units import Address
@@ -436,6 +436,7 @@ class SimApp:
         self._fault_rng = random.Random(config.engine.seed ^ 0x5EED)
         self._served = 0  # requests counted towards faults.exit_after
         self._ids = 0
+        self._stored = responses.ResponseStore()
         # What the last requests carried that a gateway should pass on (GET /sim/requests).
         self._seen: collections.deque[dict[str, Any]] = collections.deque(maxlen=SEEN_REQUESTS)
         self._id_prefix = uuid.uuid4().hex[:12]
@@ -465,6 +466,7 @@ class SimApp:
             ("GET", "/get_server_info"): self._server_info,
             ("GET", "/health_generate"): self._health,  # SGLang's deep probe
             ("POST", "/tokenize"): self._tokenize,
+            ("POST", "/v1/responses"): self._responses,
             ("POST", "/detokenize"): self._detokenize,
             ("POST", "/v1/rerank"): self._rerank,
             ("POST", "/rerank"): self._rerank,
@@ -488,6 +490,8 @@ class SimApp:
             await answer_non_http(scope, receive, send)
             return
         route = self._routes.get((scope["method"], scope["path"]))
+        if route is None and scope["path"].startswith("/v1/responses/"):
+            route = self._stored_response
         if not scope["path"].startswith(("/sim/", "/metrics")):
             self._seen.append(_seen(scope))
         try:
@@ -898,6 +902,95 @@ class SimApp:
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._generate(scope, receive, send, chat=True)
+
+    async def _responses(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's Responses API, text only; stored responses live in this process,
+        so a ``previous_response_id`` made elsewhere is a 404 here, as with vLLM."""
+        body = parse_json(await read_body(scope, receive))
+        model = self._check_model(body)
+        previous = body.get("previous_response_id")
+        history: list[dict[str, Any]] = []
+        if previous is not None:
+            stored = self._stored.get(previous) if isinstance(previous, str) else None
+            if stored is None:
+                raise HTTPError(
+                    404,
+                    f"Response with id '{previous}' not found.",
+                    param="previous_response_id",
+                    code="response_not_found",
+                )
+            history = stored[1]
+        try:
+            conversation = [*history, *responses.input_messages(body)]
+        except ValueError as e:
+            raise HTTPError(400, str(e), param="input") from None
+        limit = body.get("max_output_tokens")
+        chat_body = {"model": model, "messages": conversation, "stream": body.get("stream")}
+        if limit is not None:
+            chat_body["max_tokens"] = limit
+        req = self._generation_request(chat_body, chat=True)
+        rid = f"resp_{self._id_prefix}{self._ids + 1:08x}"
+        self._ids += 1
+        writer = responses.EventWriter(rid, model, previous)
+
+        async def work() -> None:
+            request = Request(request_id=rid, prompt=req.prompt, max_tokens=req.max_tokens)
+            reason = "length" if req.explicit_max_tokens else "stop"
+            try:
+                outputs = self.driver.submit(request, reason)
+            except ValueError as e:
+                raise HTTPError(400, str(e)) from None
+            try:
+                if req.stream:
+                    await start_stream(send)
+                    await send(
+                        {"type": "http.response.body", "body": writer.start(), "more_body": True}
+                    )
+                text: list[str] = []
+                done: Finished | None = None
+                async for out in outputs:
+                    if isinstance(out, Token):
+                        text.append(out.text)
+                        if req.stream:
+                            piece = writer.delta(out.text)
+                            await send(
+                                {"type": "http.response.body", "body": piece, "more_body": True}
+                            )
+                    else:
+                        done = out
+                if done is None:
+                    raise HTTPError(500, "the request was aborted")
+                usage = responses.usage_of(
+                    done.prompt_tokens, done.completion_tokens, done.cached_tokens
+                )
+                answer = responses.response_object(
+                    rid, model, "".join(text), usage, previous=previous
+                )
+                if body.get("store", True) is not False:
+                    reply = {"role": "assistant", "content": "".join(text)}
+                    self._stored.put(answer, [*conversation, reply])
+                if req.stream:
+                    await send({"type": "http.response.body", "body": writer.end(answer)})
+                else:
+                    await send_json(send, 200, answer)
+            finally:
+                self.driver.abort(rid)
+
+        await self._faulty(receive, send, work, req.stream)
+
+    async def _stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``GET`` or ``DELETE /v1/responses/{id}`` of this process's store."""
+        rid = scope["path"].removeprefix("/v1/responses/").rstrip("/")
+        stored = self._stored.get(rid)
+        if stored is None:
+            raise HTTPError(404, f"Response with id '{rid}' not found.", code="response_not_found")
+        if scope["method"] == "GET":
+            await send_json(send, 200, stored[0])
+        elif scope["method"] == "DELETE":
+            self._stored.delete(rid)
+            await send_json(send, 200, {"id": rid, "object": "response", "deleted": True})
+        else:
+            raise HTTPError(405, f"method {scope['method']} not allowed here")
 
     async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._generate(scope, receive, send, chat=False)
