@@ -378,6 +378,21 @@ def test_bad_answers_open_the_breaker() -> None:
         assert json.loads(data)["error"]["code"] == "no_healthy_replica"
 
 
+_FOREVER = json.dumps(
+    {
+        "model": "m",
+        "case": "sse_forever",
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+).encode()
+#: A streamed chat request the engine answers with events for ever, as raw HTTP/1.1.
+FOREVER_REQUEST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\ncontent-type: application/json\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_FOREVER), _FOREVER)
+)
+
+
 def test_a_client_that_stops_reading_is_cut_after_idle_and_frees_the_engine(
     gateway: tuple[Server, str],
 ) -> None:
@@ -385,22 +400,11 @@ def test_a_client_that_stops_reading_is_cut_after_idle_and_frees_the_engine(
     # stream kept it, and its engine request, past `total`.
     srv, base = gateway
     before = srv.metric("llmgw_client_disconnects_total", model="m") or 0
-    body = json.dumps(
-        {
-            "model": "m",
-            "case": "sse_forever",
-            "stream": True,
-            "messages": [{"role": "user", "content": "hi"}],
-        }
-    ).encode()
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", int(srv.base.rsplit(":", 1)[1])))
         started = time.monotonic()
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n%s" % (len(body), body)
-        )
+        sock.sendall(FOREVER_REQUEST)
         # Read nothing: the kernel's buffers fill, then llmgw's writes stall.
         wait_closed_by_router(base, "sse_forever")
         took = time.monotonic() - started
@@ -451,25 +455,13 @@ def test_a_tls_client_that_stops_reading_is_cut_after_idle_too() -> None:
     # `total` far off, so that only the stalled write (idle = 1 s) can explain a cut.
     config = CONFIG.replace(f'total = "{TOTAL:g}s"', 'total = "60s"') + tls
     with engine() as base, server("--endpoint", f"h={base}=m", config=config) as srv:
-        body = json.dumps(
-            {
-                "model": "m",
-                "case": "sse_forever",
-                "stream": True,
-                "messages": [{"role": "user", "content": "hi"}],
-            }
-        ).encode()
         context = ssl.create_default_context(cafile=str(ca.cert))
         raw = socket.socket()
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         raw.connect(("127.0.0.1", int(srv.base.rsplit(":", 1)[1])))
         with context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
             started = time.monotonic()
-            sock.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
-                b"content-type: application/json\r\n"
-                b"content-length: %d\r\n\r\n%s" % (len(body), body)
-            )
+            sock.sendall(FOREVER_REQUEST)
             # Read nothing: the kernel's buffers fill, then llmgw's writes stall.
             wait_closed_by_router(base, "sse_forever", timeout=30)
             took = time.monotonic() - started

@@ -934,12 +934,7 @@ class SimApp:
         writer = responses.EventWriter(rid, model, previous)
 
         async def work() -> None:
-            request = Request(request_id=rid, prompt=req.prompt, max_tokens=req.max_tokens)
-            reason = "length" if req.explicit_max_tokens else "stop"
-            try:
-                outputs = self.driver.submit(request, reason)
-            except ValueError as e:
-                raise HTTPError(400, str(e)) from None
+            outputs, _ = self._submit(req, rid)
             try:
                 if req.stream:
                     await start_stream(send)
@@ -1000,19 +995,7 @@ class SimApp:
         rid = self._next_id("chatcmpl" if chat else "cmpl")
 
         async def work() -> None:
-            delay = self.faults.first_token_delay
-            request = Request(
-                request_id=rid,
-                prompt=req.prompt,
-                max_tokens=req.max_tokens,
-                seed=req.seed,
-                not_before=trio.current_time() + delay if delay > 0 else 0.0,
-            )
-            reason = "length" if req.explicit_max_tokens else "stop"
-            try:
-                outputs = self.driver.submit(request, reason)
-            except ValueError as e:
-                raise HTTPError(400, str(e)) from None
+            outputs, reason = self._submit(req, rid)
             try:
                 if req.stream:
                     await self._stream(send, req, rid, reason, outputs)
@@ -1022,6 +1005,25 @@ class SimApp:
                 self.driver.abort(rid)  # no-op when it finished; frees blocks when it did not
 
         await self._faulty(receive, send, work, req.stream)
+
+    def _submit(
+        self, req: GenerationRequest, rid: str
+    ) -> tuple[trio.MemoryReceiveChannel[Output], str]:
+        """Queue `req` on the engine (after the first-token fault's delay): its output
+        channel, and the finish reason its end will have."""
+        delay = self.faults.first_token_delay
+        request = Request(
+            request_id=rid,
+            prompt=req.prompt,
+            max_tokens=req.max_tokens,
+            seed=req.seed,
+            not_before=trio.current_time() + delay if delay > 0 else 0.0,
+        )
+        reason = "length" if req.explicit_max_tokens else "stop"
+        try:
+            return self.driver.submit(request, reason), reason
+        except ValueError as e:
+            raise HTTPError(400, str(e)) from None
 
     def _usage(self, done: Finished) -> dict[str, Any]:
         return {
