@@ -461,3 +461,34 @@ def test_the_llamacpp_demo_without_the_binary_says_how_to_build_it(tmp_path: Pat
     assert result.returncode == 1, result
     (line,) = result.stderr.strip().splitlines()
     assert "scripts/llama_server.sh" in line, line
+
+
+def test_engine_paths_and_messages_against_the_real_engine(
+    fleet: tuple[FleetServer, AgentProc, AgentProc],
+) -> None:
+    """What llama-server serves beside chat (issue #19), through llmgw: tokenize and
+    detokenize as llama.cpp shapes them, a path it does not serve refused by llmgw
+    before any replica, and the Anthropic Messages API translated onto its chat."""
+    import anthropic
+
+    srv, _, _ = fleet
+    with httpx.Client(base_url=srv.base, timeout=30) as http:
+        tokens = http.post("/tokenize", json={"model": "tiny", "content": "hello world"})
+        assert tokens.status_code == 200, tokens.text
+        ids = tokens.json()["tokens"]
+        assert ids and all(isinstance(t, int) for t in ids)
+        text = http.post("/detokenize", json={"model": "tiny", "tokens": ids})
+        assert text.status_code == 200, text.text
+        assert "hello" in text.json()["content"]
+        score = http.post("/v1/score", json={"model": "tiny", "text_1": "a", "text_2": "b"})
+        assert score.status_code == 404
+        assert score.json()["error"]["code"] == "unsupported_endpoint"
+    messages = anthropic.Anthropic(base_url=srv.base, api_key="unused", max_retries=0)
+    reply = messages.messages.create(
+        model="tiny",
+        max_tokens=4,
+        messages=[{"role": "user", "content": "hello"}],
+        extra_body={"top_k": 1},
+    )
+    assert reply.stop_reason in ("max_tokens", "end_turn") and reply.usage.output_tokens <= 4
+    assert reply.usage.input_tokens > 0
