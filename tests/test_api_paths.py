@@ -6,7 +6,9 @@ an engine that wants an API key reached with the endpoint's."""
 
 from __future__ import annotations
 
+import io
 import re
+import wave
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -187,3 +189,36 @@ headers = {{ "x-org" = "llmgw-tests" }}
             assert secret not in httpx.get(f"{srv.admin}/api/v1/endpoints", timeout=5).text
             assert secret not in srv.proc.output()
         assert _requests(base)[-1]["authorized"] is True
+
+
+def _wav(seconds: float = 0.25, rate: int = 16000) -> bytes:
+    """A short silent mono 16-bit WAV, written by the stdlib."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"\0\0" * int(seconds * rate))
+    return out.getvalue()
+
+
+def test_audio_uploads_are_routed_by_their_form_model() -> None:
+    audio = _wav()
+    with sim(model="m") as (_, base), server("--endpoint", f"s={base}=m", config=CONFIG) as srv:
+        srv.wait_scraped()
+        client = openai.OpenAI(base_url=f"{srv.base}/v1", api_key="none", max_retries=0)
+        # By its alias: the form is written again with the model's own name.
+        heard = client.audio.transcriptions.create(model="m-alias", file=("clip.wav", audio))
+        assert heard.text == f"transcribed clip.wav: {len(audio)} bytes"
+        said = client.audio.translations.create(model="m", file=("clip.wav", audio))
+        assert said.text == f"translated clip.wav: {len(audio)} bytes"
+        # A form without a model, or not a form at all, is the client's error.
+        for files, data in (({"file": ("x.wav", audio)}, {}), (None, {"model": "m"})):
+            r = httpx.post(
+                f"{srv.base}/v1/audio/transcriptions", files=files, data=data, timeout=10
+            )
+            assert r.status_code == 400, r.text
+        assert srv.metric("llmgw_requests_total", model="m", status="200") == 2
+        assert srv.metric("llmgw_prompt_tokens_total", model="m") == 2 * (len(audio) // 320)
+        seen = [r["path"] for r in _requests(base) if r["method"] == "POST"]
+        assert seen == ["/v1/audio/transcriptions", "/v1/audio/translations"]

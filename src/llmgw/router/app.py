@@ -37,6 +37,7 @@ from llmgw.router.admission import AdmissionRejected, UnknownBand
 from llmgw.router.auth import AuthError
 from llmgw.router.body import BIG_BODY, BodyError, RequestBody, parse
 from llmgw.router.breaker import Outcome, Ticket, classify_status
+from llmgw.router.forms import FormBody, parse_form
 from llmgw.router.messages import AnthropicSend, error_response
 from llmgw.router.paths import CHAT, PATHS, RESPONSES, ApiPath, engine_names
 from llmgw.router.proxy import AttemptFailed, Delivery
@@ -295,8 +296,16 @@ class ClientApp:
     async def _inference(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = trio.current_time()
         key = await self._authenticate(scope)
-        body = await self._parse(await self._read_body(scope, receive))
         route = PATHS[scope["path"].rstrip("/")]
+        raw = await self._read_body(scope, receive)
+        body: RequestBody | FormBody
+        if route.form:
+            try:
+                body = parse_form(raw, header(scope, b"content-type") or b"")
+            except BodyError as exc:
+                raise HttpError(400, str(exc), param=exc.param) from None
+        else:
+            body = await self._parse(raw)
         await self._proxy(scope, receive, send, route, body, key, started)
 
     async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -346,7 +355,7 @@ class ClientApp:
         receive: Receive,
         send: Send,
         route: ApiPath,
-        body: RequestBody,
+        body: RequestBody | FormBody,
         key: KeyRecord | None,
         started: float,
     ) -> None:
@@ -423,7 +432,7 @@ class ClientApp:
             raise refused
 
     def _follow_up(
-        self, body: RequestBody, chain: list[ModelConfig]
+        self, body: RequestBody | FormBody, chain: list[ModelConfig]
     ) -> tuple[str | None, list[ModelConfig]]:
         """For a Responses request with ``previous_response_id``: the endpoint that
         holds that response, and its model alone (no fallback has it); 404 when llmgw
@@ -701,7 +710,7 @@ class ClientApp:
             (b"x-request-id", request_id),
         ]
         headers = [
-            (b"content-type", b"application/json"),
+            (b"content-type", call.body.content_type),
             (b"x-request-id", request_id),
             *state.endpoint.headers,
             *call.trace,
@@ -796,7 +805,7 @@ class _Call:
         scope: Scope,
         route: ApiPath,
         send: Send,
-        body: RequestBody,
+        body: RequestBody | FormBody,
         chain: list[ModelConfig],
         started: float,
         key: KeyRecord | None,

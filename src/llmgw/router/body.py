@@ -57,6 +57,8 @@ class BodyError(Exception):
 class RequestBody:
     """The parsed top level of one request body, and the members routing reads."""
 
+    content_type = b"application/json"
+
     __slots__ = ("include_usage", "max_tokens", "members", "model", "raw", "stream")
 
     def __init__(self, raw: bytes, members: dict[str, msgspec.Raw]) -> None:

@@ -43,6 +43,8 @@ class ApiPath:
     usage_option: bool = False
     # The events that end a whole stream, besides ``data: [DONE]``.
     final: tuple[bytes, ...] = ()
+    # A multipart upload whose ``model`` form field names the model (audio).
+    form: bool = False
 
     def served_by(self, engine: str) -> bool:
         """Whether a replica running `engine` may be sent this path (unknown: yes)."""
@@ -77,6 +79,8 @@ PATHS: dict[str, ApiPath] = {
         ApiPath("/pooling", "pooling", frozenset({_VLLM})),
         ApiPath("/classify", "classify", frozenset({_VLLM, _SGLANG})),
         ApiPath("/v1/classify", "classify", frozenset({_SGLANG})),
+        ApiPath("/v1/audio/transcriptions", "audio transcription", frozenset({_VLLM}), form=True),
+        ApiPath("/v1/audio/translations", "audio translation", frozenset({_VLLM}), form=True),
     )
 }
 

@@ -60,6 +60,8 @@ from llmgw.http import asgi
 from llmgw.http.asgi import answer_non_http
 from llmgw.http.server import HttpServerConfig
 from llmgw.http.server import serve as http_serve
+from llmgw.router.body import BodyError
+from llmgw.router.forms import parse_form
 from llmgw.sim import llamacpp, render, responses, tokens
 from llmgw.sim.metrics import CONTENT_TYPES, MetricsFormat, Recorder, exposition
 from llmgw.sim.model import Engine, EngineConfig, Finished, Request, Token
@@ -467,6 +469,8 @@ class SimApp:
             ("GET", "/health_generate"): self._health,  # SGLang's deep probe
             ("POST", "/tokenize"): self._tokenize,
             ("POST", "/v1/responses"): self._responses,
+            ("POST", "/v1/audio/transcriptions"): self._audio,
+            ("POST", "/v1/audio/translations"): self._audio,
             ("POST", "/detokenize"): self._detokenize,
             ("POST", "/v1/rerank"): self._rerank,
             ("POST", "/rerank"): self._rerank,
@@ -972,6 +976,31 @@ class SimApp:
                 self.driver.abort(rid)
 
         await self._faulty(receive, send, work, req.stream)
+
+    async def _audio(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's transcription and translation: text derived from the upload (its name
+        and size, so a test can tell it arrived whole), usage in tokens."""
+        content_type = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
+        try:
+            form = parse_form(await read_body(scope, receive), bytes(content_type))
+        except BodyError as e:
+            raise HTTPError(400, str(e), param=e.param) from None
+        self._check_model({"model": form.model})
+        upload = form.part("file")
+        if upload is None or upload[0] is None:
+            raise HTTPError(400, "a 'file' upload is required", param="file")
+        filename, data = upload
+        verb = "translated" if scope["path"].endswith("translations") else "transcribed"
+        text = f"{verb} {filename}: {len(data)} bytes"
+        heard = max(1, len(data) // 320)  # about 100 tokens a second of 16 kHz 16-bit audio
+        words = tokens.count(text)
+        usage = {
+            "type": "tokens",
+            "input_tokens": heard,
+            "output_tokens": words,
+            "total_tokens": heard + words,
+        }
+        await send_json(send, 200, {"text": text, "usage": usage})
 
     async def _stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``GET`` or ``DELETE /v1/responses/{id}`` of this process's store."""
