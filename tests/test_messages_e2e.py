@@ -11,6 +11,7 @@ import anthropic
 import httpx
 import pytest
 
+from llmgw.sim import tokens
 from tests.procs import Server, server, sim
 
 CONFIG = """
@@ -124,3 +125,16 @@ def test_usage_of_messages_is_the_keys(gateway: tuple[Server, str], tmp_path: Pa
     from tests.waiting import wait_for
 
     wait_for(counted, "the key's usage recorded", 10)
+
+
+def test_count_tokens_asks_a_replica(gateway: tuple[Server, str]) -> None:
+    srv, key = gateway
+    api = client(srv, key)
+    short = api.messages.count_tokens(model="m", messages=[{"role": "user", "content": "hi"}])
+    long = api.messages.count_tokens(
+        model="claude-local", messages=[{"role": "user", "content": "hi " * 40}]
+    )
+    # What the simulator's tokenizer makes of each rendered conversation.
+    for counted, content in ((short, "hi"), (long, "hi " * 40)):
+        rendered = tokens.render_chat([{"role": "user", "content": content}])
+        assert counted.input_tokens == tokens.count(rendered)

@@ -38,7 +38,7 @@ from llmgw.router.auth import AuthError
 from llmgw.router.body import BIG_BODY, BodyError, RequestBody, parse
 from llmgw.router.breaker import Outcome, Ticket, classify_status
 from llmgw.router.forms import FormBody, parse_form
-from llmgw.router.messages import AnthropicSend, error_response
+from llmgw.router.messages import AnthropicSend, CountSend, json_response
 from llmgw.router.paths import CHAT, PATHS, RESPONSES, ApiPath, engine_names
 from llmgw.router.proxy import AttemptFailed, Delivery
 from llmgw.router.responses import SCAN_BYTES, Home, response_id_in
@@ -135,6 +135,7 @@ class ClientApp:
             **{("POST", path): self._inference for path in PATHS},
             ("GET", "/v1/models"): self._models,
             ("POST", "/v1/messages"): self._messages,
+            ("POST", "/v1/messages/count_tokens"): self._count_tokens,
             ("GET", "/health"): self._health,
             ("GET", "/version"): self._version,
         }
@@ -311,6 +312,14 @@ class ClientApp:
     async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Anthropic's Messages API, translated to a chat completion and back
         (llmgw.router.messages); its errors in Anthropic's shape."""
+        await self._anthropic(scope, receive, send, count=False)
+
+    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``/v1/messages/count_tokens``: the translated messages tokenized by a
+        replica of the model (``/tokenize``), its count as ``input_tokens``."""
+        await self._anthropic(scope, receive, send, count=True)
+
+    async def _anthropic(self, scope: Scope, receive: Receive, send: Send, count: bool) -> None:
         started = trio.current_time()
         request_id = [(b"x-request-id", scope[REQUEST_ID])]
         try:
@@ -325,21 +334,32 @@ class ClientApp:
                 raise anthropic.MessagesError(
                     400, "invalid_request_error", f"the body is not valid JSON: {exc}"
                 ) from None
+            if count and isinstance(request, dict):
+                # Counting takes no max_tokens; the translation wants one.
+                request = {**request, "max_tokens": 1, "stream": False}
             chat = anthropic.to_chat(request)
-            body = await self._parse(json.dumps(chat).encode())
-            reply = AnthropicSend(
-                send,
-                request["model"],
-                stream=bool(chat.get("stream")),
-                stop_sequences=request.get("stop_sequences"),
-            )
-            await self._proxy(scope, receive, reply, PATHS[CHAT], body, key, started)
+            reply: Send
+            if count:
+                chat = {k: chat[k] for k in ("model", "messages", "tools") if k in chat}
+                body = await self._parse(json.dumps(chat).encode())
+                reply = CountSend(send)
+                route = PATHS["/tokenize"]
+            else:
+                body = await self._parse(json.dumps(chat).encode())
+                reply = AnthropicSend(
+                    send,
+                    request["model"],
+                    stream=bool(chat.get("stream")),
+                    stop_sequences=request.get("stop_sequences"),
+                )
+                route = PATHS[CHAT]
+            await self._proxy(scope, receive, reply, route, body, key, started)
         except anthropic.MessagesError as exc:
-            await error_response(send, exc.status, exc.body(), request_id)
+            await json_response(send, exc.status, exc.body(), request_id)
         except HttpError as err:
             self.router.metrics.rejected.labels(err.code or str(err.status), err.model).inc()
             body_ = anthropic.error_body(err.status, str(err))
-            await error_response(send, err.status, body_, [*err.headers, *request_id])
+            await json_response(send, err.status, body_, [*err.headers, *request_id])
 
     async def _parse(self, raw: bytes) -> RequestBody:
         try:

@@ -17,7 +17,7 @@ from typing import Any
 from llmgw.http.asgi import Send
 from llmgw.router import anthropic
 
-__all__ = ["AnthropicSend", "error_response"]
+__all__ = ["AnthropicSend", "CountSend", "json_response"]
 
 _JSON = b"application/json"
 # Headers of the engine's answer that still describe the translated one.
@@ -27,7 +27,7 @@ _KEPT = frozenset({b"x-llmgw-model", b"x-llmgw-endpoint", b"x-request-id", b"ret
 _EVENT_END = b"\n\n"
 
 
-async def error_response(
+async def json_response(
     send: Send, status: int, body: dict[str, Any], headers: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
     data = json.dumps(body, separators=(",", ":")).encode()
@@ -135,4 +135,42 @@ class AnthropicSend:
         else:
             body = anthropic.error_from_chat(status, response)
         kept = [(k, v) for k, v in start["headers"] if k in _KEPT]
-        await error_response(self._send, status, body, kept)
+        await json_response(self._send, status, body, kept)
+
+
+class CountSend:
+    """The client's ``send`` for ``count_tokens``: an engine's ``/tokenize`` answer
+    (vLLM's and SGLang's ``count``, llama.cpp's ``tokens``) as ``{"input_tokens": n}``."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._start: dict[str, Any] | None = None
+        self._whole = bytearray()
+
+    async def __call__(self, message: Any) -> None:
+        if message["type"] == "http.response.start":
+            self._start = dict(message)
+            return
+        if message["type"] != "http.response.body":
+            return
+        self._whole += bytes(message.get("body", b""))
+        if message.get("more_body"):
+            return
+        start = self._start or {"status": 502, "headers": []}
+        status = int(start["status"])
+        try:
+            answer: Any = json.loads(self._whole)
+        except ValueError:
+            answer = None
+        kept = [(k, v) for k, v in start["headers"] if k in _KEPT]
+        if status != 200:
+            await json_response(self._send, status, anthropic.error_from_chat(status, answer), kept)
+            return
+        counted = answer.get("count") if isinstance(answer, dict) else None
+        if counted is None and isinstance(answer, dict) and isinstance(answer.get("tokens"), list):
+            counted = len(answer["tokens"])
+        if not isinstance(counted, int) or isinstance(counted, bool):
+            body = anthropic.error_body(502, "the engine's tokenize answer has no count")
+            await json_response(self._send, 502, body, kept)
+            return
+        await json_response(self._send, 200, {"input_tokens": counted}, kept)
