@@ -222,3 +222,30 @@ def test_audio_uploads_are_routed_by_their_form_model() -> None:
         assert srv.metric("llmgw_prompt_tokens_total", model="m") == 2 * (len(audio) // 320)
         seen = [r["path"] for r in _requests(base) if r["method"] == "POST"]
         assert seen == ["/v1/audio/transcriptions", "/v1/audio/translations"]
+
+
+def test_usage_records_keep_the_request_id(tmp_path: Path) -> None:
+    import sqlite3
+
+    from tests.waiting import wait_for
+
+    db = tmp_path / "usage.db"
+    config = CONFIG.replace('url = ""', f'url = "sqlite:///{db}"')
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with sim(model="m") as (_, base), server("--endpoint", f"s={base}=m", config=config) as srv:
+        srv.wait_scraped()
+        given = httpx.post(
+            f"{srv.base}/v1/chat/completions",
+            json=body,
+            headers={"x-request-id": "trace-me-1"},
+            timeout=10,
+        )
+        made = httpx.post(f"{srv.base}/v1/chat/completions", json=body, timeout=10)
+        assert given.status_code == made.status_code == 200
+
+        def recorded() -> set[str]:
+            with sqlite3.connect(db) as conn:
+                return {r for (r,) in conn.execute("SELECT request_id FROM usage_records")}
+
+        ids = wait_for(lambda: len(recorded()) == 2 and recorded(), "both requests recorded", 10)
+    assert ids == {"trace-me-1", made.headers["x-request-id"]}

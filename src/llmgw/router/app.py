@@ -448,6 +448,7 @@ class ClientApp:
                 trio.current_time() - started,
                 call.caller,
                 retries=call.retries,
+                request_id=call.request_id,
             )
             raise refused
 
@@ -652,6 +653,7 @@ class ClientApp:
                         latency=trio.current_time() - call.started,
                         caller=call.caller,
                         retries=call.retries,
+                        request_id=call.request_id,
                     )
                     if call.response_id is not None and delivery.status == 200:
                         home = Home(state.endpoint.id, model.name)
@@ -783,6 +785,7 @@ class ClientApp:
                     caller=call.caller,
                     status=499,
                     retries=call.retries,
+                    request_id=call.request_id,
                 )
             raise
         finally:
@@ -808,6 +811,7 @@ class _Call:
         "pinned",
         "prompt_tokens",
         "queued",
+        "request_id",
         "response_id",
         "retries",
         "route",
@@ -854,6 +858,7 @@ class _Call:
         #: The endpoint a Responses follow-up must go to (the previous response's).
         self.pinned: str | None = None
         self.response_id: str | None = None  # the id of the response relayed, if seen
+        self.request_id = bytes(scope[REQUEST_ID]).decode("ascii")
         self.session_key = session_key
         # Estimated from the body's size: the prefill work routing charges, and the
         # usage of a stream cut before the engine reported any.

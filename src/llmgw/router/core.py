@@ -274,6 +274,7 @@ class Router:
         caller: Caller = NOBODY,
         status: int | None = None,
         retries: int = 0,
+        request_id: str | None = None,
     ) -> None:
         """Account a request that reached the client (after `retries` attempts on
         other endpoints)."""
@@ -321,12 +322,20 @@ class Router:
                 band=caller.band,
                 tenant=caller.tenant,
                 retries=retries,
+                request_id=request_id,
             )
             for sink in self.usage_sinks:
                 sink.record(record)
 
     def refused(
-        self, model: str, status: int, latency: float, caller: Caller, *, retries: int = 0
+        self,
+        model: str,
+        status: int,
+        latency: float,
+        caller: Caller,
+        *,
+        retries: int = 0,
+        request_id: str | None = None,
     ) -> None:
         """Account a request for `model` that llmgw answered with an error itself (no
         endpoint served it): usage records and the dashboard count it as a failure."""
@@ -341,6 +350,7 @@ class Router:
                 band=caller.band,
                 tenant=caller.tenant,
                 retries=retries,
+                request_id=request_id,
             )
             for sink in self.usage_sinks:
                 sink.record(record)

@@ -68,6 +68,8 @@ class UsageRecord:
     # Attempts moved to another endpoint before this answer (or refusal); None where
     # the recorder does not count them, which is not the same as none.
     retries: int | None = None
+    # The request's x-request-id (the client's, or the one llmgw made).
+    request_id: str | None = None
 
 
 class UsageSink(Protocol):

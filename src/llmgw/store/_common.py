@@ -219,6 +219,7 @@ USAGE_COLUMNS = (
     "estimated",
     "latency",
     "ttft",
+    "request_id",
 )
 
 
@@ -238,6 +239,7 @@ def usage_rows(batch: Sequence[TimedUsage]) -> list[Row]:
             r.usage.estimated,
             r.latency,
             r.ttft,
+            r.request_id,
         )
         for at, r in batch
     ]

@@ -32,7 +32,7 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
-from llmgw.store._common import DB, Call, Row, ThreadedStore
+from llmgw.store._common import DB, USAGE_COLUMNS, Call, Row, ThreadedStore
 from llmgw.store.base import StoreClosed, StoreError, StoreUnavailable, UnsupportedStoreURL
 from llmgw.store.migrations import Migration
 from llmgw.store.migrations.sqlite import MIGRATIONS
@@ -42,9 +42,8 @@ __all__ = ["SQLiteStore", "sqlite_path"]
 T = TypeVar("T")
 
 _INSERT_USAGE = (
-    "INSERT INTO usage_records (ts, key_id, band, tenant, model, endpoint, status, prompt_tokens,"
-    " completion_tokens, cached_tokens, estimated, latency, ttft)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    f"INSERT INTO usage_records ({', '.join(USAGE_COLUMNS)})"
+    f" VALUES ({', '.join('?' * len(USAGE_COLUMNS))})"
 )
 
 

@@ -95,4 +95,9 @@ MIGRATIONS: tuple[Migration, ...] = (
             " WHERE revoked_at IS NULL AND NOT legacy_duplicate",
         ),
     ),
+    Migration(
+        4,
+        "usage records keep the request id (x-request-id, the client's or llmgw's)",
+        ("ALTER TABLE usage_records ADD COLUMN request_id TEXT",),
+    ),
 )
