@@ -249,3 +249,19 @@ def test_usage_records_keep_the_request_id(tmp_path: Path) -> None:
 
         ids = wait_for(lambda: len(recorded()) == 2 and recorded(), "both requests recorded", 10)
     assert ids == {"trace-me-1", made.headers["x-request-id"]}
+
+
+def test_render_endpoints_reach_the_engine() -> None:
+    with sim(model="m") as (_, base), server("--endpoint", f"s={base}=m", config=CONFIG) as srv:
+        srv.wait_scraped()
+        chat = {"model": "m-alias", "messages": [{"role": "user", "content": "hello"}]}
+        rendered = httpx.post(f"{srv.base}/v1/chat/completions/render", json=chat, timeout=10)
+        assert rendered.status_code == 200, rendered.text
+        prompt = httpx.post(
+            f"{srv.base}/v1/completions/render", json={"model": "m", "prompt": "abcd"}, timeout=10
+        )
+        assert prompt.status_code == 200, prompt.text
+        assert [r["path"] for r in _requests(base) if r["method"] == "POST"] == [
+            "/v1/chat/completions/render",
+            "/v1/completions/render",
+        ]

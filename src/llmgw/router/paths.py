@@ -79,6 +79,10 @@ PATHS: dict[str, ApiPath] = {
         ApiPath("/pooling", "pooling", frozenset({_VLLM})),
         ApiPath("/classify", "classify", frozenset({_VLLM, _SGLANG})),
         ApiPath("/v1/classify", "classify", frozenset({_SGLANG})),
+        ApiPath("/v1/chat/completions/render", "chat prompt rendered, not run", frozenset({_VLLM})),
+        ApiPath(
+            "/v1/completions/render", "completion prompt rendered, not run", frozenset({_VLLM})
+        ),
         ApiPath("/v1/audio/transcriptions", "audio transcription", frozenset({_VLLM}), form=True),
         ApiPath("/v1/audio/translations", "audio translation", frozenset({_VLLM}), form=True),
     )
