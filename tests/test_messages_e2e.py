@@ -13,6 +13,7 @@ import pytest
 
 from llmgw.sim import tokens
 from tests.procs import Server, server, sim
+from tests.test_anthropic_translate import WEATHER
 
 CONFIG = """
 [router]
@@ -26,16 +27,6 @@ url = "sqlite:///{db}"
 name = "m"
 aliases = ["claude-local"]
 """
-
-WEATHER = {
-    "name": "get_weather",
-    "description": "The weather in a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
 
 
 @pytest.fixture(scope="module")

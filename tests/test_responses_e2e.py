@@ -12,15 +12,7 @@ import openai
 import pytest
 
 from tests.procs import Server, server, sim
-
-CONFIG = """
-[router]
-scrape_interval = "200ms"
-scrape_timeout = "150ms"
-
-[store]
-url = ""
-"""
+from tests.test_api_paths import CONFIG
 
 
 @pytest.fixture(scope="module")
