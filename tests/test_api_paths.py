@@ -265,3 +265,27 @@ def test_render_endpoints_reach_the_engine() -> None:
             "/v1/chat/completions/render",
             "/v1/completions/render",
         ]
+
+
+def test_an_engine_llmgw_launches_gets_its_profiles_key() -> None:
+    """A deployment profile's api_key: the engine is started with it in its environment
+    (never its command line), the router sends it, and nothing shows it."""
+    from tests.procs import agent, fleet_server
+    from tests.test_fleet_e2e import control_config, model
+
+    secret = "sk-launched-91c"
+    config = control_config([model("m") + f'api_key = "{secret}"\n'])
+    with fleet_server(config) as srv, agent(srv.agent_address, "n1", address="127.0.0.91") as node:
+        (replica,) = srv.wait(lambda: srv.ready_replicas("m", 1), "a ready replica of m")
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r = httpx.post(f"{srv.base}/v1/chat/completions", json=body, timeout=10)
+        assert r.status_code == 200, r.text
+        engine_url = srv.endpoints()[replica["id"]]["url"]
+        direct = httpx.post(f"{engine_url}/v1/chat/completions", json=body, timeout=10)
+        assert direct.status_code == 401  # the engine wants the key, as vLLM would
+        ((_, pid),) = node.engines().items()
+        assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert f"LLMGW_SIM_API_KEY={secret}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+        shown = httpx.get(f"{srv.admin}/api/v1/models/m", timeout=5).text
+        assert secret not in shown and "<hidden>" in shown
+        assert secret not in httpx.get(f"{srv.admin}/api/v1/endpoints", timeout=5).text

@@ -179,7 +179,15 @@ def test_every_message_type_is_covered() -> None:
 )
 def test_value_and_proto_fields_match_by_name(cls: type) -> None:
     proto_fields = {f.name for f in getattr(pb, cls.__name__).DESCRIPTOR.fields}
-    assert proto_fields == {f.name for f in attrs.fields(cls)}
+    sent = {f.name for f in attrs.fields(cls)} - convert.NOT_SENT.get(cls, frozenset())
+    assert proto_fields == sent
+
+
+def test_a_profiles_api_key_crosses_only_in_the_engines_environment() -> None:
+    profile = DeploymentProfile("p", "vllm", "w", env={"A": "1"}, api_key="sk-1")
+    message = convert.to_proto(profile)
+    assert "sk-1" not in str(message)  # the reconciler moves it into env first
+    assert convert.from_proto(message, DeploymentProfile) == attrs.evolve(profile, api_key=None)
 
 
 def test_shard_states_match_the_proto_enum() -> None:

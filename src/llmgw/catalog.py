@@ -14,6 +14,10 @@ import attrs
 from llmgw.config import DeploymentProfile, ModelConfig
 
 ENGINES = ("vllm", "sglang", "sim", "llamacpp")
+#: The environment variable each engine reads its API key from (vLLM's --api-key
+#: default, llama-server's). SGLang takes it only on its command line, where any user
+#: of the node could read it, so a profile's api_key is refused for it.
+API_KEY_ENV = {"vllm": "VLLM_API_KEY", "llamacpp": "LLAMA_API_KEY", "sim": "LLMGW_SIM_API_KEY"}
 
 
 @attrs.frozen
@@ -47,6 +51,14 @@ def _check_profile(profile: DeploymentProfile, key: str) -> list[str]:
         )
     if not profile.weights:
         problems.append(f"{key}.weights: must name the model weights (a path or hub id)")
+    if profile.api_key is not None:
+        if profile.engine in ENGINES and profile.engine not in API_KEY_ENV:
+            problems.append(
+                f"{key}.api_key: {profile.engine} takes its key only on its command line, "
+                "which other users of the node can read; give it in args if you accept that"
+            )
+        elif not profile.api_key or any(not "!" <= c <= "~" for c in profile.api_key):
+            problems.append(f"{key}.api_key: must be printable ASCII without spaces")
     for dim in ("tensor_parallel", "pipeline_parallel"):
         if getattr(profile, dim) < 1:
             problems.append(f"{key}.{dim}: must be at least 1, got {getattr(profile, dim)}")

@@ -255,6 +255,9 @@ class DeploymentProfile:
     gpu_name: str | None = None
     args: tuple[str, ...] = ()
     env: dict[str, str] = attrs.field(factory=dict)
+    # The engine is started with this API key (in its environment, never its command
+    # line) and the router sends it; never shown by the admin API nor --print-config.
+    api_key: str | None = attrs.field(default=None, repr=False)
 
 
 @attrs.frozen
@@ -394,10 +397,19 @@ def _unstructure(config: object) -> Any:
 HIDDEN = "<hidden>"
 
 
+def hide_profile_keys(models: Any) -> None:
+    """Replace every deployment profile's `api_key` in unstructured `models` by HIDDEN."""
+    for model in models:
+        for profile in model.get("profiles", ()):
+            if profile.get("api_key") is not None:
+                profile["api_key"] = HIDDEN
+
+
 def dump_toml(config: Config) -> str:
     """The effective configuration as TOML that :func:`load` reads back unchanged,
     but for secrets (endpoints' `api_key` and `headers` values): shown as HIDDEN."""
     data = _unstructure(config)
+    hide_profile_keys(data.get("models", ()))
     for endpoint in data.get("endpoints", ()):
         if "api_key" in endpoint:
             endpoint["api_key"] = HIDDEN

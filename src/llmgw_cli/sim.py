@@ -8,6 +8,7 @@ flag given explicitly still wins over them. Without one, the defaults are those 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -180,8 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0, help="seed of all randomness (default 0)")
     g.add_argument(
         "--api-key",
-        default=None,
-        help="like vLLM's: API routes want 'Authorization: Bearer KEY' (probes stay open)",
+        default=os.environ.get("LLMGW_SIM_API_KEY"),
+        help="like vLLM's: API routes want 'Authorization: Bearer KEY' (probes stay open; "
+        "default $LLMGW_SIM_API_KEY, which keeps it off the command line)",
     )
     g.add_argument(
         "--metrics-format",

@@ -28,7 +28,7 @@ from llmgw.admin.contract import ApiError, json_reply
 from llmgw.admin.inputs import json_object
 from llmgw.admin.schema import JSON_WORDING
 from llmgw.admin.views import unstructure
-from llmgw.config import ConfigError, ModelConfig, shape_problems
+from llmgw.config import ConfigError, ModelConfig, hide_profile_keys, shape_problems
 from llmgw.control import views
 from llmgw.models import ModelChangeError, parse_model
 from llmgw.store.base import model_to_dict
@@ -94,6 +94,7 @@ def model_json(app: AdminApp, model: ModelConfig, counts: dict[str, views.ModelC
     data: dict[str, Any] = (
         app.models.describe(model) if app.models is not None else model_to_dict(model)
     )
+    hide_profile_keys([data])  # the engines' keys are the operator's, not the API's
     now = trio.current_time()
     serving = app.router.endpoints.serving(model.name)
     live = ModelLive(

@@ -485,7 +485,11 @@ class Controller:
                 )
                 self.sink.upsert(
                     Endpoint(
-                        change.replica_id, change.url, (change.model,), capacity=change.capacity
+                        change.replica_id,
+                        change.url,
+                        (change.model,),
+                        capacity=change.capacity,
+                        headers=change.headers,
                     )
                 )
             elif isinstance(change, Unpublish):

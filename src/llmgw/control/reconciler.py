@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
+from llmgw.catalog import API_KEY_ENV
 from llmgw.config import ControlConfig, ModelConfig
 from llmgw.control.fleet import NodeState, Placement, ReplicaState, ShardState
 from llmgw.control.placement import NodeCapacity, PlaceRequest, Unplaceable, plan
@@ -60,6 +61,8 @@ class Publish:
     url: str
     # Sequences the engine runs at once, as its agent launched it (None: unknown).
     capacity: int | None = None
+    # Sent with every request to it (its profile's API key).
+    headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), repr=False)
 
 
 @attrs.frozen
@@ -97,6 +100,8 @@ class Replica:
     since: float
     shards: dict[int, ShardStatus] = attrs.field(factory=dict)
     url: str | None = None
+    # What the router sends the engine with each request (its profile's API key).
+    headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), repr=False)
 
     @property
     def model(self) -> str:
@@ -262,6 +267,12 @@ class Reconciler:
         self, placement: Placement, model: ModelConfig, nodes: Mapping[str, NodeView], now: float
     ) -> Actions:
         profile = next(p for p in model.profiles if p.name == placement.profile)
+        headers: tuple[tuple[bytes, bytes], ...] = ()
+        key = profile.api_key
+        if key is not None:
+            # In the engine's environment, not its argv (which any user can list).
+            profile = attrs.evolve(profile, env={**profile.env, API_KEY_ENV[profile.engine]: key})
+            headers = ((b"authorization", b"Bearer " + key.encode()),)
         head = placement.head
         master = nodes[head.node_id].capacity.address if head.node_id in nodes else None
         commands = tuple(
@@ -284,7 +295,9 @@ class Reconciler:
             )
             for shard in placement.shards
         )
-        self.replicas[placement.replica_id] = Replica(placement, ReplicaState.STARTING, now)
+        self.replicas[placement.replica_id] = Replica(
+            placement, ReplicaState.STARTING, now, headers=headers
+        )
         return Actions(commands=commands)
 
     def _scale_down(self, active: list[Replica], surplus: int, now: float) -> Actions:
@@ -377,7 +390,8 @@ class Reconciler:
             replica.url = url
             self._backoff.pop(replica.model, None)
             capacity = head.capacity if head else None
-            return Actions(router=(Publish(replica.replica_id, replica.model, url, capacity),))
+            publish = Publish(replica.replica_id, replica.model, url, capacity, replica.headers)
+            return Actions(router=(publish,))
         if (
             replica.state is ReplicaState.DRAINING
             and states

@@ -37,10 +37,12 @@ from collections.abc import Callable
 from typing import Any
 
 import cattrs
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
+from llmgw.config import DeploymentProfile
 from llmgw.transport.messages import AgentMessage, ServerMessage
 from llmgw.transport.pb import agent_pb2 as pb
 
@@ -173,6 +175,17 @@ _converter.register_unstructure_hook_func(
     lambda t: isinstance(t, type) and issubclass(t, enum.Enum), _unstructure_enum
 )
 _converter.register_unstructure_hook(float, _unstructure_float)
+#: Fields of values that never cross the agent link. A profile's api_key: the reconciler
+#: has put it into the engine's environment (the proto's `env`), all the agent needs.
+NOT_SENT: dict[type, frozenset[str]] = {DeploymentProfile: frozenset({"api_key"})}
+_converter.register_unstructure_hook(
+    DeploymentProfile,
+    make_dict_unstructure_fn(DeploymentProfile, _converter, api_key=override(omit=True)),
+)
+_converter.register_structure_hook(
+    DeploymentProfile,
+    make_dict_structure_fn(DeploymentProfile, _converter, api_key=override(omit=True)),
+)
 _converter.register_structure_hook_func(
     lambda t: isinstance(t, type) and issubclass(t, enum.Enum), _structure_enum
 )
