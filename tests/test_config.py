@@ -560,3 +560,24 @@ def test_every_cli_has_help_and_version(program: str) -> None:
         )
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip()
+
+
+def test_a_hidden_secret_copied_back_is_refused() -> None:
+    # --print-config writes <hidden> for secrets; loading that back must not send it.
+    data = {"endpoints": [{"id": "e", "url": "http://127.0.0.1:9", "models": ["m"]}]}
+    data["endpoints"][0]["api_key"] = "<hidden>"
+    with pytest.raises(cfg.ConfigError, match="what --print-config writes in place of a secret"):
+        cfg.load(data=data, environ={})
+    profile = {"name": "p", "engine": "vllm", "weights": "w", "api_key": "<hidden>"}
+    with pytest.raises(cfg.ConfigError, match="what llmgw shows in place of a key"):
+        cfg.load(data={"models": [{"name": "m", "profiles": [profile]}]}, environ={})
+    text = cfg.dump_toml(
+        cfg.load(
+            data={
+                "endpoints": [{**data["endpoints"][0], "api_key": "sk-x", "headers": {"x-o": "y"}}],
+                "models": [{"name": "m", "profiles": [{**profile, "api_key": "sk-y"}]}],
+            },
+            environ={},
+        )
+    )
+    assert "sk-x" not in text and "sk-y" not in text and '"y"' not in text

@@ -59,6 +59,10 @@ def _check_profile(profile: DeploymentProfile, key: str) -> list[str]:
             )
         elif not profile.api_key or any(not "!" <= c <= "~" for c in profile.api_key):
             problems.append(f"{key}.api_key: must be printable ASCII without spaces")
+        elif profile.api_key == "<hidden>":  # config.HIDDEN, copied back from a view
+            problems.append(
+                f"{key}.api_key: '<hidden>' is what llmgw shows in place of a key; give the key"
+            )
     for dim in ("tensor_parallel", "pipeline_parallel"):
         if getattr(profile, dim) < 1:
             problems.append(f"{key}.{dim}: must be at least 1, got {getattr(profile, dim)}")

@@ -813,6 +813,11 @@ def check(config: Config) -> list[str]:
             problems.append(f"{key}.capacity: must be at least 1, got {ep.capacity}")
         if ep.api_key is not None and not _HEADER_VALUE.fullmatch(ep.api_key):
             problems.append(f"{key}.api_key: must be printable ASCII without spaces")
+        if HIDDEN in (ep.api_key, *ep.headers.values()):
+            problems.append(
+                f"{key}: {HIDDEN!r} is what --print-config writes in place of a secret; "
+                "give the secret itself"
+            )
         for name, value in ep.headers.items():
             if not _HEADER_NAME.fullmatch(name) or name.lower() in _OWN_HEADERS:
                 problems.append(
