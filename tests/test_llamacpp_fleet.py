@@ -492,3 +492,7 @@ def test_engine_paths_and_messages_against_the_real_engine(
     )
     assert reply.stop_reason in ("max_tokens", "end_turn") and reply.usage.output_tokens <= 4
     assert reply.usage.input_tokens > 0
+    # llama.cpp's /tokenize takes text, not chat messages: counting them is refused.
+    with pytest.raises(anthropic.NotFoundError) as refused:
+        messages.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "x"}])
+    assert "llama.cpp" in refused.value.body["error"]["message"]  # type: ignore[index]

@@ -39,7 +39,7 @@ from llmgw.router.body import BIG_BODY, BodyError, RequestBody, parse
 from llmgw.router.breaker import Outcome, Ticket, classify_status
 from llmgw.router.forms import FormBody, parse_form
 from llmgw.router.messages import AnthropicSend, CountSend, json_response
-from llmgw.router.paths import CHAT, PATHS, RESPONSES, ApiPath, engine_names
+from llmgw.router.paths import CHAT, COUNT_TOKENS, PATHS, RESPONSES, ApiPath, engine_names
 from llmgw.router.proxy import AttemptFailed, Delivery
 from llmgw.router.responses import SCAN_BYTES, Home, response_id_in
 from llmgw.router.scrape import UNKNOWN
@@ -343,7 +343,7 @@ class ClientApp:
                 chat = {k: chat[k] for k in ("model", "messages", "tools") if k in chat}
                 body = await self._parse(json.dumps(chat).encode())
                 reply = CountSend(send)
-                route = PATHS["/tokenize"]
+                route = COUNT_TOKENS
             else:
                 body = await self._parse(json.dumps(chat).encode())
                 reply = AnthropicSend(

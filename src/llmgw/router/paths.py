@@ -20,7 +20,7 @@ import attrs
 
 from llmgw.router.scrape import ENGINES, UNKNOWN
 
-__all__ = ["CHAT", "PATHS", "RESPONSES", "ApiPath", "engine_names"]
+__all__ = ["CHAT", "COUNT_TOKENS", "PATHS", "RESPONSES", "ApiPath", "engine_names"]
 
 _VLLM, _SGLANG, _LLAMACPP = "vllm", "sglang", "llamacpp"
 _ALL = frozenset(ENGINES)
@@ -87,6 +87,11 @@ PATHS: dict[str, ApiPath] = {
         ApiPath("/v1/audio/translations", "audio translation", frozenset({_VLLM}), form=True),
     )
 }
+
+
+#: Where ``/v1/messages/count_tokens`` goes: ``/tokenize`` of chat messages, which vLLM
+#: takes (llama.cpp's takes only text, SGLang's is not documented to take messages).
+COUNT_TOKENS = ApiPath("/tokenize", "counting the tokens of chat messages", frozenset({_VLLM}))
 
 
 def engine_names(engines: Iterable[str]) -> str:
