@@ -476,7 +476,12 @@ def run_server(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
         [str(BIN / "llmgw-server"), *args],
         capture_output=True,
         text=True,
-        env={"PATH": "/usr/bin:/bin", **(env or {})},
+        # No LLMGW_* of the caller's; PYTHONPATH kept, so a worktree's code is what runs.
+        env={
+            "PATH": "/usr/bin:/bin",
+            **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
+            **(env or {}),
+        },
         timeout=30,
     )
 
