@@ -468,7 +468,8 @@ def test_engine_paths_and_messages_against_the_real_engine(
 ) -> None:
     """What llama-server serves beside chat (issue #19), through llmgw: tokenize and
     detokenize as llama.cpp shapes them, a path it does not serve refused by llmgw
-    before any replica, and the Anthropic Messages API translated onto its chat."""
+    before any replica, and the Anthropic Messages API, which it serves itself (the
+    client's request passed through, whole, streamed and counted)."""
     import anthropic
 
     srv, _, _ = fleet
@@ -492,7 +493,13 @@ def test_engine_paths_and_messages_against_the_real_engine(
     )
     assert reply.stop_reason in ("max_tokens", "end_turn") and reply.usage.output_tokens <= 4
     assert reply.usage.input_tokens > 0
-    # llama.cpp's /tokenize takes text, not chat messages: counting them is refused.
-    with pytest.raises(anthropic.NotFoundError) as refused:
-        messages.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "x"}])
-    assert "llama.cpp" in refused.value.body["error"]["message"]  # type: ignore[index]
+    # llama-server counts them itself (its /v1/messages/count_tokens, passed through).
+    counted = messages.messages.count_tokens(
+        model="tiny", messages=[{"role": "user", "content": "hello"}]
+    )
+    assert counted.input_tokens == reply.usage.input_tokens
+    with messages.messages.stream(
+        model="tiny", max_tokens=3, messages=[{"role": "user", "content": "hello"}]
+    ) as stream:
+        final = stream.get_final_message()
+    assert final.usage.output_tokens <= 3 and final.usage.input_tokens > 0

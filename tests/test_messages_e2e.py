@@ -14,6 +14,7 @@ import pytest
 from llmgw.sim import tokens
 from tests.procs import Server, server, sim
 from tests.test_anthropic_translate import WEATHER
+from tests.waiting import wait_for
 
 CONFIG = """
 [router]
@@ -61,7 +62,10 @@ def test_a_message_with_tools(gateway: tuple[Server, str]) -> None:
     assert message.stop_reason in ("end_turn", "max_tokens")
     assert message.content and message.content[0].type == "text"
     assert message.usage.input_tokens > 0 and 0 < message.usage.output_tokens <= 12
-    assert srv.metric("llmgw_requests_total", model="m", status="200") == before + 1
+    wait_for(
+        lambda: srv.metric("llmgw_requests_total", model="m", status="200") == before + 1,
+        "the message counted",
+    )
     assert srv.metric("llmgw_completion_tokens_total", model="m") >= message.usage.output_tokens
 
 
@@ -113,8 +117,6 @@ def test_usage_of_messages_is_the_keys(gateway: tuple[Server, str], tmp_path: Pa
         rows = [r for r in report["usage"] if r["name"] == "agent"]
         return bool(rows) and rows[0]["requests"] >= 1 and rows[0]["completion_tokens"] >= 3
 
-    from tests.waiting import wait_for
-
     wait_for(counted, "the key's usage recorded", 10)
 
 
@@ -129,3 +131,42 @@ def test_count_tokens_asks_a_replica(gateway: tuple[Server, str]) -> None:
     for counted, content in ((short, "hi"), (long, "hi " * 40)):
         rendered = tokens.render_chat([{"role": "user", "content": content}])
         assert counted.input_tokens == tokens.count(rendered)
+
+
+@pytest.mark.parametrize(
+    ("personality", "engine_path"),
+    [("vllm", "/v1/chat/completions"), ("llamacpp", "/v1/messages")],
+)
+def test_native_or_translated_by_the_replicas_engine(personality: str, engine_path: str) -> None:
+    """A llama.cpp replica serves Anthropic's API itself and gets the client's request;
+    a vLLM one gets its translation. Both answer the SDK alike, and both are counted."""
+    from tests.test_api_paths import _requests
+
+    config = CONFIG.replace('url = "sqlite:///{db}"', 'url = ""')
+    with (
+        sim("--personality", personality, model="m") as (_, base),
+        server("--endpoint", f"s={base}=m", config=config) as srv,
+    ):
+        srv.wait_scraped()
+        api = client(srv, "none")
+        message = api.messages.create(
+            model="claude-local", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert message.usage.output_tokens == 5 and message.usage.input_tokens > 0
+        with api.messages.stream(
+            model="m", max_tokens=6, messages=[{"role": "user", "content": "go"}]
+        ) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        assert text and final.usage.output_tokens == 6 and final.usage.input_tokens > 0
+        counted = api.messages.count_tokens(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert counted.input_tokens == message.usage.input_tokens
+        paths = [r["path"] for r in _requests(base) if r["method"] == "POST"]
+        count_path = "/tokenize" if personality == "vllm" else "/v1/messages/count_tokens"
+        assert paths == [engine_path, engine_path, count_path]
+        # Counted from the engine's own usage either way (Anthropic's split stream too).
+        wait_for(
+            lambda: srv.metric("llmgw_completion_tokens_total", model="m") == 11,
+            "both messages' output counted",
+        )
+        assert srv.metric("llmgw_prompt_tokens_total", model="m") == 2 * counted.input_tokens

@@ -13,6 +13,7 @@ import pytest
 
 from tests.procs import Server, server, sim
 from tests.test_api_paths import CONFIG
+from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +48,12 @@ def test_follow_ups_go_to_the_replica_that_stored_the_response(gateway: Server) 
         )
         assert reply.headers["x-llmgw-endpoint"] == home
         previous = reply.parse().id
-    counted = gateway.metric("llmgw_completion_tokens_total", model="m", endpoint=home)
-    assert counted >= 4 + 6 * 2
+    wait_for(
+        lambda: (
+            gateway.metric("llmgw_completion_tokens_total", model="m", endpoint=home) >= 4 + 6 * 2
+        ),
+        "the follow-ups' tokens counted at their replica",
+    )
 
 
 def test_a_streamed_response_is_relayed_and_its_id_remembered(gateway: Server) -> None:

@@ -17,6 +17,7 @@ import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import httpx
 import trio
 
@@ -39,7 +40,15 @@ from llmgw.router.body import BIG_BODY, BodyError, RequestBody, parse
 from llmgw.router.breaker import Outcome, Ticket, classify_status
 from llmgw.router.forms import FormBody, parse_form
 from llmgw.router.messages import AnthropicSend, CountSend, json_response
-from llmgw.router.paths import CHAT, COUNT_TOKENS, PATHS, RESPONSES, ApiPath, engine_names
+from llmgw.router.paths import (
+    CHAT,
+    COUNT_TOKENS,
+    MESSAGES_NATIVE,
+    PATHS,
+    RESPONSES,
+    ApiPath,
+    engine_names,
+)
 from llmgw.router.proxy import AttemptFailed, Delivery
 from llmgw.router.responses import SCAN_BYTES, Home, response_id_in
 from llmgw.router.scrape import UNKNOWN
@@ -339,6 +348,13 @@ class ClientApp:
                 request = {**request, "max_tokens": 1, "stream": False}
             chat = anthropic.to_chat(request)
             reply: Send
+            native = Native(
+                MESSAGES_NATIVE,
+                scope["path"].rstrip("/"),
+                await self._parse(raw),
+                send,
+                () if count else (b"event: message_stop",),
+            )
             if count:
                 chat = {k: chat[k] for k in ("model", "messages", "tools") if k in chat}
                 body = await self._parse(json.dumps(chat).encode())
@@ -353,7 +369,7 @@ class ClientApp:
                     stop_sequences=request.get("stop_sequences"),
                 )
                 route = PATHS[CHAT]
-            await self._proxy(scope, receive, reply, route, body, key, started)
+            await self._proxy(scope, receive, reply, route, body, key, started, native)
         except anthropic.MessagesError as exc:
             await json_response(send, exc.status, exc.body(), request_id)
         except HttpError as err:
@@ -378,8 +394,11 @@ class ClientApp:
         body: RequestBody | FormBody,
         key: KeyRecord | None,
         started: float,
+        native: Native | None = None,
     ) -> None:
-        """Route `body` on `route` and relay the answer; HttpError for a refusal."""
+        """Route `body` on `route` and relay the answer; HttpError for a refusal. With
+        `native`, a replica whose engine serves the client's own API gets the client's
+        request (`native.body` on `native.path`, its answer sent as is) instead."""
         router = self.router
         chain = router.catalog.candidates(body.model)
         if not chain:
@@ -398,16 +417,21 @@ class ClientApp:
         # Once the last byte is handed over, a disconnect no longer matters.
         watch = _DisconnectWatch()
 
-        async def tracked_send(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.body" and not message.get("more_body"):
-                watch.complete = True
-            try:
-                await send(message)
-            except OSError:
-                # What an ASGI server raises on a send to a client that has gone: the
-                # disconnect may be seen here before the watcher's receive() sees it.
-                watch.gone = watch.gone or not watch.complete
-                raise
+        def track(send: Send) -> Send:
+            async def tracked_send(message: MutableMapping[str, Any]) -> None:
+                if message["type"] == "http.response.body" and not message.get("more_body"):
+                    watch.complete = True
+                try:
+                    await send(message)
+                except OSError:
+                    # What an ASGI server raises on a send to a client that has gone: the
+                    # disconnect may be seen here before the watcher's receive() sees it.
+                    watch.gone = watch.gone or not watch.complete
+                    raise
+
+            return tracked_send
+
+        tracked_send = track(send)
 
         session = header(scope, router.session_header)
         call = _Call(
@@ -421,6 +445,8 @@ class ClientApp:
             session.decode(errors="replace") if session else None,
         )
         call.pinned = pinned
+        if native is not None:
+            call.native = attrs.evolve(native, send=track(native.send))
         if route.path == RESPONSES:
             call.send = self._id_tap(call, tracked_send)
         refused: HttpError | None = None
@@ -724,7 +750,14 @@ class ClientApp:
         `prefill` (the prompt tokens it is estimated to compute) counts in the
         endpoint's prefill work until the first token, or the answer, is in."""
         router = self.router
-        url = state.endpoint.url.rstrip("/") + call.route.path
+        native = call.native
+        send, path, final = call.send, call.route.path, call.route.final
+        strip = not call.wants_usage
+        if native is not None and _engine(state) in native.engines:
+            # The engine speaks the client's API itself: its request, its answer.
+            send, path, final, strip = native.send, native.path, native.final, False
+            payload = native.body.payload(model.name, add_usage=False)
+        url = state.endpoint.url.rstrip("/") + path
         request_id = call.scope[REQUEST_ID]
         extra = [
             (b"x-llmgw-model", model.name.encode()),
@@ -756,16 +789,16 @@ class ClientApp:
                     url,
                     payload,
                     headers,
-                    call.send,
+                    send,
                     extra,
-                    strip_usage=not call.wants_usage,
-                    final=call.route.final,
+                    strip_usage=strip,
+                    final=final,
                     started=call.started,
                     outcome=partial,
                     first_token=prefilled,
                 )
             else:
-                delivery = await router.upstream.unary(url, payload, headers, call.send, extra)
+                delivery = await router.upstream.unary(url, payload, headers, send, extra)
         except AttemptFailed as failure:
             failure.endpoint = state.endpoint.id
             router.record_attempt(state, ticket, failure.outcome, failure)
@@ -808,6 +841,7 @@ class _Call:
         "caller",
         "chain",
         "key",
+        "native",
         "pinned",
         "prompt_tokens",
         "queued",
@@ -857,12 +891,27 @@ class _Call:
         self.wants_usage = self.stream and (body.include_usage or not route.usage_option)
         #: The endpoint a Responses follow-up must go to (the previous response's).
         self.pinned: str | None = None
+        #: The client's own request, for replicas whose engine serves its API natively.
+        self.native: Native | None = None
         self.response_id: str | None = None  # the id of the response relayed, if seen
         self.request_id = bytes(scope[REQUEST_ID]).decode("ascii")
         self.session_key = session_key
         # Estimated from the body's size: the prefill work routing charges, and the
         # usage of a stream cut before the engine reported any.
         self.prompt_tokens = estimate_prompt_tokens(len(body.raw))
+
+
+@attrs.frozen
+class Native:
+    """A request in an API some engines serve themselves (Anthropic's Messages): what
+    such a replica gets instead of its translation, and where its answer goes."""
+
+    engines: frozenset[str]
+    path: str
+    body: RequestBody
+    send: Send
+    # The events that end a whole stream of that API.
+    final: tuple[bytes, ...] = ()
 
 
 def _engine(state: EndpointState) -> str:

@@ -20,7 +20,15 @@ import attrs
 
 from llmgw.router.scrape import ENGINES, UNKNOWN
 
-__all__ = ["CHAT", "COUNT_TOKENS", "PATHS", "RESPONSES", "ApiPath", "engine_names"]
+__all__ = [
+    "CHAT",
+    "COUNT_TOKENS",
+    "MESSAGES_NATIVE",
+    "PATHS",
+    "RESPONSES",
+    "ApiPath",
+    "engine_names",
+]
 
 _VLLM, _SGLANG, _LLAMACPP = "vllm", "sglang", "llamacpp"
 _ALL = frozenset(ENGINES)
@@ -89,9 +97,16 @@ PATHS: dict[str, ApiPath] = {
 }
 
 
-#: Where ``/v1/messages/count_tokens`` goes: ``/tokenize`` of chat messages, which vLLM
-#: takes (llama.cpp's takes only text, SGLang's is not documented to take messages).
-COUNT_TOKENS = ApiPath("/tokenize", "counting the tokens of chat messages", frozenset({_VLLM}))
+#: Engines that serve Anthropic's ``/v1/messages`` (and ``/count_tokens``) themselves:
+#: they get the client's request as sent. The others get its translation to a chat
+#: completion (vLLM's own endpoint varies by version, so it is translated too).
+MESSAGES_NATIVE = frozenset({_LLAMACPP})
+
+#: Where ``/v1/messages/count_tokens`` goes: ``/tokenize`` of chat messages on vLLM, the
+#: engine's own on llama.cpp (SGLang's tokenize is not documented to take messages).
+COUNT_TOKENS = ApiPath(
+    "/tokenize", "counting the tokens of chat messages", frozenset({_VLLM, _LLAMACPP})
+)
 
 
 def engine_names(engines: Iterable[str]) -> str:

@@ -204,8 +204,8 @@ def _usage_in(event: bytes | bytearray) -> tuple[Usage | None, bool]:
         return None, False
     if not isinstance(obj, dict):
         return None, False
-    if "usage" not in obj:  # a Responses event: response.completed carries it inside
-        inner = obj.get("response")
+    if "usage" not in obj:  # nested: Responses' response.completed, Anthropic's message_start
+        inner = obj.get("response", obj.get("message"))
         return Usage.from_openai(inner.get("usage") if isinstance(inner, dict) else None), False
     return Usage.from_openai(obj.get("usage")), not obj.get("choices")
 
@@ -509,6 +509,14 @@ class Upstream:
                         done = True
                     usage, usage_only = _usage_in(event)
                     if usage is not None:
+                        earlier = outcome.usage
+                        if earlier is not None and not usage.prompt_tokens:
+                            # Output counted now, input earlier (Anthropic's stream).
+                            usage = attrs.evolve(
+                                usage,
+                                prompt_tokens=earlier.prompt_tokens,
+                                cached_tokens=earlier.cached_tokens,
+                            )
                         outcome.usage = usage
                         if usage_only and strip_usage:
                             continue

@@ -22,8 +22,11 @@ class Usage:
         it is not one."""
         if not isinstance(usage, dict):
             return None
-        responses = "input_tokens" in usage
-        prompt = usage.get("input_tokens" if responses else "prompt_tokens")
+        # The Responses and Anthropic APIs' names; Anthropic's message_delta carries
+        # only output_tokens (the input came with message_start): 0 here, the relay
+        # keeps the earlier count.
+        responses = "input_tokens" in usage or "output_tokens" in usage
+        prompt = usage.get("input_tokens", 0) if responses else usage.get("prompt_tokens")
         completion = usage.get("output_tokens" if responses else "completion_tokens", 0)
         if not isinstance(prompt, int) or not isinstance(completion, int):
             return None

@@ -60,8 +60,10 @@ from llmgw.http import asgi
 from llmgw.http.asgi import answer_non_http
 from llmgw.http.server import HttpServerConfig
 from llmgw.http.server import serve as http_serve
+from llmgw.router import anthropic
 from llmgw.router.body import BodyError
 from llmgw.router.forms import parse_form
+from llmgw.router.messages import AnthropicSend
 from llmgw.sim import llamacpp, render, responses, tokens
 from llmgw.sim.metrics import CONTENT_TYPES, MetricsFormat, Recorder, exposition
 from llmgw.sim.model import Engine, EngineConfig, Finished, Request, Token
@@ -486,6 +488,9 @@ class SimApp:
             # replica that looks like vLLM must not answer /props with its slot count.
             self._routes[("GET", "/props")] = self._props
             self._routes[("GET", "/slots")] = self._slots
+            # And its Anthropic Messages API (llama-server has served it since b7xxx).
+            self._routes[("POST", "/v1/messages")] = self._messages
+            self._routes[("POST", "/v1/messages/count_tokens")] = self._count_tokens
         # The routes whose requests count towards faults.exit_after.
         self._counted = (self._chat, self._completions, self._embeddings)
 
@@ -977,6 +982,33 @@ class SimApp:
 
         await self._faulty(receive, send, work, req.stream)
 
+    async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """llama-server's ``/v1/messages``: Anthropic's API over the simulator's own chat
+        generation (translated as llmgw does, so the engine answers in that shape)."""
+        try:
+            request = parse_json(await read_body(scope, receive))
+            chat = anthropic.to_chat(request)
+        except anthropic.MessagesError as e:
+            await send_json(send, e.status, e.body())
+            return
+        reply = AnthropicSend(
+            cast(asgi.Send, send),
+            request["model"],
+            stream=bool(chat.get("stream")),
+            stop_sequences=request.get("stop_sequences"),
+        )
+        await self._generate_from(chat, receive, cast(Send, reply), chat=True)
+
+    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            request = parse_json(await read_body(scope, receive))
+            chat = anthropic.to_chat({**request, "max_tokens": 1})
+        except anthropic.MessagesError as e:
+            await send_json(send, e.status, e.body())
+            return
+        ids = self._prompt(chat, chat=True)
+        await send_json(send, 200, {"input_tokens": len(ids)})
+
     async def _audio(self, scope: Scope, receive: Receive, send: Send) -> None:
         """vLLM's transcription and translation: text derived from the upload (its name
         and size, so a test can tell it arrived whole), usage in tokens."""
@@ -1020,7 +1052,12 @@ class SimApp:
         await self._generate(scope, receive, send, chat=False)
 
     async def _generate(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
-        req = self._generation_request(parse_json(await read_body(scope, receive)), chat)
+        await self._generate_from(parse_json(await read_body(scope, receive)), receive, send, chat)
+
+    async def _generate_from(
+        self, body: Mapping[str, Any], receive: Receive, send: Send, chat: bool
+    ) -> None:
+        req = self._generation_request(body, chat)
         rid = self._next_id("chatcmpl" if chat else "cmpl")
 
         async def work() -> None:
