@@ -32,6 +32,10 @@ class Usage:
             return None
         details = usage.get("input_tokens_details" if responses else "prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        read = usage.get("cache_read_input_tokens")
+        if isinstance(read, int) and not isinstance(read, bool):
+            # Anthropic's input_tokens leaves out the tokens the cache read.
+            return cls(prompt + read, completion, read)
         return cls(prompt, completion, cached if isinstance(cached, int) else None)
 
 
