@@ -134,12 +134,22 @@ def test_count_tokens_asks_a_replica(gateway: tuple[Server, str]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("personality", "engine_path"),
-    [("vllm", "/v1/chat/completions"), ("llamacpp", "/v1/messages")],
+    ("personality", "engine_paths"),
+    [
+        # The simulator as a vLLM without the endpoint: tried once, then translated.
+        ("vllm", ["/v1/messages", "/v1/chat/completions", "/v1/chat/completions", "/tokenize"]),
+        (
+            "llamacpp",
+            ["/v1/messages", "/v1/messages", "/v1/messages/count_tokens"],
+        ),
+    ],
 )
-def test_native_or_translated_by_the_replicas_engine(personality: str, engine_path: str) -> None:
+def test_native_or_translated_by_the_replicas_engine(
+    personality: str, engine_paths: list[str]
+) -> None:
     """A llama.cpp replica serves Anthropic's API itself and gets the client's request;
-    a vLLM one gets its translation. Both answer the SDK alike, and both are counted."""
+    a vLLM one is tried natively, and once it answers 404 gets the translation. Both
+    answer the SDK alike, and both are counted."""
     from tests.test_api_paths import _requests
 
     config = CONFIG.replace('url = "sqlite:///{db}"', 'url = ""')
@@ -161,9 +171,7 @@ def test_native_or_translated_by_the_replicas_engine(personality: str, engine_pa
         assert text and final.usage.output_tokens == 6 and final.usage.input_tokens > 0
         counted = api.messages.count_tokens(model="m", messages=[{"role": "user", "content": "hi"}])
         assert counted.input_tokens == message.usage.input_tokens
-        paths = [r["path"] for r in _requests(base) if r["method"] == "POST"]
-        count_path = "/tokenize" if personality == "vllm" else "/v1/messages/count_tokens"
-        assert paths == [engine_path, engine_path, count_path]
+        assert [r["path"] for r in _requests(base) if r["method"] == "POST"] == engine_paths
         # Counted from the engine's own usage either way (Anthropic's split stream too).
         wait_for(
             lambda: srv.metric("llmgw_completion_tokens_total", model="m") == 11,

@@ -49,7 +49,7 @@ from llmgw.router.paths import (
     ApiPath,
     engine_names,
 )
-from llmgw.router.proxy import AttemptFailed, Delivery
+from llmgw.router.proxy import AttemptFailed, Delivery, PathMissing
 from llmgw.router.responses import SCAN_BYTES, Home, response_id_in
 from llmgw.router.scrape import UNKNOWN
 from llmgw.router.usage import Caller, Usage, estimate_prompt_tokens
@@ -530,6 +530,10 @@ class ClientApp:
 
         return tapped
 
+    @staticmethod
+    def _native_for(native: Native, state: EndpointState) -> bool:
+        return _engine(state) in native.engines and not state.lacks_native
+
     def _check_served(self, route: ApiPath, asked: str, chain: list[ModelConfig]) -> None:
         """404 when every replica of the model and its fallbacks runs an engine known
         not to serve `route` (retrying them would only repeat the engine's 404)."""
@@ -751,13 +755,12 @@ class ClientApp:
         endpoint's prefill work until the first token, or the answer, is in."""
         router = self.router
         native = call.native
-        send, path, final = call.send, call.route.path, call.route.final
-        strip = not call.wants_usage
-        if native is not None and _engine(state) in native.engines:
-            # The engine speaks the client's API itself: its request, its answer.
-            send, path, final, strip = native.send, native.path, native.final, False
-            payload = native.body.payload(model.name, add_usage=False)
-        url = state.endpoint.url.rstrip("/") + path
+        # The engine speaks the client's API itself (its request, its answer as is),
+        # unless it showed it does not; then the translation.
+        tries = (
+            (True, False) if native is not None and self._native_for(native, state) else (False,)
+        )
+        base = state.endpoint.url.rstrip("/")
         request_id = call.scope[REQUEST_ID]
         extra = [
             (b"x-llmgw-model", model.name.encode()),
@@ -784,21 +787,35 @@ class ClientApp:
 
         partial = Delivery(200)
         try:
-            if call.stream:
-                delivery = await router.upstream.stream(
-                    url,
-                    payload,
-                    headers,
-                    send,
-                    extra,
-                    strip_usage=strip,
-                    final=final,
-                    started=call.started,
-                    outcome=partial,
-                    first_token=prefilled,
-                )
-            else:
-                delivery = await router.upstream.unary(url, payload, headers, send, extra)
+            for natively in tries:
+                send, path, final = call.send, call.route.path, call.route.final
+                strip, body = not call.wants_usage, payload
+                if natively:
+                    assert native is not None
+                    send, path, final, strip = native.send, native.path, native.final, False
+                    body = native.body.payload(model.name, add_usage=False)
+                try:
+                    if call.stream:
+                        delivery = await router.upstream.stream(
+                            base + path,
+                            body,
+                            headers,
+                            send,
+                            extra,
+                            strip_usage=strip,
+                            final=final,
+                            started=call.started,
+                            outcome=partial,
+                            first_token=prefilled,
+                            missing_ok=natively,
+                        )
+                    else:
+                        delivery = await router.upstream.unary(
+                            base + path, body, headers, send, extra, missing_ok=natively
+                        )
+                    break
+                except PathMissing:
+                    state.lacks_native = True  # an engine version without that API
         except AttemptFailed as failure:
             failure.endpoint = state.endpoint.id
             router.record_attempt(state, ticket, failure.outcome, failure)

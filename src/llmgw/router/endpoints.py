@@ -57,6 +57,7 @@ class EndpointState:
         "endpoint",
         "inflight",
         "inflight_at_scrape",
+        "lacks_native",
         "last_error",
         "last_scrape",
         "last_scrape_attempt",
@@ -70,6 +71,9 @@ class EndpointState:
         self.endpoint = endpoint
         self.breaker = breaker
         self.sample: EngineSample | None = None
+        # Its engine answered 404 to a client API sent natively (router.app.Native):
+        # it gets the translation from then on.
+        self.lacks_native = False
         self.last_scrape: float | None = None  # time of the last successful scrape
         self.last_scrape_attempt: float | None = None
         self.last_error: str | None = None

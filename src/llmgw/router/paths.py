@@ -99,8 +99,9 @@ PATHS: dict[str, ApiPath] = {
 
 #: Engines that serve Anthropic's ``/v1/messages`` (and ``/count_tokens``) themselves:
 #: they get the client's request as sent. The others get its translation to a chat
-#: completion (vLLM's own endpoint varies by version, so it is translated too).
-MESSAGES_NATIVE = frozenset({_LLAMACPP})
+#: completion, and so does a replica whose engine answers 404 to it (vLLM's versions
+#: before it had the endpoint).
+MESSAGES_NATIVE = frozenset({_LLAMACPP, _VLLM})
 
 #: Where ``/v1/messages/count_tokens`` goes: ``/tokenize`` of chat messages on vLLM, the
 #: engine's own on llama.cpp (SGLang's tokenize is not documented to take messages).

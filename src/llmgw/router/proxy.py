@@ -210,6 +210,11 @@ def _usage_in(event: bytes | bytearray) -> tuple[Usage | None, bool]:
     return Usage.from_openai(obj.get("usage")), not obj.get("choices")
 
 
+class PathMissing(Exception):
+    """The engine answered 404 to a path tried first with a fallback (an API some
+    versions of an engine serve): nothing was relayed, try the other way."""
+
+
 class Upstream:
     """Sends requests to engines over pooled connections."""
 
@@ -325,15 +330,18 @@ class Upstream:
         headers: list[tuple[bytes, bytes]],
         send: Send,
         extra_headers: list[tuple[bytes, bytes]],
+        missing_ok: bool = False,
     ) -> Delivery:
         """A non-streaming request. Engines send headers only once the whole answer is
         ready, so the wait for them is bounded by the `total` deadline, not
         `response_header`; the body must come by the same deadline, and be at most
-        `max_response_bytes`."""
+        `max_response_bytes`. With `missing_ok`, a 404 is PathMissing, not relayed."""
         t = self.timeouts
         end = trio.current_time() + t.total
         response = await self._open(url, body, headers, "total", end)
         try:
+            if missing_ok and response.status_code == 404:
+                raise PathMissing(url)
             payload = await self._whole_body(response, end)
         finally:
             await _close(response)
@@ -373,6 +381,7 @@ class Upstream:
         outcome: Delivery,
         first_token: Callable[[], None] | None = None,
         final: tuple[bytes, ...] = (),
+        missing_ok: bool = False,
     ) -> Delivery:
         """A streaming request, relayed event by event into `outcome`.
 
@@ -391,6 +400,8 @@ class Upstream:
         else:
             response = await self._open(url, body, headers, "total", end)
         try:
+            if missing_ok and response.status_code == 404:
+                raise PathMissing(url)
             if response.status_code != 200:
                 # An engine's 4xx: the client's fault, passed on unchanged once its body
                 # is in (by the first_token deadline, as the answer in a token's place).
