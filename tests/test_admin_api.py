@@ -791,7 +791,7 @@ async def test_cross_site_changes_are_refused(tmp_path: Path) -> None:
 
 async def test_a_loopback_listener_answers_only_its_own_host_names() -> None:
     """DNS rebinding (issue #17): Host: attacker.example got 201 and a key's secret."""
-    from llmgw.admin.api import LOOPBACK_HOSTS
+    from llmgw.admin.web import LOOPBACK_HOSTS
 
     app = AdminApp(Router(config()), hosts=LOOPBACK_HOSTS)
     transport = httpx.ASGITransport(app=app)

@@ -63,7 +63,7 @@ from llmgw.admin.views import (
     from_dict,
     unstructure,
 )
-from llmgw.admin.web import LOOPBACK_HOSTS, TRUSTED, asgi, build_app
+from llmgw.admin.web import TRUSTED, asgi, build_app
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig
 from llmgw.control import views
@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from llmgw.control.controller import Controller
     from llmgw.models import ModelRegistry
 
-__all__ = ["API_PREFIX", "LOOPBACK_HOSTS", "ROUTER_ONLY", "AdminApp"]
+__all__ = ["API_PREFIX", "ROUTER_ONLY", "AdminApp"]
 
 log = logging.getLogger("llmgw.admin")
 
@@ -456,15 +456,19 @@ class AdminApp:
                 methods=[route.method],
                 provide_automatic_options=False,
             )
-        by_endpoint = {f"api.{r.operation_id}": r for r in self.routes}
 
         @bp.before_request
         async def known_query() -> None:
-            route = by_endpoint.get(request.endpoint or "")
+            route = self._by_endpoint.get(request.endpoint or "")
             if route is not None and route.path.startswith(API_PREFIX):
                 check_query({p.name for p in route.query})
 
         return bp
+
+    @property
+    def _by_endpoint(self) -> dict[str, Route]:
+        """Routes by the endpoint name the blueprint gives them."""
+        return {f"api.{r.operation_id}": r for r in self.routes}
 
     @functools.cached_property
     def quart(self) -> QuartTrio:
@@ -488,8 +492,7 @@ class AdminApp:
             raise ApiError(
                 405, f"method {method} not allowed on {path}", "method_not_allowed"
             ) from None
-        by_endpoint = {f"api.{r.operation_id}": r for r in self.routes}
-        return by_endpoint[str(endpoint)], {k: str(v) for k, v in params.items()}
+        return self._by_endpoint[str(endpoint)], {k: str(v) for k, v in params.items()}
 
     async def call(
         self, method: str, path: str, *, query: str = "", body: Any = None

@@ -236,6 +236,7 @@ class DashboardApp:
             )
         bp.add_url_rule("/login", endpoint="login", view_func=self.login, methods=["GET", "POST"])
         bp.before_request(self._csrf_token)
+        bp.register_error_handler(FormError, self._form_refused)
         bp.after_request(self._csrf_cookie)
         app.register_blueprint(bp)
         app.after_request(self._page_headers)
@@ -273,13 +274,13 @@ class DashboardApp:
 
     def _viewer(self, handler: Handler) -> Callable[[], Awaitable[Response]]:
         async def view() -> Response:
-            try:
-                return await self._view(handler)
-            except FormError as exc:
-                return await self.message_page(exc.status, "Cannot do that", str(exc))
+            return await self._view(handler)
 
         view.__name__ = handler.__name__
         return view
+
+    async def _form_refused(self, exc: FormError) -> Response:
+        return await self.message_page(exc.status, "Cannot do that", str(exc))
 
     async def _view(self, handler: Handler) -> Response:
         session = await self.session() if self.login_required else None
@@ -332,12 +333,9 @@ class DashboardApp:
         return None
 
     async def login(self) -> Response:
-        try:
-            if request.method == "POST":
-                return await self._login()
-            return await self.login_form()
-        except FormError as exc:
-            return await self.message_page(exc.status, "Cannot do that", str(exc))
+        if request.method == "POST":
+            return await self._login()
+        return await self.login_form()
 
     async def login_form(
         self, *, error: str | None = None, status: int = 200, next_after: str | None = None

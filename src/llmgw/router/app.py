@@ -357,11 +357,9 @@ class ClientApp:
             )
             if count:
                 chat = {k: chat[k] for k in ("model", "messages", "tools") if k in chat}
-                body = await self._parse(json.dumps(chat).encode())
                 reply = CountSend(send)
                 route = COUNT_TOKENS
             else:
-                body = await self._parse(json.dumps(chat).encode())
                 reply = AnthropicSend(
                     send,
                     request["model"],
@@ -369,6 +367,7 @@ class ClientApp:
                     stop_sequences=request.get("stop_sequences"),
                 )
                 route = PATHS[CHAT]
+            body = await self._parse(json.dumps(chat).encode())
             await self._proxy(scope, receive, reply, route, body, key, started, native)
         except anthropic.MessagesError as exc:
             await json_response(send, exc.status, exc.body(), request_id)

@@ -27,6 +27,19 @@ _KEPT = frozenset({b"x-llmgw-model", b"x-llmgw-endpoint", b"x-request-id", b"ret
 _EVENT_END = b"\n\n"
 
 
+def _held(
+    start: dict[str, Any] | None, whole: bytes | bytearray
+) -> tuple[int, Any, list[tuple[bytes, bytes]]]:
+    """An engine's whole answer, held to be sent translated: its status, its JSON (None
+    when it is not JSON) and the headers of it that still hold."""
+    head = start or {"status": 502, "headers": []}
+    try:
+        decoded: Any = json.loads(whole) if whole else None
+    except ValueError:
+        decoded = None
+    return int(head["status"]), decoded, [(k, v) for k, v in head["headers"] if k in _KEPT]
+
+
 async def json_response(
     send: Send, status: int, body: dict[str, Any], headers: Sequence[tuple[bytes, bytes]] = ()
 ) -> None:
@@ -118,12 +131,7 @@ class AnthropicSend:
         return bytes(out)
 
     async def _answer(self) -> None:
-        start = self._start or {"status": 502, "headers": []}
-        status = int(start["status"])
-        try:
-            response: Any = json.loads(self._whole) if self._whole else None
-        except ValueError:
-            response = None
+        status, response, kept = _held(self._start, self._whole)
         body: dict[str, Any]
         if status == 200 and isinstance(response, dict):
             try:
@@ -134,7 +142,6 @@ class AnthropicSend:
             status, body = 502, anthropic.error_body(502, "the engine's answer is not JSON")
         else:
             body = anthropic.error_from_chat(status, response)
-        kept = [(k, v) for k, v in start["headers"] if k in _KEPT]
         await json_response(self._send, status, body, kept)
 
 
@@ -156,13 +163,7 @@ class CountSend:
         self._whole += bytes(message.get("body", b""))
         if message.get("more_body"):
             return
-        start = self._start or {"status": 502, "headers": []}
-        status = int(start["status"])
-        try:
-            answer: Any = json.loads(self._whole)
-        except ValueError:
-            answer = None
-        kept = [(k, v) for k, v in start["headers"] if k in _KEPT]
+        status, answer, kept = _held(self._start, self._whole)
         if status != 200:
             await json_response(self._send, status, anthropic.error_from_chat(status, answer), kept)
             return

@@ -521,13 +521,13 @@ class SimApp:
 
     def _check_api_key(self, scope: Scope) -> None:
         expected = f"Bearer {self.config.api_key}".encode()
-        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        if not hmac.compare_digest(bytes(given), expected):
+        given = asgi.header(scope, b"authorization") or b""
+        if not hmac.compare_digest(given, expected):
             raise HTTPError(401, "Unauthorized", code="unauthorized")
 
-    def _next_id(self, prefix: str) -> str:
+    def _next_id(self, prefix: str, sep: str = "-") -> str:
         self._ids += 1
-        return f"{prefix}-{self._id_prefix}{self._ids:08x}"
+        return f"{prefix}{sep}{self._id_prefix}{self._ids:08x}"
 
     # -- routes without generation -------------------------------------------------------
 
@@ -938,8 +938,7 @@ class SimApp:
         if limit is not None:
             chat_body["max_tokens"] = limit
         req = self._generation_request(chat_body, chat=True)
-        rid = f"resp_{self._id_prefix}{self._ids + 1:08x}"
-        self._ids += 1
+        rid = self._next_id("resp", sep="_")  # vLLM's shape: resp_<hex>
         writer = responses.EventWriter(rid, model, previous)
 
         async def work() -> None:
@@ -1012,9 +1011,9 @@ class SimApp:
     async def _audio(self, scope: Scope, receive: Receive, send: Send) -> None:
         """vLLM's transcription and translation: text derived from the upload (its name
         and size, so a test can tell it arrived whole), usage in tokens."""
-        content_type = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
+        content_type = asgi.header(scope, b"content-type") or b""
         try:
-            form = parse_form(await read_body(scope, receive), bytes(content_type))
+            form = parse_form(await read_body(scope, receive), content_type)
         except BodyError as e:
             raise HTTPError(400, str(e), param=e.param) from None
         self._check_model({"model": form.model})
