@@ -134,27 +134,36 @@ def test_count_tokens_asks_a_replica(gateway: tuple[Server, str]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("personality", "engine_paths"),
+    ("flags", "engine_paths"),
     [
         # The simulator as a vLLM without the endpoint: tried once, then translated.
-        ("vllm", ["/v1/messages", "/v1/chat/completions", "/v1/chat/completions", "/tokenize"]),
         (
-            "llamacpp",
+            ["--personality", "vllm"],
+            ["/v1/messages", "/v1/chat/completions", "/v1/chat/completions", "/tokenize"],
+        ),
+        # A vLLM with it: everything as sent.
+        (
+            ["--personality", "vllm", "--messages"],
             ["/v1/messages", "/v1/messages", "/v1/messages/count_tokens"],
+        ),
+        # llama.cpp: as sent, but its streams translated (paths.MESSAGES_NATIVE_STREAM).
+        (
+            ["--personality", "llamacpp"],
+            ["/v1/messages", "/v1/chat/completions", "/v1/messages/count_tokens"],
         ),
     ],
 )
 def test_native_or_translated_by_the_replicas_engine(
-    personality: str, engine_paths: list[str]
+    flags: list[str], engine_paths: list[str]
 ) -> None:
-    """A llama.cpp replica serves Anthropic's API itself and gets the client's request;
-    a vLLM one is tried natively, and once it answers 404 gets the translation. Both
-    answer the SDK alike, and both are counted."""
+    """A replica whose engine serves Anthropic's API gets the client's request (llama.cpp
+    not for streams); a vLLM without it is tried natively, and once it answers 404 gets
+    the translation. All answer the SDK alike, and all are counted."""
     from tests.test_api_paths import _requests
 
     config = CONFIG.replace('url = "sqlite:///{db}"', 'url = ""')
     with (
-        sim("--personality", personality, model="m") as (_, base),
+        sim(*flags, model="m") as (_, base),
         server("--endpoint", f"s={base}=m", config=config) as srv,
     ):
         srv.wait_scraped()

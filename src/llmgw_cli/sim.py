@@ -191,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="metric names on /metrics (llamacpp also serves /props and /slots) [vllm]",
     )
+    p.add_argument(
+        "--messages",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve Anthropic's /v1/messages natively (default: with --metrics-format "
+        "llamacpp only, as vLLM's versions before the endpoint)",
+    )
     f = p.add_argument_group("fault injection (also settable at runtime: POST /sim/faults)")
     f.add_argument(
         "--fault-error-rate",
@@ -278,6 +285,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         faults=faults,
         personality=persona.name if persona else None,
         api_key=args.api_key,
+        messages=args.messages,
     )
 
 

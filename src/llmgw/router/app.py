@@ -44,6 +44,7 @@ from llmgw.router.paths import (
     CHAT,
     COUNT_TOKENS,
     MESSAGES_NATIVE,
+    MESSAGES_NATIVE_STREAM,
     PATHS,
     RESPONSES,
     ApiPath,
@@ -349,7 +350,7 @@ class ClientApp:
             chat = anthropic.to_chat(request)
             reply: Send
             native = Native(
-                MESSAGES_NATIVE,
+                MESSAGES_NATIVE_STREAM if chat.get("stream") else MESSAGES_NATIVE,
                 scope["path"].rstrip("/"),
                 await self._parse(raw),
                 send,

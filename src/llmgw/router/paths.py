@@ -24,6 +24,7 @@ __all__ = [
     "CHAT",
     "COUNT_TOKENS",
     "MESSAGES_NATIVE",
+    "MESSAGES_NATIVE_STREAM",
     "PATHS",
     "RESPONSES",
     "ApiPath",
@@ -102,6 +103,14 @@ PATHS: dict[str, ApiPath] = {
 #: completion, and so does a replica whose engine answers 404 to it (vLLM's versions
 #: before it had the endpoint).
 MESSAGES_NATIVE = frozenset({_LLAMACPP, _VLLM})
+#: Those of them that get a *streamed* request as sent. llama-server (b11434) leaves
+#: out ``message_start`` when its first sampled token ends inside a UTF-8 sequence (a
+#: character split over tokens: common in CJK text and emoji): that event goes only
+#: with the partial result of token 1, which is not sent then (server-task.cpp,
+#: server-context.cpp's process_token). Anthropic's clients cannot read such a stream
+#: and its input tokens are lost, so llama.cpp's streams go translated, where the chat
+#: stream's first chunk, whatever it holds, starts the message.
+MESSAGES_NATIVE_STREAM = frozenset({_VLLM})
 
 #: Where ``/v1/messages/count_tokens`` goes: ``/tokenize`` of chat messages on vLLM, the
 #: engine's own on llama.cpp (SGLang's tokenize is not documented to take messages).

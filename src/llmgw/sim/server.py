@@ -222,6 +222,13 @@ class SimConfig:
     #: Like vLLM's ``--api-key``: the API routes want ``Authorization: Bearer <it>``
     #: (health, version, metrics and the sim's own routes stay open).
     api_key: str | None = attrs.field(default=None, repr=False)
+    #: Whether ``/v1/messages`` (Anthropic's API) is served natively; None: as the
+    #: engine the metrics look like does (llama.cpp yes; vLLM before it had one, no).
+    messages: bool | None = None
+
+    @property
+    def serves_messages(self) -> bool:
+        return self.metrics_format == "llamacpp" if self.messages is None else self.messages
 
 
 # -- engine driver ----------------------------------------------------------------------
@@ -488,7 +495,7 @@ class SimApp:
             # replica that looks like vLLM must not answer /props with its slot count.
             self._routes[("GET", "/props")] = self._props
             self._routes[("GET", "/slots")] = self._slots
-            # And its Anthropic Messages API (llama-server has served it since b7xxx).
+        if config.serves_messages:
             self._routes[("POST", "/v1/messages")] = self._messages
             self._routes[("POST", "/v1/messages/count_tokens")] = self._count_tokens
         # The routes whose requests count towards faults.exit_after.
