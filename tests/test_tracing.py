@@ -226,6 +226,44 @@ def test_retries_and_fallbacks_are_events_and_every_attempt_a_span() -> None:
             assert int(flags, 16) & 1, flags
 
 
+def test_a_stream_the_client_leaves_ends_its_spans_with_what_was_relayed() -> None:
+    config = BASE.format(store="", endpoint="{endpoint}", ratio=1.0) + '[[models]]\nname = "m"\n'
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "long"}],
+        "max_tokens": 5000,
+        "stream": True,
+    }
+    with (
+        otlp_receiver() as rx,
+        sim(model="m") as (_, base),
+        server(
+            "--endpoint",
+            f"s={base}=m",
+            config=config.replace("{endpoint}", rx.url),
+            env=QUICK_EXPORT,
+        ) as srv,
+    ):
+        srv.wait_scraped()
+        trace_id, client_span = _traceparent()
+        headers = {"traceparent": f"00-{trace_id}-{client_span}-01"}
+        with httpx.stream(
+            "POST", f"{srv.base}/v1/chat/completions", json=body, headers=headers, timeout=30
+        ) as r:
+            next(line for line in r.iter_lines() if line.startswith("data: "))
+        spans = _of_trace(rx, trace_id, 3)
+    (request,) = spans["chat m"]
+    (attempt,) = spans["upstream"]
+    assert request.attributes["http.response.status_code"] == 499
+    assert request.attributes["error.type"] == "client_gone"
+    assert request.attributes["llmgw.usage.estimated"] is True
+    assert request.attributes["gen_ai.usage.output_tokens"] >= 1
+    assert request.attributes["llmgw.ttft"] > 0
+    assert not request.error  # the client's doing, not llmgw's
+    assert attempt.attributes["llmgw.outcome"] == "client_gone"
+    assert "http.response.status_code" not in attempt.attributes
+
+
 def test_what_the_sampler_leaves_out_reaches_the_engine_as_without_tracing() -> None:
     config = BASE.format(store="", endpoint="{endpoint}", ratio=0) + '[[models]]\nname = "m"\n'
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

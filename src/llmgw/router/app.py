@@ -977,10 +977,11 @@ class Native:
 
 def _end_span(call: _Call, span: RequestSpan, refused: HttpError | None, gone: bool) -> None:
     """End the request's span with how the client was answered."""
+    error: str | None
     if refused is not None:
         status, error = refused.status, refused.code or str(refused.status)
-    elif span.status is not None:
-        status, error = span.status, None
+    elif span.status is not None:  # served, in whole or (the client left) in part
+        status, error = span.status, "client_gone" if gone else None
     elif gone:
         status, error = 499, "client_gone"
     else:  # a bug: the ASGI server answers 500
