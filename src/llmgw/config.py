@@ -52,6 +52,7 @@ __all__ = [
     "StoreConfig",
     "Timeouts",
     "TlsConfig",
+    "TracingConfig",
     "check",
     "dump_toml",
     "load",
@@ -291,6 +292,26 @@ class AuthConfig:
     key_metrics: bool = False
 
 
+@attrs.frozen
+class TracingConfig:
+    """OpenTelemetry traces of client requests (llmgw.router.tracing), off unless
+    `endpoint` is set."""
+
+    # The collector's OTLP/HTTP traces URL, path included
+    # (http://collector:4318/v1/traces); "" for no tracing.
+    endpoint: str = ""
+    # The share of the traces llmgw starts that are recorded, 0 to 1.
+    sample_ratio: float = 1.0
+    # A client's traceparent decides for its request (its sampled flag), as W3C and
+    # OTel's default sampler do; false: the ratio decides for every request.
+    parent_based: bool = True
+    service_name: str = "llmgw"
+    # Each export's deadline, and the bound on the last flush when the server stops.
+    timeout: Seconds = Seconds(10.0)
+    # Sent with each export (a collector's API key): secrets, hidden by --print-config.
+    headers: dict[str, str] = attrs.field(factory=dict, repr=False)
+
+
 DEFAULT_STORE_URL = "sqlite://llmgw.db"  # relative: the working directory (store/sqlite.py)
 
 
@@ -310,6 +331,7 @@ class Config:
     control: ControlConfig = ControlConfig()
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
+    tracing: TracingConfig = TracingConfig()
     agent_tls: TlsConfig | None = None
     # HTTPS on the client port and the admin listener (served by hypercorn, HTTP/2 by
     # ALPN); with `client_ca` a client certificate signed by it is required.
@@ -407,15 +429,16 @@ def hide_profile_keys(models: Any) -> None:
 
 def dump_toml(config: Config) -> str:
     """The effective configuration as TOML that :func:`load` reads back unchanged,
-    but for secrets (endpoints' `api_key` and `headers` values): shown as HIDDEN."""
+    but for secrets (endpoints' `api_key` and `headers` values, the tracing exporter's
+    `headers` values): shown as HIDDEN."""
     data = _unstructure(config)
     hide_profile_keys(data.get("models", ()))
-    for endpoint in data.get("endpoints", ()):
-        if "api_key" in endpoint:
-            endpoint["api_key"] = HIDDEN
-        endpoint["headers"] = dict.fromkeys(endpoint.get("headers", {}), HIDDEN)
-        if not endpoint["headers"]:
-            del endpoint["headers"]
+    for holder in (*data.get("endpoints", ()), data["tracing"]):
+        if "api_key" in holder:
+            holder["api_key"] = HIDDEN
+        holder["headers"] = dict.fromkeys(holder.get("headers", {}), HIDDEN)
+        if not holder["headers"]:
+            del holder["headers"]
     return tomli_w.dumps(data)
 
 
@@ -826,6 +849,7 @@ def check(config: Config) -> list[str]:
                 )
             elif not _HEADER_VALUE_SPACES.fullmatch(value):
                 problems.append(f"{key}.headers.{name}: must be printable ASCII")
+    problems.extend(_tracing_problems(config.tracing))
 
     problems.extend(catalog.check_models(config.models, set(r.profiles), "models"))
     if config.agent_tls is not None and config.agent_tls.client_ca is None:
@@ -857,6 +881,40 @@ def check(config: Config) -> list[str]:
         problems.append(
             "store.url: must start with sqlite:// or postgresql:// (or be empty for no "
             f"store), got {config.store.url!r}"
+        )
+    return problems
+
+
+def _tracing_problems(t: TracingConfig) -> list[str]:
+    from llmgw.router import tracing  # it knows what tracing needs installed
+
+    problems: list[str] = []
+    _between(problems, "tracing.sample_ratio", t.sample_ratio, 0, 1)
+    _positive(problems, "tracing.timeout", t.timeout)
+    if not t.service_name:
+        problems.append("tracing.service_name: must not be empty")
+    for name, value in t.headers.items():
+        if value == HIDDEN:
+            problems.append(
+                f"tracing.headers.{name}: {HIDDEN!r} is what --print-config writes in place "
+                "of a secret; give the secret itself"
+            )
+        elif not _HEADER_NAME.fullmatch(name):
+            problems.append(f"tracing.headers: {name!r} is not a header name (a token)")
+        elif not _HEADER_VALUE_SPACES.fullmatch(value):
+            problems.append(f"tracing.headers.{name}: must be printable ASCII")
+    if not t.endpoint:
+        return problems
+    if not t.endpoint.startswith(("http://", "https://")):
+        problems.append(
+            "tracing.endpoint: must be an OTLP/HTTP URL starting with http:// or https:// "
+            f"(e.g. http://collector:4318/v1/traces), or empty for no tracing; got {t.endpoint!r}"
+        )
+    missing = tracing.missing_packages()
+    if missing:
+        problems.append(
+            f"tracing.endpoint: tracing needs {', '.join(missing)}, not installed: "
+            "pip install 'llmgw[tracing]' (or leave tracing.endpoint empty)"
         )
     return problems
 

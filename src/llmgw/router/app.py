@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from llmgw.config import ModelConfig
     from llmgw.router.core import Router
     from llmgw.router.endpoints import EndpointState
+    from llmgw.router.tracing import RequestSpan
 
 
 #: The scope key of a request's id (:func:`request_id_of`).
@@ -449,6 +450,10 @@ class ClientApp:
             call.native = attrs.evolve(native, send=track(native.send))
         if route.path == RESPONSES:
             call.send = self._id_tap(call, tracked_send)
+        if router.tracing is not None:
+            call.span = router.tracing.request(
+                call.trace, f"{route.operation} {body.model}", started
+            )
         refused: HttpError | None = None
         try:
             async with trio.open_nursery() as nursery:
@@ -464,6 +469,8 @@ class ClientApp:
             if watch.gone:
                 kind = "stream" if call.stream else "request"
                 router.metrics.disconnects.labels(body.model, kind).inc()
+            if call.span is not None:
+                _end_span(call, call.span, refused, watch.gone)
         if refused is not None:
             # Refused once the model was known (429, 503, 502/504 after every attempt,
             # 403, ...): a client-visible failure that usage and the dashboard count.
@@ -596,6 +603,8 @@ class ClientApp:
             ticket = await admission.admit(pool, band, tenant, expected)
         except AdmissionRejected as exc:
             router.metrics.admission_rejected.labels(band.name, exc.reason).inc()
+            if call.span is not None:
+                call.span.admitted(queued, trio.current_time(), band.name, pool, exc.reason)
             why = "its queue is full" if exc.reason == "queue_full" else "it waited too long"
             raise HttpError(
                 429,
@@ -605,6 +614,8 @@ class ClientApp:
                 headers=[(b"retry-after", str(max(1, round(exc.retry_after))).encode())],
             ) from None
         call.queued = trio.current_time() - queued
+        if call.span is not None:
+            call.span.admitted(queued, queued + call.queued, band.name, pool)
         with ticket:
             await self._route(call)
 
@@ -649,6 +660,8 @@ class ClientApp:
                 if attempted is not model:
                     if model is not chain[0]:
                         router.metrics.fallbacks.labels(chain[0].name, model.name).inc()
+                        if call.span is not None:
+                            call.span.fallback(chain[0].name, model.name)
                     # Engines know canonical names: an alias or a fallback is renamed.
                     payload = call.body.payload(model.name, add_usage=self._add_usage(call))
                     # llmgw's own time: admission's queueing is its own histogram.
@@ -668,10 +681,14 @@ class ClientApp:
                     if last is not None:
                         router.metrics.retries.labels(model.name, last.kind).inc()
                         call.retries += 1
+                        if call.span is not None:
+                            call.span.retry(last.endpoint, last.kind, endpoint_id)
                     budget -= 1
                     prefill = decision.uncached.get(endpoint_id, prompt_tokens)
                     try:
-                        delivery = await self._attempt(call, model, state, ticket, payload, prefill)
+                        delivery = await self._attempt(
+                            call, model, state, ticket, payload, prefill, decision.tier
+                        )
                     except AttemptFailed as failure:
                         last = failure
                         continue
@@ -748,11 +765,13 @@ class ClientApp:
         ticket: Ticket,
         payload: bytes,
         prefill: float,
+        tier: str,
     ) -> Delivery:
         """One attempt at one endpoint; raises AttemptFailed when it may be retried.
 
         `prefill` (the prompt tokens it is estimated to compute) counts in the
-        endpoint's prefill work until the first token, or the answer, is in."""
+        endpoint's prefill work until the first token, or the answer, is in. `tier`
+        is the routing decision's that picked it (for its trace)."""
         router = self.router
         native = call.native
         # The engine speaks the client's API itself (its request, its answer as is),
@@ -767,11 +786,15 @@ class ClientApp:
             (b"x-llmgw-endpoint", state.endpoint.id.encode()),
             (b"x-request-id", request_id),
         ]
+        traced = (
+            None if call.span is None else call.span.attempt(state.endpoint.id, model.name, tier)
+        )
         headers = [
             (b"content-type", call.body.content_type),
             (b"x-request-id", request_id),
             *state.endpoint.headers,
-            *call.trace,
+            # Traced, the engine's parent span is this attempt's; else the client's.
+            *(call.trace if traced is None else traced.headers()),
         ]
         in_flight = router.metrics.in_flight.labels(model.name)
         in_flight.inc()
@@ -819,13 +842,21 @@ class ClientApp:
         except AttemptFailed as failure:
             failure.endpoint = state.endpoint.id
             router.record_attempt(state, ticket, failure.outcome, failure)
+            if traced is not None:
+                traced.end(failure.kind, failure.status, str(failure))
             raise
         except BaseException:
             # Cancelled (the client left) or a bug: the probe slot must not stick,
             # and what was already relayed still counts.
             router.record_attempt(state, ticket, Outcome.CLIENT_GONE, None)
+            if traced is not None:
+                traced.end(Outcome.CLIENT_GONE.value, None)
             if partial.ttft is not None:
                 partial.usage = Usage(call.prompt_tokens, partial.events, estimated=True)
+                if call.span is not None:
+                    call.span.served(
+                        model.name, state.endpoint.id, tier, 499, partial.usage, partial.ttft, None
+                    )
                 router.finish(
                     model,
                     state,
@@ -845,6 +876,17 @@ class ClientApp:
         broken = delivery.failure
         outcome = broken.outcome if broken else classify_status(delivery.status)
         router.record_attempt(state, ticket, outcome, broken)
+        if traced is not None and call.span is not None:
+            traced.end(outcome.value, delivery.status, None if broken is None else str(broken))
+            call.span.served(
+                model.name,
+                state.endpoint.id,
+                tier,
+                delivery.status,
+                delivery.usage,
+                delivery.ttft,
+                None if broken is None else broken.kind,
+            )
         return delivery
 
 
@@ -869,6 +911,7 @@ class _Call:
         "scope",
         "send",
         "session_key",
+        "span",
         "started",
         "stream",
         "trace",
@@ -916,6 +959,8 @@ class _Call:
         # Estimated from the body's size: the prefill work routing charges, and the
         # usage of a stream cut before the engine reported any.
         self.prompt_tokens = estimate_prompt_tokens(len(body.raw))
+        #: Its trace span, when tracing is on and the sampler picked it.
+        self.span: RequestSpan | None = None
 
 
 @attrs.frozen
@@ -929,6 +974,29 @@ class Native:
     send: Send
     # The events that end a whole stream of that API.
     final: tuple[bytes, ...] = ()
+
+
+def _end_span(call: _Call, span: RequestSpan, refused: HttpError | None, gone: bool) -> None:
+    """End the request's span with how the client was answered."""
+    error: str | None
+    if refused is not None:
+        status, error = refused.status, refused.code or str(refused.status)
+    elif span.status is not None:  # served, in whole or (the client left) in part
+        status, error = span.status, "client_gone" if gone else None
+    elif gone:
+        status, error = 499, "client_gone"
+    else:  # a bug: the ASGI server answers 500
+        status, error = 500, "internal_error"
+    span.end(
+        operation=call.route.operation,
+        model=call.body.model,
+        request_id=call.request_id,
+        caller=call.caller,
+        queued=call.queued,
+        retries=call.retries,
+        status=status,
+        error=error,
+    )
 
 
 def _engine(state: EndpointState) -> str:

@@ -34,6 +34,7 @@ from llmgw.router.responses import ResponseHomes
 from llmgw.router.scheduling import Candidate, Decision, Saturation, Scheduler
 from llmgw.router.scheduling.plugins import default_schedulers
 from llmgw.router.scraper import Scraper
+from llmgw.router.tracing import Tracing
 from llmgw.router.usage import BYTES_PER_TOKEN, Caller, Usage, UsageRecord, UsageSink
 
 NOBODY = Caller()
@@ -161,6 +162,8 @@ class Router:
             r.admission, self.pool_saturation, on_wait=self._observe_wait
         )
         self.scraper.on_pass = self.admission.poke_all
+        # Off (None) unless configured: then a request pays one `is None` check.
+        self.tracing = Tracing(config.tracing) if config.tracing.endpoint else None
         self.metrics.watch_admission(self.admission.stats, self.pool_saturation)
         self.app = ClientApp(self)
 
@@ -199,6 +202,8 @@ class Router:
             with trio.CancelScope(shield=True):
                 await self.upstream.aclose()
                 await self.scraper.client.aclose()
+                if self.tracing is not None:
+                    await self.tracing.aclose()  # the last spans, bounded by its timeout
 
     # -- decisions (called by the client app) -----------------------------------
 

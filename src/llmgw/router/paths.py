@@ -54,6 +54,13 @@ class ApiPath:
     final: tuple[bytes, ...] = ()
     # A multipart upload whose ``model`` form field names the model (audio).
     form: bool = False
+    # Its ``gen_ai.operation.name`` in traces (the GenAI semantic conventions' name
+    # where they have one): by default the path's last segment.
+    operation: str = attrs.field()
+
+    @operation.default
+    def _last_segment(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
 
     def served_by(self, engine: str) -> bool:
         """Whether a replica running `engine` may be sent this path (unknown: yes)."""
@@ -66,13 +73,21 @@ RESPONSES = "/v1/responses"
 PATHS: dict[str, ApiPath] = {
     p.path: p
     for p in (
-        ApiPath(CHAT, "chat completions", _ALL, streams=True, usage_option=True),
-        ApiPath("/v1/completions", "completions", _ALL, streams=True, usage_option=True),
+        ApiPath(CHAT, "chat completions", _ALL, streams=True, usage_option=True, operation="chat"),
+        ApiPath(
+            "/v1/completions",
+            "completions",
+            _ALL,
+            streams=True,
+            usage_option=True,
+            operation="text_completion",
+        ),
         ApiPath(
             RESPONSES,
             "responses",
             frozenset({_VLLM, _SGLANG}),
             streams=True,
+            operation="chat",
             final=tuple(
                 b"event: response." + end for end in (b"completed", b"failed", b"incomplete")
             ),
