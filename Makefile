@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 BUF_VERSION ?= 1.75.0
 BUF := $(VENV)/buf/node_modules/.bin/buf
 
-.PHONY: demo test fuzz lint install buf clean
+.PHONY: demo test fuzz lint install buf docs clean
 
 $(BIN)/llmgw-server: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,11 @@ lint: install $(BUF)
 	  $(BUF) breaking proto --against ".git#ref=$$ref,subdir=proto" || exit 1; \
 	done
 	$(BIN)/python scripts/gen_proto.py --check
+
+# The generated parts of the docs: the configuration reference in docs/operations.md
+# (tests/test_config_reference.py fails when it is stale).
+docs: install
+	$(BIN)/python -m llmgw.config_reference --write docs/operations.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

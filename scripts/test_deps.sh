@@ -6,6 +6,7 @@
 #   Chromium                      tests/test_dashboard_browser.py (headless, via Playwright)
 #   llama.cpp's llama-server      tests/test_llamacpp_fleet.py (scripts/llama_server.sh
 #                                 builds it once, ~10 minutes on 2 cores, and caches it)
+#   systemd-analyze               tests/test_systemd_units.py verifies deploy/systemd
 #
 # Debian's packages are installed with apt-get when running as root (as CI does);
 # otherwise what is missing is named with the command that installs it, and the tests
@@ -19,6 +20,7 @@ if [[ -z "${LLMGW_PG_BIN:-}" ]] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/n
   packages+=(postgresql)
 fi
 command -v chromium >/dev/null 2>&1 || packages+=(chromium)
+command -v systemd-analyze >/dev/null 2>&1 || packages+=(systemd)
 
 if [[ ${#packages[@]} -gt 0 ]]; then
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then

@@ -87,12 +87,20 @@ class Timeouts:
     (`client_header`, on both listeners) and body (`client_body`), then the upstream
     phases."""
 
+    # Connecting to the engine.
     dial: Seconds = Seconds(5.0)
+    # From the request sent to the engine's response head.
     response_header: Seconds = Seconds(60.0)
+    # From the response head to a stream's first token.
     first_token: Seconds = Seconds(120.0)
+    # The longest gap between two reads from the engine, or two writes the client
+    # takes nothing of (then its connection is cut).
     idle: Seconds = Seconds(60.0)
+    # The whole request, however it streams.
     total: Seconds = Seconds(1800.0)
+    # The client's request head, and a kept-alive connection's wait for its next one.
     client_header: Seconds = Seconds(10.0)
+    # The client's request body (408 past it).
     client_body: Seconds = Seconds(30.0)
 
 
@@ -102,6 +110,7 @@ class ScoringConfig:
 
     # Requests queued at the engine (per unit of weight).
     target_waiting: float = 4.0
+    # The share of its KV cache in use at which a replica counts as full.
     kv_ceiling: float = 0.9
 
 
@@ -134,18 +143,30 @@ def _default_profiles() -> dict[str, RoutingProfile]:
 class AffinityConfig:
     """Session and prefix affinity tables (bounded, expiring)."""
 
+    # A session (the `router.session_header` value) stays on its replica this long
+    # after its last request.
     session_ttl: Seconds = Seconds(1800.0)
+    # Sessions remembered at most (the least recently used go first).
     session_table_size: int = 100_000
+    # Prompts are hashed in blocks of this many characters for prefix affinity...
     prefix_block_chars: int = 256
+    # ...up to this many blocks of a prompt.
     prefix_max_blocks: int = 64
+    # Prefix blocks remembered at most; 0 turns prefix affinity off.
     prefix_table_size: int = 200_000
+    # A prefix block is forgotten this long after it was last routed.
     prefix_ttl: Seconds = Seconds(600.0)
 
 
 @attrs.frozen
 class Band:
+    """An admission band: requests of higher priority are admitted first, and a band
+    is held back once its pool's saturation reaches its ceiling."""
+
     name: str
+    # Higher is admitted first.
     priority: int
+    # In (0, 1]: the pool saturation past which this band's requests queue.
     saturation_ceiling: float
 
 
@@ -160,12 +181,21 @@ def _default_bands() -> tuple[Band, ...]:
 
 @attrs.frozen
 class AdmissionConfig:
+    """Priority-band admission in front of saturated pools (docs/admission.md)."""
+
     enabled: bool = True
+    # The request header naming a request's band (ignored for a key that has one).
     band_header: str = "x-llmgw-band"
+    # The request header naming its tenant: tenants of one band take turns, and
+    # usage records keep it.
     tenant_header: str = "x-llmgw-tenant"
+    # The band of a request that names none (and of a key without one).
     default_band: str = "gold"
+    # A request queued this long is refused (429).
     queue_ttl: Seconds = Seconds(30.0)
+    # Requests queued per band at most; past it, refused at once.
     queue_capacity_per_band: int = 2000
+    # How often queued requests are looked at again.
     interval: Seconds = Seconds(0.01)
     # The default band (and any above it) keeps headroom under its ceiling only while a
     # higher band had a request within this window; bands below the default always do.
@@ -178,14 +208,24 @@ class RouterConfig:
     # Saturation rests on what engines report: the fresher, the less a burst can
     # overshoot a replica's room between two looks.
     scrape_interval: Seconds = Seconds(1.0)
+    # At most scrape_interval.
     scrape_timeout: Seconds = Seconds(1.0)
+    # An endpoint not scraped this long is scored down.
     stale_after: Seconds = Seconds(10.0)
+    # More replicas tried after a failure, only before any byte reached the client.
     retries: int = 2
+    # How long an open breaker keeps an endpoint out.
     cooldown: Seconds = Seconds(15.0)
+    # Consecutive failures that open an endpoint's breaker (1: pure cooldown).
     failure_threshold: int = 3
+    # The routing profile (router.profiles) of a model that names none.
     default_profile: str = "chat"
+    # The request header whose value keeps a conversation on one replica.
     session_header: str = "x-session-id"
+    # Ask engines for usage on streams even when the client did not (usage records
+    # and token metrics need it); the client still gets only what it asked for.
     inject_usage: bool = True
+    # The largest request body taken from a client (413 past it).
     max_body_bytes: Bytes = Bytes(32 * 1024 * 1024)
     # Client connections each listener serves at once (past it: 503 and close); 0:
     # derived from the open-file limit at start (llmgw.server.connection_cap).
@@ -195,25 +235,36 @@ class RouterConfig:
     # fails as a bad response (502 when no other replica answers).
     max_response_bytes: Bytes = Bytes(64 * 1024 * 1024)
     max_event_bytes: Bytes = Bytes(1024 * 1024)
+    # On SIGTERM, how long requests in flight get to finish before the server stops.
     drain_timeout: Seconds = Seconds(30.0)
     timeouts: Timeouts = Timeouts()
     scoring: ScoringConfig = ScoringConfig()
     affinity: AffinityConfig = AffinityConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    # Routing profiles by name, for models to pick (`routing_profile`).
     profiles: dict[str, RoutingProfile] = attrs.field(factory=_default_profiles)
 
 
 @attrs.frozen
 class ControlConfig:
+    """The control plane: reconciling, node expiry, engine ports."""
+
+    # The reconcile period (passes also follow events).
     interval: Seconds = Seconds(5.0)
+    # A model whose replica keeps failing to start is retried after this, doubling...
     base_backoff: Seconds = Seconds(10.0)
+    # ...up to this.
     max_backoff: Seconds = Seconds(600.0)
+    # A node silent this long is unreachable: no new placements there.
     unreachable_after: Seconds = Seconds(15.0)
+    # A node silent this long is lost: its replicas are placed elsewhere.
     lost_after: Seconds = Seconds(60.0)
     # A replica whose shards are not all ready this long after the start command
     # failed to start (large models load for many minutes).
     start_timeout: Seconds = Seconds(1800.0)
+    # The ports engines are given on each node (their HTTP and distributed init).
     port_range: tuple[int, int] = (20000, 20999)
+    # The network interface multi-node engines bootstrap over (NCCL, Gloo).
     mgmt_interface: str = "eth0"
 
 
@@ -221,9 +272,14 @@ class ControlConfig:
 class EndpointConfig:
     """A static engine replica (router-only mode)."""
 
+    # Names it in logs, metrics and the admin API (never its address to clients).
     id: str
+    # The engine's base URL (http:// or https://).
     url: str
+    # The models it serves, as clients name them.
     models: tuple[str, ...]
+    # A label for grouping endpoints, shown by the admin API and readable by custom
+    # scheduling plugins (docs/scheduling.md); the built-in ones ignore it.
     pool: str = "default"
     # Scales this endpoint's share among equally loaded peers.
     weight: float = 1.0
@@ -245,7 +301,9 @@ class DeploymentProfile:
     """One way to run a model replica; a model lists them in order of preference."""
 
     name: str
+    # vllm, sglang, llamacpp or sim.
     engine: str
+    # What the engine loads: a Hugging Face id or a path on the node.
     weights: str
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
@@ -254,7 +312,9 @@ class DeploymentProfile:
     min_gpu_memory: Bytes | None = None
     # A regular expression matched against the GPU's model name.
     gpu_name: str | None = None
+    # More arguments on the engine's command line.
     args: tuple[str, ...] = ()
+    # More variables in the engine's environment.
     env: dict[str, str] = attrs.field(factory=dict)
     # The engine is started with this API key (in its environment, never its command
     # line) and the router sends it; never shown by the admin API nor --print-config.
@@ -263,18 +323,30 @@ class DeploymentProfile:
 
 @attrs.frozen
 class ModelConfig:
+    """A model clients name; with deployment profiles, the control plane runs it."""
+
     name: str
+    # Other names clients may use for it.
     aliases: tuple[str, ...] = ()
+    # Models tried in order when none of its replicas can take a request.
     fallbacks: tuple[str, ...] = ()
+    # A name from router.profiles; router.default_profile when unset.
     routing_profile: str | None = None
+    # Replicas the control plane keeps running.
     replicas: int = 1
+    # Ways to run it, in order of preference; none: served by [[endpoints]] only.
     profiles: tuple[DeploymentProfile, ...] = ()
 
 
 @attrs.frozen
 class TlsConfig:
+    """A listener's TLS files (PEM); SIGHUP rereads those of listen_tls and admin_tls."""
+
+    # The certificate chain.
     cert: str
+    # Its private key.
     key: str
+    # Clients must present a certificate signed by this CA (required for agent_tls).
     client_ca: str | None = None
 
 
@@ -324,8 +396,11 @@ class StoreConfig:
 
 @attrs.frozen
 class Config:
+    # The client API (HOST:PORT, :PORT for every interface; port 0 picks one).
     listen: str = ":8080"
+    # Metrics, health, the admin API and the dashboard; off loopback, admin keys.
     admin_listen: str = "127.0.0.1:9090"
+    # Where agents connect (gRPC), with the control plane only.
     agent_listen: str = ":7443"
     router: RouterConfig = RouterConfig()
     control: ControlConfig = ControlConfig()

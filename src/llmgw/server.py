@@ -325,7 +325,10 @@ async def _serve(
                 for name, files in (("client", config.listen_tls), ("admin", config.admin_tls))
                 if files is not None
             }
-            if tls and handle_signals:
+            if handle_signals:
+                # Even with nothing to reload: SIGHUP's default action would end the
+                # process, and service managers send it to reload (systemd's ExecReload
+                # in deploy/systemd).
                 background.start_soon(_reload_on_sighup, tls)
             for app, socks, name in (
                 (client_app, client_sockets, "client"),
@@ -375,6 +378,8 @@ async def _reload_on_sighup(contexts: dict[str, ReloadableTls]) -> None:
     without a restart); a file that does not load keeps the old one, logged."""
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
         async for _ in signals:
+            if not contexts:
+                log.info("SIGHUP: no TLS listener, nothing to reload")
             for name, tls in contexts.items():
                 try:
                     tls.reload()
