@@ -45,6 +45,7 @@ __all__ = [
     "ControlConfig",
     "DeploymentProfile",
     "EndpointConfig",
+    "LogConfig",
     "ModelConfig",
     "RouterConfig",
     "RoutingProfile",
@@ -302,6 +303,13 @@ class StoreConfig:
 
 
 @attrs.frozen
+class LogConfig:
+    # One line per request answered on the client port, at INFO on the llmgw.access
+    # logger (docs/router.md, "Access log"); the level and format are flags.
+    access: bool = True
+
+
+@attrs.frozen
 class Config:
     listen: str = ":8080"
     admin_listen: str = "127.0.0.1:9090"
@@ -310,6 +318,7 @@ class Config:
     control: ControlConfig = ControlConfig()
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
+    log: LogConfig = LogConfig()
     agent_tls: TlsConfig | None = None
     # HTTPS on the client port and the admin listener (served by hypercorn, HTTP/2 by
     # ALPN); with `client_ca` a client certificate signed by it is required.

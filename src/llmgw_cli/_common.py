@@ -1,4 +1,4 @@
-"""What every llmgw command shares: exit codes, one-line errors, --version."""
+"""What every llmgw command shares: exit codes, one-line errors, --version, logging."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from llmgw import __version__, units
+from llmgw import __version__, logs, units
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
@@ -70,6 +70,27 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--version", action="version", version=f"{prog} {__version__}")
     return p
+
+
+# -- --log-level, --log-format ----------------------------------------------------------
+
+
+def add_log_flags(p: argparse.ArgumentParser, level: str | None = "info") -> None:
+    """--log-level defaulting to `level` (None: the command has its own) and
+    --log-format."""
+    if level is not None:
+        p.add_argument("--log-level", choices=logs.LEVELS, default=level, help=f"(default {level})")
+    p.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default="text",
+        help="log lines on standard error as text (default) or one JSON object per line",
+    )
+
+
+def setup_logging(args: argparse.Namespace, level: str | None = None) -> None:
+    """Logging as the flags of :func:`add_log_flags` say (`level` overriding theirs)."""
+    logs.setup(level or args.log_level, args.log_format)
 
 
 # -- --ready-file ---------------------------------------------------------------------

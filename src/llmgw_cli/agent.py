@@ -24,9 +24,11 @@ from llmgw_cli._common import (
     EXIT_OK,
     EXIT_RUNTIME,
     EXIT_USAGE,
+    add_log_flags,
     duration_at_least,
     fail,
     parser,
+    setup_logging,
 )
 
 PROG = "llmgw-agent"
@@ -92,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=LOG_LEVELS,
         help="(default info)",
     )
+    add_log_flags(p, level=None)  # --log-level above: the --config file may set it
     return p
 
 
@@ -203,10 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else None
     )
 
-    logging.basicConfig(
-        level=getattr(logging, config.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(args, config.log_level)
     try:
         address = config.address.strip("[]") if config.address else None
         address = address or management_address(server.host, server.port)

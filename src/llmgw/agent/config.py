@@ -43,6 +43,7 @@ from llmgw.config import (
     read_toml,
     structure_as,
 )
+from llmgw.logs import LEVELS
 
 __all__ = [
     "FLAGS",
@@ -55,7 +56,7 @@ __all__ = [
     "structure",
 ]
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_LEVELS = LEVELS
 
 
 @attrs.frozen
