@@ -8,6 +8,7 @@ these depend on the router, not on where keys are kept.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -457,3 +458,12 @@ def test_refusals_are_counted_per_model_and_key_in_usage_and_metrics(tmp_path: P
         assert srv.metric("llmgw_rejected_requests_total", model="", reason="model_not_found") == 1
         text = httpx.get(f"{srv.admin}/metrics", timeout=5).text
     assert "made-up" not in text  # a client's name never becomes a label
+    # The access log has all six under the key's id, the made-up model's refusal too.
+    access = [
+        line for line in srv.proc.log.read_text().splitlines() if " INFO llmgw.access: " in line
+    ]
+    assert all(f" key_id={key_id} " in line for line in access), access
+    statuses = [m[1] for line in access if (m := re.search(r" status=(\d+) ", line))]
+    assert statuses == ["200", "200", "429", "429", "429", "404"], access
+    assert all(line.endswith(" error=rpm_exceeded") for line in access[2:5]), access
+    assert " model=- " in access[-1] and " error=model_not_found" in access[-1], access

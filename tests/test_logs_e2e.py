@@ -4,7 +4,7 @@ line is one object; the access log has a line per request (the client's x-reques
 or the one llmgw made and echoed) whose fields match what the client got; a refusal's
 reason is logged at DEBUG; --log-level and ``[log] access`` decide what is written.
 Under a real agent, an engine killed or failing to start is logged by the server with
-the end of its output, as the agent reported it."""
+the end of its output, as the agent reported it; a node gone silent, as a sentence."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import json
 import os
 import signal
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -174,7 +173,7 @@ def test_the_access_log_can_be_turned_off() -> None:
     assert "llmgw.access" not in out
 
 
-def test_the_server_logs_an_engine_killed_and_one_failing_to_start_with_their_output() -> None:
+def test_the_server_logs_failed_engines_with_their_output_and_a_silent_node_readably() -> None:
     config = control_config([model("m"), model("bad", args=["--no-such-flag"])])
     with ExitStack() as stack:
         srv = stack.enter_context(fleet_server(config, "--log-format", "json"))
@@ -209,5 +208,18 @@ def test_the_server_logs_an_engine_killed_and_one_failing_to_start_with_their_ou
         assert f"replica {ready['id']} of m (rank 0) on node n1 failed" in killed["message"]
         # The engine's own output: the simulator's banner, as it printed it.
         assert any("llmgw-sim" in line and "listening on" in line for line in killed["output_tail"])
-        # What the text format would show is the same record: no Python repr anywhere.
-        assert "ShardStatus(" not in Path(srv.proc.log).read_text()
+
+        # The node falling silent is a sentence with fields, not an event's repr.
+        a.proc.kill(signal.SIGKILL)
+        silent = srv.wait(
+            lambda: [
+                line
+                for line in json_lines(srv.proc)
+                if line["logger"] == "llmgw.control" and "silent_for" in line
+            ],
+            "n1 logged unreachable",
+        )[0]
+        assert silent["message"].startswith("node n1 unreachable: silent for "), silent
+        assert silent["node_id"] == "n1" and silent["silent_for"] >= 2, silent
+        text = srv.proc.output()
+        assert "ShardStatus(" not in text and "NodeBecameUnreachable(" not in text

@@ -109,15 +109,18 @@ class JsonFormatter(logging.Formatter):
 
 def setup(level: str = "info", fmt: str = "text", stream: TextIO | None = None) -> None:
     """Log records at `level` and above to `stream` (stderr) in `fmt` (:data:`FORMATS`),
-    replacing any handler set before (one setup per process)."""
+    once per process: where logging is set up already (a test calling a command's
+    `main` in its own process), it is left as it is."""
     if level not in LEVELS:
         raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if logging.root.handlers:
+        return
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     # DEBUG is llmgw's own: the libraries' (httpcore, hpack, ...) is every byte sent.
     threshold = max(logging.INFO, logging.getLevelName(level.upper()))
-    logging.basicConfig(level=threshold, handlers=[handler], force=True)
+    logging.basicConfig(level=threshold, handlers=[handler])
     for name in OWN_LOGGERS:
         logging.getLogger(name).setLevel(level.upper())

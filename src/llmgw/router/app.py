@@ -64,6 +64,8 @@ if TYPE_CHECKING:
 
 #: The scope key of a request's id (:func:`request_id_of`).
 REQUEST_ID = "llmgw.request_id"
+#: The scope key of the id of the API key a request was authenticated with.
+KEY_ID = "llmgw.key_id"
 _MODEL_PREFIX = "/v1/models/"
 _RESPONSE_PREFIX = RESPONSES + "/"
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
@@ -205,6 +207,7 @@ class ClientApp:
                     status=status,
                     usage=NO_USAGE,
                     latency=trio.current_time() - started,
+                    key_id=scope.get(KEY_ID),
                     request_id=request_id,
                     path=scope["path"],
                     error=code,
@@ -320,9 +323,12 @@ class ClientApp:
 
     async def _authenticate(self, scope: Scope, bearer: bytes | None = None) -> KeyRecord | None:
         try:
-            return await self.router.auth.authenticate(bearer or header(scope, b"authorization"))
+            key = await self.router.auth.authenticate(bearer or header(scope, b"authorization"))
         except AuthError as exc:
             raise _auth_error(exc) from None
+        if key is not None:
+            scope[KEY_ID] = key.id  # for the access line of a refusal after this
+        return key
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         # Its deadline (router.timeouts.client_body) is the listener's: past it
