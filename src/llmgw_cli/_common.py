@@ -75,22 +75,27 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
 # -- --log-level, --log-format ----------------------------------------------------------
 
 
-def add_log_flags(p: argparse.ArgumentParser, level: str | None = "info") -> None:
-    """--log-level defaulting to `level` (None: the command has its own) and
-    --log-format."""
-    if level is not None:
-        p.add_argument("--log-level", choices=logs.LEVELS, default=level, help=f"(default {level})")
+def add_log_flags(
+    p: argparse.ArgumentParser, level: str | None = "info", fmt: str | None = "text"
+) -> None:
+    """--log-level and --log-format, defaulting to `level` and `fmt`; None leaves a flag
+    not given unset (the agent's --config file may set it; its defaults are info and
+    text too)."""
+    p.add_argument(
+        "--log-level", choices=logs.LEVELS, default=level, help=f"(default {level or 'info'})"
+    )
     p.add_argument(
         "--log-format",
         choices=logs.FORMATS,
-        default="text",
-        help="log lines on standard error as text (default) or one JSON object per line",
+        default=fmt,
+        help="log lines on standard error as text or one JSON object per line "
+        f"(default {fmt or 'text'})",
     )
 
 
-def setup_logging(args: argparse.Namespace, level: str | None = None) -> None:
-    """Logging as the flags of :func:`add_log_flags` say (`level` overriding theirs)."""
-    logs.setup(level or args.log_level, args.log_format)
+def setup_logging(args: argparse.Namespace) -> None:
+    """Logging as the flags of :func:`add_log_flags` say."""
+    logs.setup(args.log_level, args.log_format)
 
 
 # -- --ready-file ---------------------------------------------------------------------
