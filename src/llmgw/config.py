@@ -304,8 +304,11 @@ class StoreConfig:
 
 @attrs.frozen
 class LogConfig:
-    # One line per request answered on the client port, at INFO on the llmgw.access
-    # logger (docs/router.md, "Access log"); the level and format are flags.
+    """What llmgw-server logs besides its events (the level and format are flags:
+    --log-level, --log-format)."""
+
+    # An access-log line per request routed to a model and per refusal, at INFO on
+    # the llmgw.access logger (docs/router.md, "Logs").
     access: bool = True
 
 
