@@ -26,6 +26,7 @@ heartbeat = "2s"
 max_backoff = "45s"
 shutdown_grace = "1m"
 log_level = "debug"
+log_format = "json"
 
 [labels]
 rack = "r7"
@@ -68,6 +69,7 @@ def test_every_key_of_a_full_file(tmp_path: Path) -> None:
         max_backoff=units.parse_duration("45s"),
         shutdown_grace=units.parse_duration("1m"),
         log_level="debug",
+        log_format="json",
         tls=AgentTlsFiles(cert=files["cert"], key=files["key"], ca=files["ca"]),
     )
 
@@ -101,6 +103,7 @@ def test_an_empty_file_is_the_defaults(tmp_path: Path) -> None:
         ('node_id = " "', "node_id: must not be empty"),
         ('address = "gpu-1.lan"', "address: 'gpu-1.lan' does not appear to be an IPv4 or IPv6"),
         ('log_level = "loud"', "log_level: must be one of debug, info, warning, error"),
+        ('log_format = "xml"', "log_format: must be one of text, json"),
         ('[tls]\ncert = "/nonexistent/c.pem"', "tls.cert: no such file: /nonexistent/c.pem"),
         ("server = 7443", "server: expected str, got 7443"),
     ],
@@ -202,7 +205,8 @@ def test_without_a_file_flags_and_defaults(tmp_path: Path) -> None:
         "--server", "h:1", "--node-id", "n", "--address", "::1", "--label", "k=v",
         "--fabric", "f", "--fake-gpus", "2x24GB:L4", "--state-dir", str(tmp_path),
         "--heartbeat", "1s", "--max-backoff", "2s", "--shutdown-grace", "3s",
-        "--log-level", "warning", "--tls-cert", files["cert"], "--tls-key", files["key"],
+        "--log-level", "warning", "--log-format", "json",
+        "--tls-cert", files["cert"], "--tls-key", files["key"],
         "--tls-ca", files["ca"],
     )  # fmt: skip
     assert every == AgentConfig(
@@ -217,6 +221,7 @@ def test_without_a_file_flags_and_defaults(tmp_path: Path) -> None:
         max_backoff=Seconds(2.0),
         shutdown_grace=Seconds(3.0),
         log_level="warning",
+        log_format="json",
         tls=AgentTlsFiles(cert=files["cert"], key=files["key"], ca=files["ca"]),
     )
 

@@ -8,6 +8,7 @@ these depend on the router, not on where keys are kept.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -301,18 +302,21 @@ def test_the_key_decides_the_band_and_is_the_tenant(
 
 # -- secrets never in the logs ------------------------------------------------------------
 
-# llmgw-server with every logger at DEBUG: there is no log-level option, so the root
-# logger is configured before the CLI's basicConfig (which then changes nothing), and
-# the levels the modules set at import (httpx: WARNING) are reset to inherit DEBUG.
+# llmgw-server with every logger at DEBUG: --log-level debug opens llmgw's own loggers
+# only (llmgw.logs.setup), so its setup is wrapped to open every other one too, httpx's
+# and httpcore's included (whose levels set at import are reset to inherit DEBUG).
 DEBUG_SERVER = """
 import logging, sys
-logging.basicConfig(
-    level=logging.DEBUG, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-)
+from llmgw import logs
 from llmgw_cli.server import main
-for name in list(logging.root.manager.loggerDict):
-    logging.getLogger(name).setLevel(logging.NOTSET)
-logging.getLogger("llmgw").debug("debug logging on")
+own = logs.setup
+def everything(level, fmt, stream=None):
+    own(level, fmt, stream)
+    logging.root.setLevel(logging.DEBUG)
+    for name in list(logging.root.manager.loggerDict):
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    logging.getLogger("llmgw").debug("debug logging on")
+logs.setup = everything
 main(sys.argv[1:])
 """
 
@@ -333,7 +337,7 @@ def test_secrets_never_reach_the_logs_even_at_debug(tmp_path: Path) -> None:
     with sim(model="m") as (_, engine):
         proc = Proc(
             [
-                sys.executable, "-c", DEBUG_SERVER,
+                sys.executable, "-c", DEBUG_SERVER, "--log-level", "debug",
                 "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
                 "--ready-file", str(tmp_path / "ready.json"),
                 "--config", str(config), "--endpoint", f"s0={engine}=m,other",
@@ -454,3 +458,12 @@ def test_refusals_are_counted_per_model_and_key_in_usage_and_metrics(tmp_path: P
         assert srv.metric("llmgw_rejected_requests_total", model="", reason="model_not_found") == 1
         text = httpx.get(f"{srv.admin}/metrics", timeout=5).text
     assert "made-up" not in text  # a client's name never becomes a label
+    # The access log has all six under the key's id, the made-up model's refusal too.
+    access = [
+        line for line in srv.proc.log.read_text().splitlines() if " INFO llmgw.access: " in line
+    ]
+    assert all(f" key_id={key_id} " in line for line in access), access
+    statuses = [m[1] for line in access if (m := re.search(r" status=(\d+) ", line))]
+    assert statuses == ["200", "200", "429", "429", "429", "404"], access
+    assert all(line.endswith(" error=rpm_exceeded") for line in access[2:5]), access
+    assert " model=- " in access[-1] and " error=model_not_found" in access[-1], access

@@ -45,6 +45,7 @@ __all__ = [
     "ControlConfig",
     "DeploymentProfile",
     "EndpointConfig",
+    "LogConfig",
     "ModelConfig",
     "RouterConfig",
     "RoutingProfile",
@@ -395,6 +396,16 @@ class StoreConfig:
 
 
 @attrs.frozen
+class LogConfig:
+    """What llmgw-server logs besides its events (the level and format are flags:
+    --log-level, --log-format)."""
+
+    # An access-log line per request routed to a model and per refusal, at INFO on
+    # the llmgw.access logger (docs/router.md, "Logs").
+    access: bool = True
+
+
+@attrs.frozen
 class Config:
     # The client API (HOST:PORT, :PORT for every interface; port 0 picks one).
     listen: str = ":8080"
@@ -407,6 +418,7 @@ class Config:
     store: StoreConfig = StoreConfig()
     auth: AuthConfig = AuthConfig()
     tracing: TracingConfig = TracingConfig()
+    log: LogConfig = LogConfig()
     agent_tls: TlsConfig | None = None
     # HTTPS on the client port and the admin listener (served by hypercorn, HTTP/2 by
     # ALPN); with `client_ca` a client certificate signed by it is required.

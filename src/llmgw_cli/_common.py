@@ -1,4 +1,4 @@
-"""What every llmgw command shares: exit codes, one-line errors, --version."""
+"""What every llmgw command shares: exit codes, one-line errors, --version, logging."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from llmgw import __version__, units
+from llmgw import __version__, logs, units
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
@@ -70,6 +70,32 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--version", action="version", version=f"{prog} {__version__}")
     return p
+
+
+# -- --log-level, --log-format ----------------------------------------------------------
+
+
+def add_log_flags(
+    p: argparse.ArgumentParser, level: str | None = "info", fmt: str | None = "text"
+) -> None:
+    """--log-level and --log-format, defaulting to `level` and `fmt`; None leaves a flag
+    not given unset (the agent's --config file may set it; its defaults are info and
+    text too)."""
+    p.add_argument(
+        "--log-level", choices=logs.LEVELS, default=level, help=f"(default {level or 'info'})"
+    )
+    p.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=fmt,
+        help="log lines on standard error as text or one JSON object per line "
+        f"(default {fmt or 'text'})",
+    )
+
+
+def setup_logging(args: argparse.Namespace) -> None:
+    """Logging as the flags of :func:`add_log_flags` say."""
+    logs.setup(args.log_level, args.log_format)
 
 
 # -- --ready-file ---------------------------------------------------------------------

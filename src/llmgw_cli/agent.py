@@ -16,14 +16,15 @@ from typing import Any
 import attrs
 import trio
 
-from llmgw import units
-from llmgw.agent.config import FLAGS, LOG_LEVELS, AgentConfig, check, load_file, overlay
+from llmgw import logs, units
+from llmgw.agent.config import FLAGS, AgentConfig, check, load_file, overlay
 from llmgw.config import ConfigError, TlsConfig
 from llmgw.errors import first_line
 from llmgw_cli._common import (
     EXIT_OK,
     EXIT_RUNTIME,
     EXIT_USAGE,
+    add_log_flags,
     duration_at_least,
     fail,
     parser,
@@ -87,11 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="on exit, how long engines get after SIGTERM before SIGKILL (default 15s)",
     )
-    p.add_argument(
-        "--log-level",
-        choices=LOG_LEVELS,
-        help="(default info)",
-    )
+    add_log_flags(p, level=None, fmt=None)  # the --config file may set them
     return p
 
 
@@ -144,6 +141,7 @@ _PLAIN = (
     "max_backoff",
     "shutdown_grace",
     "log_level",
+    "log_format",
 )
 
 
@@ -203,10 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else None
     )
 
-    logging.basicConfig(
-        level=getattr(logging, config.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.setup(config.log_level, config.log_format)
     try:
         address = config.address.strip("[]") if config.address else None
         address = address or management_address(server.host, server.port)

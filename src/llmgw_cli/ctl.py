@@ -42,7 +42,16 @@ from llmgw.bench.runner import BAND_HEADER, SESSION_HEADER
 from llmgw.bench.sweeping import PERCENTILES
 from llmgw.units import parse_duration
 from llmgw_cli import ctl_views
-from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CliError, fail, os_reason
+from llmgw_cli._common import (
+    EXIT_OK,
+    EXIT_RUNTIME,
+    EXIT_USAGE,
+    CliError,
+    add_log_flags,
+    fail,
+    os_reason,
+    setup_logging,
+)
 
 PROG = "llmgw-ctl"
 DEFAULT_ADMIN = "http://127.0.0.1:9090"
@@ -219,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="admin API request timeout (default 10s)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    # Before the command: llmgw-ctl's own output is its tables; logs are for warnings.
+    add_log_flags(p, level="warning")
     # Accept the global flags after the subcommand too; SUPPRESS keeps the
     # subparser from overwriting a value given before it.
     common = _OneLineErrors(add_help=False)
@@ -1256,6 +1267,7 @@ def _print_sweep(console: Console, result: bench.SweepResult) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging(args)
     try:
         if args.command == "bench":
             return cmd_bench(args)

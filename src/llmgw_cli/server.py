@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import shutil
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from llmgw_cli._common import (
     EXIT_USAGE,
     READY_FILE_HELP,
     CliError,
+    add_log_flags,
     check_ready_file,
     fail,
     find_error,
@@ -33,6 +33,7 @@ from llmgw_cli._common import (
     os_reason,
     parser,
     ready_file,
+    setup_logging,
     write_ready_file,
 )
 
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--print-config", action="store_true", help="print the effective configuration and exit"
     )
+    add_log_flags(p)
     return p
 
 
@@ -253,9 +255,7 @@ def _main(args: argparse.Namespace, weights: Path | None) -> None:
             "the control plane to deploy; try --demo",
             EXIT_USAGE,
         )
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(args)
     try:
         with ready_file(args.ready_file):
             if args.demo:

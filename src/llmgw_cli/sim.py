@@ -27,6 +27,7 @@ from llmgw_cli._common import (
     EXIT_USAGE,
     READY_FILE_HELP,
     CliError,
+    add_log_flags,
     check_ready_file,
     duration_at_least,
     fail,
@@ -36,6 +37,7 @@ from llmgw_cli._common import (
     os_error_line,
     parser,
     ready_file,
+    setup_logging,
     write_ready_file,
 )
 
@@ -90,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="(default %(default)s; 0 picks a free one, see --ready-file)",
     )
     p.add_argument("--ready-file", metavar="PATH", help=READY_FILE_HELP)
+    add_log_flags(p)
     p.add_argument(
         "--model",
         action="append",
@@ -315,6 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_ready_file(args.ready_file)
     except CliError as e:
         fail(PROG, str(e), e.code)
+    setup_logging(args)
     try:
         with ready_file(args.ready_file):
             trio.run(_run, config, args.ready_file)

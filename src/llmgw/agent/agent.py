@@ -289,7 +289,10 @@ class Agent:
         try:
             self._outbox.send_nowait((message, carried))
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-            log.warning("outbox full: %s not sent (the next heartbeat carries the state)", message)
+            log.warning(
+                "outbox full: %s not sent (the next heartbeat carries the state)",
+                type(message).__name__,
+            )
 
     def _report(self, status: ShardStatus) -> None:
         self._queue(status, (status,))

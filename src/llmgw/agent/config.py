@@ -43,6 +43,7 @@ from llmgw.config import (
     read_toml,
     structure_as,
 )
+from llmgw.logs import FORMATS, LEVELS
 
 __all__ = [
     "FLAGS",
@@ -55,7 +56,7 @@ __all__ = [
     "structure",
 ]
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_LEVELS = LEVELS
 
 
 @attrs.frozen
@@ -85,6 +86,7 @@ class AgentConfig:
     max_backoff: Seconds = attrs.field(default=Seconds(30.0))
     shutdown_grace: Seconds = attrs.field(default=Seconds(15.0))
     log_level: str = "info"
+    log_format: str = "text"
     tls: AgentTlsFiles = AgentTlsFiles()
 
 
@@ -101,6 +103,7 @@ FLAGS = {
     "max_backoff": "--max-backoff",
     "shutdown_grace": "--shutdown-grace",
     "log_level": "--log-level",
+    "log_format": "--log-format",
     "tls.cert": "--tls-cert",
     "tls.key": "--tls-key",
     "tls.ca": "--tls-ca",
@@ -171,6 +174,10 @@ def _log_level(value: str) -> str | None:
     return None if value in LOG_LEVELS else f"must be one of {', '.join(LOG_LEVELS)}"
 
 
+def _log_format(value: str) -> str | None:
+    return None if value in FORMATS else f"must be one of {', '.join(FORMATS)}"
+
+
 def _file(value: str | None) -> str | None:
     return f"no such file: {value}" if value is not None and not Path(value).is_file() else None
 
@@ -188,6 +195,7 @@ _RULES: dict[str, Callable[[Any], str | None]] = {
     "max_backoff": _at_least(0.1),
     "shutdown_grace": _at_least(0.0),
     "log_level": _log_level,
+    "log_format": _log_format,
     "tls.cert": _file,
     "tls.key": _file,
     "tls.ca": _file,

@@ -32,8 +32,10 @@ from llmgw.config import ControlConfig, ModelConfig
 from llmgw.control.activity import ActivityTracker
 from llmgw.control.fleet import NodeState, ReplicaState, ShardState
 from llmgw.control.inventory import (
+    Event,
     Inventory,
     InventoryError,
+    NodeBecameUnreachable,
     NodeLost,
     NodeRecord,
     ShardReport,
@@ -42,6 +44,7 @@ from llmgw.control.inventory import (
 )
 from llmgw.control.placement import NodeCapacity
 from llmgw.control.reconciler import Actions, NodeView, Publish, Reconciler, Unpublish
+from llmgw.logs import fields
 from llmgw.router.endpoints import Endpoint, EndpointSink
 from llmgw.store.base import StoredCordon, StoreError
 from llmgw.transport.base import AgentConnection, AgentListener, ConnectionClosed
@@ -59,6 +62,57 @@ from llmgw.transport.messages import (
 )
 
 log = logging.getLogger("llmgw.control")
+
+#: Of the output tail an agent reports with a failed engine, the lines logged.
+LOGGED_TAIL = 20
+
+
+def _log_expired(event: Event) -> None:
+    """A node that fell silent (Inventory.expire's events), as a readable line."""
+    if isinstance(event, NodeBecameUnreachable):
+        log.warning(
+            "node %s unreachable: silent for %.1fs",
+            event.node_id,
+            event.silent_for,
+            extra=fields(node_id=event.node_id, silent_for=round(event.silent_for, 3)),
+        )
+    elif isinstance(event, NodeLost):
+        replicas = sorted({s.replica_id for s in event.shards})
+        log.warning(
+            "node %s lost: silent for %.1fs; its shards are gone%s",
+            event.node_id,
+            event.silent_for,
+            f" (replicas {', '.join(replicas)})" if replicas else "",
+            extra=fields(
+                node_id=event.node_id, silent_for=round(event.silent_for, 3), replicas=replicas
+            ),
+        )
+    else:  # pragma: no cover - expire makes only the two above
+        log.warning("node %s: %s", getattr(event, "node_id", "?"), type(event).__name__)
+
+
+def _log_failed(node_id: str, status: ShardStatus) -> None:
+    """An engine that exited or failed to start, as its agent reported it: what the
+    agent said and the end of the engine's output."""
+    tail = list(status.output_tail[-LOGGED_TAIL:])
+    log.warning(
+        "replica %s of %s (rank %d) on node %s failed: %s",
+        status.replica_id,
+        status.model or "?",
+        status.rank,
+        node_id,
+        status.message or "no reason given",
+        extra=fields(
+            node_id=node_id,
+            replica_id=status.replica_id,
+            model=status.model or None,
+            rank=status.rank,
+            epoch=status.epoch,
+            exit_code=status.exit_code,
+            output_tail=tail,
+        ),
+    )
+
 
 OUTBOX_SIZE = 1024
 # Between two event-driven passes: at least this long, and this many times the
@@ -334,7 +388,7 @@ class Controller:
                 await trio.sleep_until(max(deadline, trio.current_time()))
             events = self.inventory.expire(self.clock())
             for event in events:
-                log.warning("%s", event)
+                _log_expired(event)
             if any(isinstance(e, NodeLost) for e in events):
                 self.poke()
 
@@ -465,6 +519,8 @@ class Controller:
             if self._settled:
                 self._report_shards(node_id, message.shards, now)
         elif isinstance(message, ShardStatus):
+            if message.state is ShardState.FAILED:
+                _log_failed(node_id, message)
             self.inventory.shard_status(node_id, message, now, session=session)
             if self._settled:
                 self._report_shards(node_id, (message,), now)

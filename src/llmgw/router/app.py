@@ -34,6 +34,7 @@ from llmgw.http.asgi import (
     send_json,
 )
 from llmgw.router import anthropic
+from llmgw.router.access import log_refusal
 from llmgw.router.admission import AdmissionRejected, UnknownBand
 from llmgw.router.auth import AuthError
 from llmgw.router.body import BIG_BODY, BodyError, RequestBody, parse
@@ -53,7 +54,7 @@ from llmgw.router.paths import (
 from llmgw.router.proxy import AttemptFailed, Delivery, PathMissing
 from llmgw.router.responses import SCAN_BYTES, Home, response_id_in
 from llmgw.router.scrape import UNKNOWN
-from llmgw.router.usage import Caller, Usage, estimate_prompt_tokens
+from llmgw.router.usage import NO_USAGE, Caller, Usage, UsageRecord, estimate_prompt_tokens
 from llmgw.store.base import KeyRecord
 
 if TYPE_CHECKING:
@@ -65,6 +66,8 @@ if TYPE_CHECKING:
 
 #: The scope key of a request's id (:func:`request_id_of`).
 REQUEST_ID = "llmgw.request_id"
+#: The scope key of the id of the API key a request was authenticated with.
+KEY_ID = "llmgw.key_id"
 _MODEL_PREFIX = "/v1/models/"
 _RESPONSE_PREFIX = RESPONSES + "/"
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
@@ -115,6 +118,8 @@ class HttpError(Exception):
         #: The configured model the request was for, once known ("" before: a name a
         #: client made up never becomes a label).
         self.model = ""
+        #: Whether Router.refused has recorded it (else only the access log gets it).
+        self.recorded = False
 
 
 async def send_error(send: Send, err: HttpError) -> None:
@@ -165,6 +170,7 @@ class ClientApp:
         # answer, to the engine, and in the usage record.
         request_id = request_id_of(header(scope, b"x-request-id"))
         scope[REQUEST_ID] = request_id
+        started = trio.current_time()
         try:
             if handler is None:
                 known = any(p == path for _, p in self._routes)
@@ -176,8 +182,39 @@ class ClientApp:
             return
         except HttpError as err:
             self.router.metrics.rejected.labels(err.code or str(err.status), err.model).inc()
+            self._rejected(scope, err.status, err.code, str(err), err.model, started, err.recorded)
             err.headers.append((b"x-request-id", request_id))
             await send_error(send, err)
+
+    def _rejected(
+        self,
+        scope: Scope,
+        status: int,
+        code: str | None,
+        reason: str,
+        model: str,
+        started: float,
+        recorded: bool,
+    ) -> None:
+        """Log a refusal: its reason at DEBUG, and its access line unless
+        Router.refused recorded it (then the access log had it with the rest)."""
+        request_id = bytes(scope[REQUEST_ID]).decode("ascii")
+        log_refusal(request_id, status, code, reason, model)
+        access = self.router.access_log
+        if not recorded and access is not None:
+            access.record(
+                UsageRecord(
+                    model=model,
+                    endpoint=None,
+                    status=status,
+                    usage=NO_USAGE,
+                    latency=trio.current_time() - started,
+                    key_id=scope.get(KEY_ID),
+                    request_id=request_id,
+                    path=scope["path"],
+                    error=code,
+                )
+            )
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Up and able to serve (an endpoint has been scraped); nothing more, no key."""
@@ -288,9 +325,12 @@ class ClientApp:
 
     async def _authenticate(self, scope: Scope, bearer: bytes | None = None) -> KeyRecord | None:
         try:
-            return await self.router.auth.authenticate(bearer or header(scope, b"authorization"))
+            key = await self.router.auth.authenticate(bearer or header(scope, b"authorization"))
         except AuthError as exc:
             raise _auth_error(exc) from None
+        if key is not None:
+            scope[KEY_ID] = key.id  # for the access line of a refusal after this
+        return key
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         # Its deadline (router.timeouts.client_body) is the listener's: past it
@@ -372,9 +412,11 @@ class ClientApp:
             body = await self._parse(json.dumps(chat).encode())
             await self._proxy(scope, receive, reply, route, body, key, started, native)
         except anthropic.MessagesError as exc:
+            self._rejected(scope, exc.status, exc.type, str(exc), "", started, False)
             await json_response(send, exc.status, exc.body(), request_id)
         except HttpError as err:
             self.router.metrics.rejected.labels(err.code or str(err.status), err.model).inc()
+            self._rejected(scope, err.status, err.code, str(err), err.model, started, err.recorded)
             body_ = anthropic.error_body(err.status, str(err))
             await json_response(send, err.status, body_, [*err.headers, *request_id])
 
@@ -482,7 +524,11 @@ class ClientApp:
                 call.caller,
                 retries=call.retries,
                 request_id=call.request_id,
+                path=scope["path"],
+                queue_wait=call.queued,
+                error=refused.code,
             )
+            refused.recorded = True
             raise refused
 
     def _follow_up(
@@ -602,6 +648,7 @@ class ClientApp:
         try:
             ticket = await admission.admit(pool, band, tenant, expected)
         except AdmissionRejected as exc:
+            call.queued = trio.current_time() - queued  # the wait that gave up, for the log
             router.metrics.admission_rejected.labels(band.name, exc.reason).inc()
             if call.span is not None:
                 call.span.admitted(queued, trio.current_time(), band.name, pool, exc.reason)
@@ -701,6 +748,8 @@ class ClientApp:
                         caller=call.caller,
                         retries=call.retries,
                         request_id=call.request_id,
+                        path=call.scope["path"],
+                        queue_wait=call.queued,
                     )
                     if call.response_id is not None and delivery.status == 200:
                         home = Home(state.endpoint.id, model.name)
@@ -867,6 +916,8 @@ class ClientApp:
                     status=499,
                     retries=call.retries,
                     request_id=call.request_id,
+                    path=call.scope["path"],
+                    queue_wait=call.queued,
                 )
             raise
         finally:

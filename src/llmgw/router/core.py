@@ -17,6 +17,7 @@ import trio
 
 from llmgw.catalog import Catalog
 from llmgw.config import Config, EndpointConfig, ModelConfig
+from llmgw.router.access import AccessLog
 from llmgw.router.admission import AdmissionController
 from llmgw.router.affinity import (
     PrefixTable,
@@ -35,7 +36,13 @@ from llmgw.router.scheduling import Candidate, Decision, Saturation, Scheduler
 from llmgw.router.scheduling.plugins import default_schedulers
 from llmgw.router.scraper import Scraper
 from llmgw.router.tracing import Tracing
-from llmgw.router.usage import BYTES_PER_TOKEN, Caller, Usage, UsageRecord, UsageSink
+from llmgw.router.usage import (
+    BYTES_PER_TOKEN,
+    NO_USAGE,
+    Caller,
+    UsageRecord,
+    UsageSink,
+)
 
 NOBODY = Caller()
 
@@ -87,10 +94,6 @@ def endpoint_from_config(e: EndpointConfig) -> Endpoint:
     if e.api_key is not None:
         headers.append((b"authorization", b"Bearer " + e.api_key.encode()))
     return Endpoint(e.id, e.url, e.models, e.pool, e.weight, e.priority, e.capacity, tuple(headers))
-
-
-#: The usage of a request that ended without the engine reporting any.
-NO_USAGE = Usage()
 
 
 class Router:
@@ -151,6 +154,10 @@ class Router:
         self.band_header = r.admission.band_header.lower().encode()
         self.tenant_header = r.admission.tenant_header.lower().encode()
         self.usage_sinks = list(usage_sinks)
+        # Fed like the other sinks, and directly with the refusals no sink records.
+        self.access_log = AccessLog() if config.log.access else None
+        if self.access_log is not None:
+            self.usage_sinks.append(self.access_log)
         if config.auth.key_metrics:  # opt-in: series per key (cardinality)
             self.usage_sinks.append(KeyMetrics(self.metrics.registry))
         self.rng = rng or random.Random()
@@ -280,6 +287,8 @@ class Router:
         status: int | None = None,
         retries: int = 0,
         request_id: str | None = None,
+        path: str | None = None,
+        queue_wait: float | None = None,
     ) -> None:
         """Account a request that reached the client (after `retries` attempts on
         other endpoints)."""
@@ -328,6 +337,8 @@ class Router:
                 tenant=caller.tenant,
                 retries=retries,
                 request_id=request_id,
+                path=path,
+                queue_wait=queue_wait,
             )
             for sink in self.usage_sinks:
                 sink.record(record)
@@ -341,6 +352,9 @@ class Router:
         *,
         retries: int = 0,
         request_id: str | None = None,
+        path: str | None = None,
+        queue_wait: float | None = None,
+        error: str | None = None,
     ) -> None:
         """Account a request for `model` that llmgw answered with an error itself (no
         endpoint served it): usage records and the dashboard count it as a failure."""
@@ -356,6 +370,9 @@ class Router:
                 tenant=caller.tenant,
                 retries=retries,
                 request_id=request_id,
+                path=path,
+                queue_wait=queue_wait,
+                error=error,
             )
             for sink in self.usage_sinks:
                 sink.record(record)

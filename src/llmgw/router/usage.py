@@ -39,6 +39,9 @@ class Usage:
         return cls(prompt, completion, cached if isinstance(cached, int) else None)
 
 
+#: The usage of a request that ended without the engine reporting any.
+NO_USAGE = Usage()
+
 #: Bytes of prompt per token, as tokenizers average on English text: the router sees
 #: text, never its engine's tokens.
 BYTES_PER_TOKEN = 4
@@ -77,6 +80,12 @@ class UsageRecord:
     retries: int | None = None
     # The request's x-request-id (the client's, or the one llmgw made).
     request_id: str | None = None
+    # The API path it came on (/v1/chat/completions, ...).
+    path: str | None = None
+    # Seconds admission held it in its band's queue.
+    queue_wait: float | None = None
+    # A refusal's error code (model_not_found, queue_full, upstream_error, ...).
+    error: str | None = None
 
 
 class UsageSink(Protocol):

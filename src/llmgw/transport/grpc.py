@@ -76,6 +76,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+
+def _describe(exc: BaseException) -> str:
+    """``Kind: what it says``, for a log line (not the exception's repr)."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 # The wire names come from the proto's descriptor ("llmgw.agent.v1.AgentService"), not
 # from agent_pb2_grpc's add_AgentServiceServicer_to_server, whose generated service
 # name was rewritten along with the Python module names.
@@ -301,8 +307,8 @@ class _Stream(Generic[In]):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.debug("%s: write failed: %r", self.label, exc)
-                self.outbox.close(f"{self.label}: stream ended ({exc!r})", discard=True)
+                log.debug("%s: write failed: %s", self.label, _describe(exc))
+                self.outbox.close(f"{self.label}: stream ended ({_describe(exc)})", discard=True)
                 return
 
     async def run_server(

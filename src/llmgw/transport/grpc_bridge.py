@@ -145,7 +145,12 @@ async def run(
                 return
             exc = t.exception()  # retrieved, so asyncio does not warn about it
             if exc is not None:
-                log.debug("abandoned %s failed: %r", getattr(fn, "__name__", fn), exc)
+                log.debug(
+                    "abandoned %s failed: %s: %s",
+                    getattr(fn, "__name__", fn),
+                    type(exc).__name__,
+                    exc,
+                )
             elif discard is not None:
                 discard(t.result())
 
