@@ -5,7 +5,7 @@ agents: gpu-1 with four H100s as its `nvidia-smi` reports them (a script standin
 for the driver, so GPU memory and utilisation are reported), gpu-2 with an L4 that no
 model may use, frozen with SIGSTOP so it goes unreachable. Its models run on
 simulators: `m` (two replicas), `crashy` (its engine exits after two requests) and
-`broken` (its engine cannot start). Debian's `prometheus` scrapes the admin
+`broken` (its agent refuses to start it). Debian's `prometheus` scrapes the admin
 /metrics every second with deploy/prometheus/llmgw-rules.yml loaded, and a dead
 target beside it, while the test drives traffic and failures: served, streamed and
 slow requests, 401, 404 (unknown model), 429 (a key's rate limit), 502 (every engine
@@ -133,9 +133,8 @@ def server_config(db: Path) -> str:
 
         [control]
         interval = "200ms"
-        # broken fails a start about every second: three within the test.
-        base_backoff = "1s"
-        max_backoff = "1s"
+        base_backoff = "300ms"
+        max_backoff = "600ms"
         unreachable_after = "2s"
         lost_after = "10m"
         port_range = [{low}, {high}]
@@ -144,7 +143,8 @@ def server_config(db: Path) -> str:
         # Two sequences per engine: four slow streams fill m, and bronze queues.
         + sim_model("m", 2, "--max-num-seqs", "2")
         + sim_model("crashy", 1, "--fault-exit-after", "2")
-        + sim_model("broken", 1, "--no-such-flag")
+        # The agent refuses it at once (the port is the placement's): costs no process.
+        + sim_model("broken", 1, "--port", "1")
     )
 
 
