@@ -346,6 +346,16 @@ def test_dashboard_and_alert_rules_against_a_real_prometheus() -> None:
         wait_for(targets_seen, "Prometheus scraping llmgw (and failing the dead target)", 20)
 
         drive(srv, keys, base)
+        # Refusals carry the configured model they were for, never a name a client made up.
+        text = httpx.get(f"{srv.admin}/metrics", timeout=5).text
+        assert "no-such-model" not in text
+        for reason, model in (
+            ("model_not_found", ""),
+            ("invalid_api_key", ""),
+            ("no_healthy_replica", "broken"),
+            ("upstream_error", "m"),
+        ):
+            assert srv.metric("llmgw_rejected_requests_total", reason=reason, model=model) == 4
 
         def expected_alerts_true() -> list[str] | None:
             missing = []
