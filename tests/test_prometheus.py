@@ -193,14 +193,25 @@ def api(base: str, path: str) -> Any:
 
 
 def dashboard_exprs() -> list[tuple[str, str]]:
-    """(panel title, PromQL) of every target of every panel, variables substituted."""
+    """(what, PromQL) of every target of every panel and of every variable's query
+    (``label_values(SELECTOR, LABEL)`` as ``count by (LABEL) (SELECTOR)``), Grafana's
+    variables substituted."""
     pattern = re.compile("|".join(re.escape(v) for v in sorted(GRAFANA_VARIABLES, key=len)[::-1]))
+    dashboard = json.loads(DASHBOARD.read_text())
+    raw = []
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            values = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", variable["query"])
+            assert values, f"variable {variable['name']}: {variable['query']!r}"
+            selector, label = values.groups()
+            raw.append((f"variable {variable['name']}", f"count by ({label}) ({selector})"))
+    for panel in dashboard["panels"]:
+        raw += [(panel["title"], target["expr"]) for target in panel.get("targets", [])]
     found = []
-    for panel in json.loads(DASHBOARD.read_text())["panels"]:
-        for target in panel.get("targets", []):
-            expr = pattern.sub(lambda m: GRAFANA_VARIABLES[m.group(0)], target["expr"])
-            assert "$" not in expr, f"{panel['title']}: a variable left in {expr!r}"
-            found.append((panel["title"], expr))
+    for what, expr in raw:
+        expr = pattern.sub(lambda m: GRAFANA_VARIABLES[m.group(0)], expr)
+        assert "$" not in expr, f"{what}: a variable left in {expr!r}"
+        found.append((what, expr))
     return found
 
 
@@ -404,3 +415,15 @@ def test_dashboard_and_alert_rules_against_a_real_prometheus() -> None:
             interval=0.5,
             context=lambda: "no series:\n" + "\n".join(empty_panels()),
         )
+        # What the fleet panels show: gpu-1's four GPUs as its driver reported them;
+        # nothing for the unreachable gpu-2 (a stale reading is absent, never 0).
+        utilisation = {
+            (s["metric"]["node"], s["metric"]["gpu"]): float(s["value"][1])
+            for s in query(base, 'llmgw_fleet_gpu_utilization_ratio{job="llmgw"}')
+        }
+        assert utilisation == {("gpu-1", str(i)): (i + 1) / 10 for i in range(4)}
+        nodes = {
+            s["metric"]["state"]: float(s["value"][1])
+            for s in query(base, 'llmgw_fleet_nodes{job="llmgw"}')
+        }
+        assert nodes == {"ready": 1, "unreachable": 1, "lost": 0}
