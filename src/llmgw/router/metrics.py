@@ -1,4 +1,6 @@
-"""The router's Prometheus metrics, on a registry of its own (no globals).
+"""The router's Prometheus metrics, on a registry of its own (no globals), which is the
+one llmgw-server serves: it also carries the process's own families (prometheus-client's
+process, platform and GC collectors, ``llmgw_build_info``) and the fleet's.
 
 Per-endpoint engine numbers are not kept in gauges that someone must remember to
 update: a collector reads them from the registry at scrape time, and a number the
