@@ -4,6 +4,8 @@
 #
 #   PostgreSQL's server binaries  tests/pg_cluster.py starts a throwaway cluster (store tests)
 #   Chromium                      tests/test_dashboard_browser.py (headless, via Playwright)
+#   Prometheus (and promtool)     tests/test_prometheus.py scrapes a live llmgw-server and
+#                                 checks deploy/prometheus and deploy/grafana against it
 #   llama.cpp's llama-server      tests/test_llamacpp_fleet.py (scripts/llama_server.sh
 #                                 builds it once, ~10 minutes on 2 cores, and caches it)
 #   systemd-analyze               tests/test_systemd_units.py verifies deploy/systemd
@@ -21,6 +23,7 @@ if [[ -z "${LLMGW_PG_BIN:-}" ]] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/n
 fi
 command -v chromium >/dev/null 2>&1 || packages+=(chromium)
 command -v systemd-analyze >/dev/null 2>&1 || packages+=(systemd)
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || packages+=(prometheus)
 
 if [[ ${#packages[@]} -gt 0 ]]; then
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then

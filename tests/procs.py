@@ -339,6 +339,7 @@ def agent(
     heartbeat: str = "200ms",
     max_backoff: str = "1s",
     shutdown_grace: str = "5s",
+    env: dict[str, str] | None = None,
 ) -> Iterator[AgentProc]:
     """llmgw-agent for `node_id` connected to `server` (HOST:PORT), its engines bound to
     the loopback `address` (give every agent its own: all of 127/8 is local, so engine
@@ -355,7 +356,7 @@ def agent(
     if fabric is not None:
         argv += ["--fabric", fabric]
     try:
-        with running("llmgw-agent", *argv, *args) as proc:
+        with running("llmgw-agent", *argv, *args, env=env) as proc:
             yield AgentProc(proc, node_id, state)
     finally:
         kill_engines(state)

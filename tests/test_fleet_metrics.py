@@ -373,6 +373,31 @@ def test_decisions_are_counted_passes_and_commands_by_kind() -> None:
     assert decisions() == (3, {"start": 2, "drain": 1, "stop": 1})
 
 
+def test_failed_starts_and_engine_exits_by_model_and_every_reason() -> None:
+    s = scenario(models=(LLAMA,))
+    registry = fleet_registry(s)
+
+    def failures(family: str) -> dict[str, float]:
+        samples = scrape(registry)[family]
+        assert {dict(labels)["model"] for labels in samples} == {"llama"}
+        return {dict(labels)["reason"]: v for labels, v in samples.items()}
+
+    none = {"not_launched": 0, "exited": 0, "timed_out": 0}
+    assert failures("llmgw_fleet_replica_start_failures_total") == none  # from 0
+    s.controller.reconcile()
+    serving, starting = sorted(s.controller.reconciler.replicas)
+    report(s, serving, ShardState.READY, endpoint_url="http://10.0.0.1:8000")
+    report(s, starting, ShardState.FAILED, message="exited with status 1", exit_code=1)
+    report(s, serving, ShardState.FAILED, message="killed by SIGKILL", exit_code=-9)
+    assert failures("llmgw_fleet_replica_start_failures_total") == {**none, "exited": 1}
+    assert failures("llmgw_fleet_engine_exits_total") == {
+        "signal": 1,
+        "error": 0,
+        "clean": 0,
+        "unknown": 0,
+    }
+
+
 def test_registers_on_the_routers_registry_beside_its_families() -> None:
     s = scenario()
     metrics = RouterMetrics()
@@ -391,7 +416,12 @@ def test_metric_names_follow_prometheus_conventions() -> None:
     registry = fleet_registry(s)
     families = list(text_string_to_metric_families(generate_latest(registry).decode()))
     assert families
-    counters = {"llmgw_fleet_reconcile_passes", "llmgw_fleet_commands"}
+    counters = {
+        "llmgw_fleet_reconcile_passes",
+        "llmgw_fleet_commands",
+        "llmgw_fleet_replica_start_failures",
+        "llmgw_fleet_engine_exits",
+    }
     assert counters <= {family.name for family in families}
     for family in families:
         assert family.name.startswith("llmgw_fleet_")

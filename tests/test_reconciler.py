@@ -7,6 +7,7 @@ import pytest
 
 from llmgw.config import ControlConfig, DeploymentProfile, ModelConfig
 from llmgw.control.fleet import (
+    EngineExit,
     EngineInfo,
     Gpu,
     NodeInfo,
@@ -15,6 +16,7 @@ from llmgw.control.fleet import (
     ReplicaState,
     ShardAssignment,
     ShardState,
+    StartFailure,
 )
 from llmgw.control.placement import NodeCapacity
 from llmgw.control.reconciler import (
@@ -203,6 +205,57 @@ def test_a_replica_that_never_starts_times_out() -> None:
     out = r.step(601.0, [model()], [node("a", 1)])
     assert Unpublish(cmd.replica_id, drain=False) in out.router
     assert r.backoff_until("m") == 611.0
+
+
+def test_failed_starts_are_counted_by_model_and_reason() -> None:
+    r = Reconciler(CONTROL)
+    nodes = [node("a", 1)]
+    ((n, cmd),) = starts(r.step(0.0, [model()], nodes))
+    refused = ShardStatus(cmd.replica_id, 0, cmd.epoch, ShardState.FAILED, message="not started")
+    r.shard_reported(n, refused, 1.0)
+    ((n, cmd),) = starts(r.step(20.0, [model()], nodes))
+    crashed = attrs.evolve(refused, replica_id=cmd.replica_id, epoch=cmd.epoch, exit_code=1)
+    r.shard_reported(n, crashed, 21.0)
+    r.shard_reported(n, crashed, 22.0)  # the same failure again (a heartbeat): once
+    starts(r.step(100.0, [model()], nodes))
+    r.step(701.0, [model()], nodes)
+    assert r.start_failures == {
+        ("m", StartFailure.NOT_LAUNCHED): 1,
+        ("m", StartFailure.EXITED): 1,
+        ("m", StartFailure.TIMED_OUT): 1,
+    }
+    assert not r.engine_exits
+
+
+def test_engine_exits_of_serving_replicas_are_counted_by_how_they_ended() -> None:
+    r = Reconciler(CONTROL)
+    nodes = [node("a", 2)]
+    (n, killed), (_, other) = starts(r.step(0.0, [model(2)], nodes))
+    for cmd in (killed, other):
+        r.shard_reported(n, ready(cmd, url=f"http://{cmd.replica_id}"), 1.0)
+    gone = ShardStatus(killed.replica_id, 0, killed.epoch, ShardState.FAILED, exit_code=-9)
+    r.shard_reported(n, gone, 2.0)
+    # A draining replica's engine that ends on its own is an exit too, counted once.
+    r.step(3.0, [], nodes)
+    assert r.replicas[other.replica_id].state is ReplicaState.DRAINING
+    ended = ShardStatus(other.replica_id, 0, other.epoch, ShardState.FAILED, exit_code=0)
+    r.shard_reported(n, ended, 4.0)
+    r.shard_reported(n, ended, 5.0)
+    assert r.engine_exits == {("m", EngineExit.SIGNAL): 1, ("m", EngineExit.CLEAN): 1}
+    assert not r.start_failures
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        (None, EngineExit.UNKNOWN),
+        (-11, EngineExit.SIGNAL),
+        (0, EngineExit.CLEAN),
+        (3, EngineExit.ERROR),
+    ],
+)
+def test_an_exit_code_names_how_the_engine_ended(code: int | None, reason: EngineExit) -> None:
+    assert EngineExit.of(code) is reason
 
 
 def test_unplaceable_replicas_are_explained_and_cleared_when_placed() -> None:

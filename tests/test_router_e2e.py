@@ -13,6 +13,8 @@ import httpx
 import openai
 import pytest
 
+import llmgw
+
 from .procs import Server, server, set_faults, sim, sim_metric, wait_for
 
 FAST = """
@@ -362,6 +364,14 @@ def test_admin_endpoints_view_and_metrics(pair: tuple[Server, list[str]]) -> Non
     text = httpx.get(f"{srv.admin}/metrics", timeout=5).text
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
     assert len({f for f in families if f.startswith("llmgw_")}) >= 20
+    # The serving process itself: prometheus-client's process, platform and GC
+    # collectors, and what runs.
+    assert {
+        "process_resident_memory_bytes",
+        "python_info",
+        "python_gc_collections_total",
+    } <= families
+    assert srv.metric("llmgw_build_info", version=llmgw.__version__) == 1
     assert httpx.get(f"{srv.admin}/readyz", timeout=5).status_code == 200
 
 

@@ -1,7 +1,5 @@
 """llmgw: an OpenAI-compatible LLM gateway and GPU-fleet control plane on trio."""
 
-from importlib.metadata import PackageNotFoundError, version
-
 from llmgw.catalog import Catalog
 from llmgw.config import Config, ConfigError
 from llmgw.config import load as load_config
@@ -13,14 +11,10 @@ from llmgw.router.endpoints import Endpoint, EndpointSink
 from llmgw.router.scheduling import Candidate, Decision, Scheduler
 from llmgw.router.usage import Usage, UsageRecord, UsageSink
 from llmgw.transport.base import AgentConnection, AgentConnector, AgentListener
+from llmgw.version import __version__
 
 # The in-memory stub transport (llmgw.transport.stub.StubNetwork) and the gRPC one are
 # imported from their modules: both pull in protobuf, which `import llmgw` does not need.
-
-try:
-    __version__ = version("llmgw")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+unknown"
 
 __all__ = [
     "AgentConnection",

@@ -70,6 +70,31 @@ class ShardState(enum.Enum):
     FAILED = "failed"
 
 
+class StartFailure(enum.Enum):
+    """Why a replica never became ready (a bounded label: the fleet metrics)."""
+
+    NOT_LAUNCHED = "not_launched"  # its agent refused the start or could not exec it
+    EXITED = "exited"  # an engine process exited before every shard was ready
+    TIMED_OUT = "timed_out"  # not ready within control.start_timeout
+
+
+class EngineExit(enum.Enum):
+    """How the engine of a serving (ready or draining) replica ended unasked."""
+
+    SIGNAL = "signal"  # killed by a signal: the OOM killer, a SIGKILL
+    ERROR = "error"  # a non-zero exit status
+    CLEAN = "clean"  # exit status 0, though nobody asked it to stop
+    UNKNOWN = "unknown"  # failed without an exit status reported
+
+    @classmethod
+    def of(cls, exit_code: int | None) -> EngineExit:
+        if exit_code is None:
+            return cls.UNKNOWN
+        if exit_code < 0:  # the agent reports -N for "killed by signal N"
+            return cls.SIGNAL
+        return cls.ERROR if exit_code else cls.CLEAN
+
+
 @attrs.frozen
 class ShardAssignment:
     """One node's part of a replica: which GPUs and ports it uses."""

@@ -9,7 +9,7 @@ no gauge anyone must remember to update. Register it on the router's registry::
 and render with ``generate_latest()`` inside the admin route, on the trio thread, so
 it reads trio-owned state without locks (DESIGN §11).
 
-Families (gauges, but for the two ``_total`` counters; base units; ``_ratio`` is 0..1):
+Families (gauges, but for the ``_total`` counters; base units; ``_ratio`` is 0..1):
 
 * ``llmgw_fleet_nodes{state}``: nodes by state (ready, unreachable, lost; every
   state always present); ``llmgw_fleet_nodes_connected`` (agent stream open) and
@@ -39,6 +39,11 @@ Families (gauges, but for the two ``_total`` counters; base units; ``_ratio`` is
   ``llmgw_fleet_commands_total{command}`` (start, drain, stop: commands issued to
   agents, every kind always present). A steady fleet's passes climb while its
   commands stay put; commands that keep climbing mean replicas flapping.
+* Counters of what went wrong, by ``model`` and a bounded ``reason``:
+  ``llmgw_fleet_replica_start_failures_total`` (replicas that never became ready:
+  ``not_launched``, ``exited``, ``timed_out``) and ``llmgw_fleet_engine_exits_total``
+  (engines of ready or draining replicas that ended unasked: ``signal``, ``error``,
+  ``clean``, ``unknown``), every reason always present per model.
 
 Definitions:
 
@@ -71,8 +76,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from llmgw.control.fleet import NodeState, ReplicaState
-from llmgw.control.views import gpu_holders, model_counts, schedulable_free
+from llmgw.control.fleet import EngineExit, NodeState, ReplicaState, StartFailure
+from llmgw.control.views import ModelCounts, gpu_holders, model_counts, schedulable_free
 
 if TYPE_CHECKING:
     from llmgw.control.controller import Controller
@@ -100,8 +105,37 @@ class FleetCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         now = self._clock()
         yield from self._fleet(now)
-        yield from self._models(now)
+        counts = model_counts(self._controller, now)
+        yield from self._models(counts)
         yield from self._decisions()
+        yield from self._failures(counts)
+
+    def _failures(self, counts: list[ModelCounts]) -> tuple[CounterMetricFamily, ...]:
+        """Failed starts and engine exits by model and reason; every reason of every
+        current model is exported, 0 included, so a first failure shows up in rate()."""
+        reconciler = self._controller.reconciler
+        models = {c.model for c in counts}
+        models.update(model for model, _ in reconciler.start_failures)
+        models.update(model for model, _ in reconciler.engine_exits)
+        starts = CounterMetricFamily(
+            "llmgw_fleet_replica_start_failures",
+            "Replicas that never became ready, by model and reason (not_launched: the "
+            "agent refused or could not exec the engine; exited: an engine exited "
+            "before ready; timed_out: not ready within control.start_timeout).",
+            labels=["model", "reason"],
+        )
+        exits = CounterMetricFamily(
+            "llmgw_fleet_engine_exits",
+            "Engine processes of ready or draining replicas that ended unasked, by model "
+            "and reason (signal, error: non-zero status, clean: status 0, unknown).",
+            labels=["model", "reason"],
+        )
+        for model in sorted(models):
+            for start in StartFailure:
+                starts.add_metric([model, start.value], reconciler.start_failures[model, start])
+            for end in EngineExit:
+                exits.add_metric([model, end.value], reconciler.engine_exits[model, end])
+        return (starts, exits)
 
     def _decisions(self) -> tuple[CounterMetricFamily, ...]:
         """What the controller decided: passes run, commands issued by kind."""
@@ -273,7 +307,7 @@ class FleetCollector(Collector):
             fabric_free,
         )
 
-    def _models(self, now: float) -> tuple[GaugeMetricFamily, ...]:
+    def _models(self, counts: list[ModelCounts]) -> tuple[GaugeMetricFamily, ...]:
         """Replicas per model: by state, desired, unplaced, backoff."""
         replicas = _gauge(
             "llmgw_fleet_replicas", "Replicas by model and state.", ["model", "state"]
@@ -307,21 +341,21 @@ class FleetCollector(Collector):
             "The model's recent request rate through this router (decayed over a minute).",
             ["model"],
         )
-        for counts in model_counts(self._controller, now):
-            if counts.idle_seconds is not None:
-                idle.add_metric([counts.model], counts.idle_seconds)
-            rate.add_metric([counts.model], counts.requests_per_second)
+        for c in counts:
+            if c.idle_seconds is not None:
+                idle.add_metric([c.model], c.idle_seconds)
+            rate.add_metric([c.model], c.requests_per_second)
             # The states a kept replica can be in, always exported (0 is a real count).
             for state, value in (
-                (ReplicaState.STARTING, counts.starting),
-                (ReplicaState.READY, counts.ready),
-                (ReplicaState.DRAINING, counts.draining),
+                (ReplicaState.STARTING, c.starting),
+                (ReplicaState.READY, c.ready),
+                (ReplicaState.DRAINING, c.draining),
             ):
-                replicas.add_metric([counts.model, state.value], value)
-            desired.add_metric([counts.model], counts.desired)
-            unplaced.add_metric([counts.model], counts.unplaced)
-            if counts.backoff_seconds is not None:
-                backoff.add_metric([counts.model], counts.backoff_seconds)
+                replicas.add_metric([c.model, state.value], value)
+            desired.add_metric([c.model], c.desired)
+            unplaced.add_metric([c.model], c.unplaced)
+            if c.backoff_seconds is not None:
+                backoff.add_metric([c.model], c.backoff_seconds)
 
         return (replicas, desired, unplaced, backoff, idle, rate)
 

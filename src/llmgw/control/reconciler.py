@@ -34,6 +34,7 @@ replicas of an earlier server run (:meth:`Reconciler.adopt`), whose epochs are b
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -41,7 +42,14 @@ import attrs
 
 from llmgw.catalog import API_KEY_ENV
 from llmgw.config import ControlConfig, ModelConfig
-from llmgw.control.fleet import NodeState, Placement, ReplicaState, ShardState
+from llmgw.control.fleet import (
+    EngineExit,
+    NodeState,
+    Placement,
+    ReplicaState,
+    ShardState,
+    StartFailure,
+)
 from llmgw.control.placement import NodeCapacity, PlaceRequest, Unplaceable, plan
 from llmgw.transport.messages import (
     DrainShard,
@@ -143,6 +151,9 @@ class Reconciler:
         self.replicas: dict[str, Replica] = {}
         self.unplaced: dict[str, tuple[Unplaceable, ...]] = {}
         self._backoff: dict[str, _Backoff] = {}
+        # Since this reconciler started, by (model, reason): the fleet metrics' counters.
+        self.start_failures: collections.Counter[tuple[str, StartFailure]] = collections.Counter()
+        self.engine_exits: collections.Counter[tuple[str, EngineExit]] = collections.Counter()
         self.first_epoch = first_epoch
         self._epochs = itertools.count(first_epoch)
         self._commands = itertools.count(1)
@@ -193,6 +204,7 @@ class Reconciler:
                 replica.state is ReplicaState.STARTING
                 and now - replica.since > self.control.start_timeout
             ):
+                self.start_failures[replica.model, StartFailure.TIMED_OUT] += 1
                 actions += self._drop(replica, "start timed out", failed=True, now=now)
 
         wanted = {m.name: m for m in models if m.profiles}
@@ -347,6 +359,16 @@ class Reconciler:
         )
         return Actions(commands, (Unpublish(p.replica_id, drain=False),))
 
+    def _count_failure(self, replica: Replica, status: ShardStatus) -> None:
+        """A shard of `replica` failed: a failed start while the replica starts, else an
+        engine exit (the supervisor reports an exit code once it launched a process)."""
+        if replica.state is ReplicaState.STARTING:
+            launched = status.exit_code is not None
+            reason = StartFailure.EXITED if launched else StartFailure.NOT_LAUNCHED
+            self.start_failures[replica.model, reason] += 1
+        else:
+            self.engine_exits[replica.model, EngineExit.of(status.exit_code)] += 1
+
     # -- events ------------------------------------------------------------------------
 
     def shard_reported(self, node_id: str, status: ShardStatus, now: float) -> Actions:
@@ -371,9 +393,14 @@ class Reconciler:
                 )
                 return Actions(commands=(Command(node_id, stop),))
             return Actions()
+        previous = replica.shards.get(status.rank)
         replica.shards[status.rank] = status
         ranks = {s.rank for s in replica.placement.shards}
         states = {replica.shards[r].state for r in ranks if r in replica.shards}
+        if status.state is ShardState.FAILED and (
+            previous is None or previous.state is not ShardState.FAILED  # reported again
+        ):
+            self._count_failure(replica, status)
         if status.state is ShardState.FAILED and replica.state is not ReplicaState.DRAINING:
             return self._drop(replica, status.message or "shard failed", failed=True, now=now)
         if (

@@ -1,4 +1,6 @@
-"""The router's Prometheus metrics, on a registry of its own (no globals).
+"""The router's Prometheus metrics, on a registry of its own (no globals), which is the
+one llmgw-server serves: it also carries the process's own families (prometheus-client's
+process, platform and GC collectors, ``llmgw_build_info``) and the fleet's.
 
 Per-endpoint engine numbers are not kept in gauges that someone must remember to
 update: a collector reads them from the registry at scrape time, and a number the
@@ -7,9 +9,19 @@ engine never reported is left out rather than exported as zero.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -17,6 +29,7 @@ from llmgw.router.admission import AdmissionStats
 from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoints import EndpointRegistry
 from llmgw.router.usage import UsageRecord
+from llmgw.version import __version__
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -31,6 +44,17 @@ class RouterMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry(auto_describe=True)
+        # The process serving these: CPU, memory, open files, start time (Linux), the
+        # interpreter and its garbage collector, and what is running.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        Gauge(
+            "llmgw_build_info",
+            "Always 1, labelled with the running llmgw's version and Python's.",
+            ["version", "python"],
+            registry=r,
+        ).labels(__version__, platform.python_version()).set(1)
         self.requests = Counter(
             "llmgw_requests_total",
             "Client requests completed, by served model, endpoint and HTTP status.",
