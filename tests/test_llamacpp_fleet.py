@@ -504,32 +504,23 @@ def test_engine_paths_and_messages_against_the_real_engine(
     )
     # Streams go translated (paths.MESSAGES_NATIVE_STREAM): llama-server's own leave out
     # message_start when the first token ends inside a multi-byte character, which the
-    # tiny model's random bytes often do. Seeds where llama-server itself does so:
+    # tiny model's random bytes often do (about a third of seeds, here):
     engine = srv.endpoints()[srv.ready_replicas("tiny", 2)[0]["id"]]["url"]
-    broken = []
-    for seed in range(12):
+    ask = [{"role": "user", "content": "hello"}]
+    broken = 0
+    for seed in range(16):
         with httpx.stream(
             "POST",
             f"{engine}/v1/messages",
-            json={
-                "model": "tiny",
-                "max_tokens": 3,
-                "stream": True,
-                "seed": seed,
-                "messages": [{"role": "user", "content": "hello"}],
-            },
+            json={"model": "tiny", "stream": True, "messages": ask, "max_tokens": 3, "seed": seed},
             timeout=30,
         ) as raw:
             events = [line for line in raw.iter_lines() if line.startswith("event:")]
-        if events and events[0] != "event: message_start":
-            broken.append(seed)
+        broken += bool(events) and events[0] != "event: message_start"
     assert broken, "llama-server now starts every stream with message_start: stream natively"
-    for seed in [*broken[:3], 0]:
-        with messages.messages.stream(
-            model="tiny",
-            max_tokens=3,
-            messages=[{"role": "user", "content": "hello"}],
-            extra_body={"seed": seed},
-        ) as stream:
+    # Through llmgw, at the engine's default temperature (Anthropic's API takes no seed),
+    # every stream is whole: a dozen at that rate meet the engine's fault all but surely.
+    for _ in range(12):
+        with messages.messages.stream(model="tiny", messages=ask, max_tokens=3) as stream:
             final = stream.get_final_message()
         assert final.usage.output_tokens <= 3 and final.usage.input_tokens > 0
