@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import socket
 import threading
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,11 @@ async def test_the_document_lists_every_route_and_only_those() -> None:
         "/api/v1/usage",
         "/api/v1/models",
         "/api/v1/models/{name}",
+        "/api/v1/debug",
+        "/api/v1/debug/tasks",
+        "/api/v1/debug/threads",
+        "/api/v1/debug/profile",
+        "/api/v1/debug/heap",
     } == set(doc["paths"])
     for path, ops in doc["paths"].items():
         for operation in ops.values():
@@ -207,8 +213,14 @@ async def _serve_admin(
                 for i in range(6)
             ]
         )
+        # Profiles of a second at most: the fuzzing sends many.
         app = AdminApp(
-            router, controller=s.controller, store=store, models=registry, admin_auth=True
+            router,
+            controller=s.controller,
+            store=store,
+            models=registry,
+            admin_auth=True,
+            max_profile_seconds=1,
         )
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
         stop = trio.Event()
@@ -262,6 +274,7 @@ def admin_server(
     yield server
     trio.from_thread.run_sync(info["stop"].set, trio_token=info["token"])
     thread.join(30)
+    tracemalloc.stop()  # GET /api/v1/debug/heap started it in this process
     assert not failure, failure
     _report(request.config, server)
 
@@ -333,7 +346,7 @@ def test_schemathesis_finds_no_server_error_or_schema_violation(
                 assert mode is negative  # nothing to negate: an operation without inputs
             except Exception as exc:  # every operation is tried; all failures are shown
                 failures.append(f"{operation.label} ({label}): {exc}")
-    assert len(operations) == 22
+    assert len(operations) == 28
     assert not failures, "\n\n".join(failures)
     # The fuzzing got through auth to every operation, and some requests succeeded.
     for operation in operations:

@@ -41,7 +41,7 @@ from llmgw.admin.usage import MIN_BUCKET, MOMENT_RE
 from llmgw.bench.runner import BAND_HEADER, SESSION_HEADER
 from llmgw.bench.sweeping import PERCENTILES
 from llmgw.units import parse_duration
-from llmgw_cli import ctl_views
+from llmgw_cli import ctl_debug, ctl_views
 from llmgw_cli._common import (
     EXIT_OK,
     EXIT_RUNTIME,
@@ -267,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(verb, parents=[common], help=f"the same as 'nodes {verb}'")
         sp.add_argument("node", metavar="NODE", help="node id")
 
+    ctl_debug.add_parser(
+        sub.add_parser("debug", parents=[common], help=ctl_debug.HELP, description=ctl_debug.HELP),
+        common,
+    )
     _add_bench(sub.add_parser("bench", parents=[common], help="drive load and report latency"))
     return p
 
@@ -545,9 +549,10 @@ def admin_call(
     body: Any = None,
     key: str | None = None,
     timeout: float = 10.0,
+    raw: bool = False,
 ) -> Any:
-    """One admin API call (`body`, when given, sent as JSON); its JSON, or
-    CliError(EXIT_RUNTIME) with a one-line reason."""
+    """One admin API call (`body`, when given, sent as JSON); its JSON (with `raw`, the
+    httpx response itself), or CliError(EXIT_RUNTIME) with a one-line reason."""
     url = f"{admin.rstrip('/')}/api/v1/{path}"
     headers = {"accept": "application/json"}
     if key:
@@ -587,6 +592,8 @@ def admin_call(
             f"admin API answered {resp.status_code} to {method} /api/v1/{path}: {reason}",
             EXIT_RUNTIME,
         )
+    if raw:
+        return resp
     if not resp.content:
         return None
     try:
@@ -692,7 +699,8 @@ def _print_json(data: Any) -> None:
 
 
 def _call(args: argparse.Namespace, method: str, path: str, **kw: Any) -> Any:
-    return admin_call(args.admin, method, path, key=args.admin_key, timeout=args.timeout, **kw)
+    kw.setdefault("timeout", args.timeout)
+    return admin_call(args.admin, method, path, key=args.admin_key, **kw)
 
 
 def cmd_listing(args: argparse.Namespace) -> int:
@@ -1271,6 +1279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "debug":
+            return ctl_debug.run(args, partial(_call, args))
         if args.command in ("drain", "cordon", "uncordon"):
             return cmd_node(args, args.command)
         action = ACTIONS.get((args.command, getattr(args, "action", None)))

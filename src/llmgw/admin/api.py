@@ -40,7 +40,7 @@ from quart import Blueprint, Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
-from llmgw.admin import keys, models_api, openapi, usage
+from llmgw.admin import debug, keys, models_api, openapi, usage
 from llmgw.admin.contract import (
     MAX_BODY_BYTES,
     ApiError,
@@ -116,6 +116,7 @@ class AdminApp:
         max_body_bytes: int = MAX_BODY_BYTES,
         body_timeout: float | None = None,
         hosts: frozenset[str] | None = None,
+        max_profile_seconds: int = debug.MAX_PROFILE_SECONDS,
     ) -> None:
         if admin_auth and store is None:
             raise ValueError(NO_AUTH_STORE)
@@ -128,6 +129,7 @@ class AdminApp:
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
         self.hosts = hosts
+        self.max_profile_seconds = max_profile_seconds
         self.routes: list[Route] = self._routes()
         self._openapi: bytes | None = None
 
@@ -442,6 +444,86 @@ class AdminApp:
                 greedy=True,
                 description=model_name,
                 uses_store=True,
+            ),
+            *self._debug_routes(),
+        ]
+
+    def _debug_routes(self) -> list[Route]:
+        tag = "debug"
+        text = {"type": "string"}
+        return [
+            Route(
+                "GET",
+                "/api/v1/debug",
+                partial(debug.status, self),
+                "getDebugStatus",
+                "Which debugging aids are on (none until asked for)",
+                tag,
+                {200: Out("the profiler and tracemalloc, on or off", debug.DebugStatus)},
+            ),
+            Route(
+                "GET",
+                "/api/v1/debug/tasks",
+                partial(debug.tasks, self),
+                "getTaskTree",
+                "The trio task tree, with where each task is suspended",
+                tag,
+                {200: Out("every task, from the root", debug.TaskTree)},
+            ),
+            Route(
+                "GET",
+                "/api/v1/debug/threads",
+                partial(debug.threads, self),
+                "getThreadStacks",
+                "Every thread's Python stack",
+                tag,
+                {200: Out("every thread running Python code", debug.ThreadList)},
+            ),
+            Route(
+                "GET",
+                "/api/v1/debug/profile",
+                partial(debug.profile, self),
+                "getProfile",
+                "Sample the event-loop thread for some seconds (pyinstrument) and answer the "
+                "profile",
+                tag,
+                {
+                    200: Out(
+                        "the profile, as `format` asks",
+                        text,
+                        debug.PROFILE_FORMATS["text"],
+                        alternatives={
+                            debug.PROFILE_FORMATS["speedscope"]: {"type": "object"},
+                            debug.PROFILE_FORMATS["html"]: text,
+                        },
+                    ),
+                    **_errors(400),
+                    409: Out("a profile is running (one at a time)", ErrorBody),
+                },
+                query=debug.profile_query(self.max_profile_seconds),
+            ),
+            Route(
+                "GET",
+                "/api/v1/debug/heap",
+                partial(debug.heap, self),
+                "getHeap",
+                "The lines holding the most live memory (tracemalloc; the first request starts it)",
+                tag,
+                {
+                    200: Out("the top lines by live size", debug.HeapSummary),
+                    **_errors(400),
+                    409: Out("tracing was stopped while the summary was made", ErrorBody),
+                },
+                query=debug.HEAP_QUERY,
+            ),
+            Route(
+                "DELETE",
+                "/api/v1/debug/heap",
+                partial(debug.heap_stop, self),
+                "stopHeapTracing",
+                "Stop tracemalloc (tracing slows every allocation) and free what it holds",
+                tag,
+                {200: Out("off", debug.HeapStopped)},
             ),
         ]
 

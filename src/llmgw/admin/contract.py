@@ -149,6 +149,8 @@ class Out:
     schema: Any = None
     media_type: str = "application/json"
     headers: Mapping[str, str] = attrs.field(factory=dict)  # name -> description
+    # Other media types the answer may come as (a query parameter chooses): type -> schema.
+    alternatives: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 @attrs.frozen

@@ -41,6 +41,7 @@ TAGS = [
     ("models", "the live model catalog and runtime changes to it"),
     ("keys", "API keys"),
     ("usage", "usage records summarised per key or model"),
+    ("debug", "the task tree, thread stacks, CPU profiles and a heap summary (docs/debugging.md)"),
 ]
 
 DESCRIPTION = """\
@@ -121,7 +122,8 @@ def _response(builder: SchemaBuilder, out: Out) -> dict[str, Any]:
     response: dict[str, Any] = {"description": out.description}
     if out.schema is not None:
         response["content"] = {
-            out.media_type: {"schema": _schema(builder, out.schema, "output", "view")}
+            media: {"schema": _schema(builder, schema, "output", "view")}
+            for media, schema in {out.media_type: out.schema, **out.alternatives}.items()
         }
     if out.headers:
         response["headers"] = {
