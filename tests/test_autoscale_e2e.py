@@ -58,3 +58,22 @@ async def test_a_model_scales_up_under_load_and_back_to_min_when_idle() -> None:
             await until(lambda: active(f) == 1)
         decision = f.controller.scaler.decided("m")
         assert decision is not None and decision.desired == 1, decision
+
+
+async def test_a_request_to_a_model_at_zero_wakes_it() -> None:
+    at_zero = {**SCALED, "replicas": 0, "autoscale": {"min_replicas": 0, "max_replicas": 2}}
+    async with fleet([at_zero], nodes=1, gpus="2x80GB") as f:
+        with trio.fail_after(20):
+            await until(lambda: f.controller.passes >= 3)
+        assert active(f) == 0  # `replicas = 0`: nothing starts unasked
+        body = {"model": "m", "prompt": "hi", "max_tokens": 1}
+        # Nothing runs: until wake-on-request holds it, the router answers 503 at once,
+        # and the controller hears of the request (a refused one counts as demand).
+        r = await f.client.post("/v1/completions", json=body)
+        assert r.status_code == 503, r.text
+        with trio.fail_after(20):
+            await f.wait_ready("m", 1)
+        decision = f.controller.scaler.decided("m")
+        assert decision is not None and decision.reason == "a request while scaled to zero"
+        r = await f.client.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
