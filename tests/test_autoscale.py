@@ -122,6 +122,12 @@ def test_a_starting_replica_holds_further_scale_up_until_cold_start_timeout() ->
     assert at(220.0, demand(history(0, 220, saturation=0.9)), 2, replicas=replicas).desired == 3
 
 
+def test_no_scale_up_while_the_count_decided_is_not_placed() -> None:
+    hot = demand(history(0, 60, saturation=0.9))
+    held = at(60.0, hot, 3, replicas=ready(2))
+    assert held == Decision(3, "hot, but 1 replica(s) not placed yet")
+
+
 def test_cooldown_after_a_change_holds_the_next_for_a_window() -> None:
     hot = demand(history(0, 100, saturation=0.9))
     assert at(100.0, hot, 2, last_change=80.0).desired == 2

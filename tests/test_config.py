@@ -494,17 +494,17 @@ name = "p"
 engine = "sim"
 weights = "x"
 min_gpu_memory = "8GiB"
+[models.autoscale]
+min_replicas = 0
+max_replicas = 3
+scale_down_window = "90s"
 """
     )
-    out = subprocess.run(
-        [str(BIN / "llmgw-server"), "--config", str(path), "--print-config"],
-        capture_output=True,
-        text=True,
-        env={"PATH": "/usr/bin:/bin"},
-        check=True,
-    ).stdout
-    printed = tomllib.loads(out)
+    done = run_server("--config", str(path), "--print-config")
+    assert done.returncode == 0, done.stderr
+    printed = tomllib.loads(done.stdout)
     assert printed["router"]["cooldown"] == "90s"
+    assert printed["models"][0]["autoscale"]["scale_down_window"] == "90s"
     assert cfg.load(data=printed, environ={}) == cfg.load(path, environ={})
 
 

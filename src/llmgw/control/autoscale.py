@@ -15,7 +15,7 @@ The rules, in order (docs/autoscaling.md):
    flight with the pool saturation at or above `target_saturation`), and no change
    within that window: up to what would bring the saturation to the target (at least
    one more). Not while a replica is still starting (within `cold_start_timeout`): it
-   is capacity on its way.
+   is capacity on its way; nor while the count decided is not placed yet.
 4. **Down**: every sample of the last `scale_down_window` cool enough that one replica
    fewer would still stay under the target, nothing queued, and no change within that
    window: one replica fewer (never below one by load: only idleness goes to zero).
@@ -150,6 +150,10 @@ def decide(
         )
         if starting:
             return Decision(target, f"hot, but {starting} replica(s) still starting")
+        placed = sum(r.state in (ReplicaState.STARTING, ReplicaState.READY) for r in replicas)
+        if placed < target:
+            # More would not be placed either (GET /api/v1/placement says why).
+            return Decision(target, f"hot, but {target - placed} replica(s) not placed yet")
         level = min(x.saturation for x in up)
         wanted = max(target + 1, math.ceil(target * level / s.target_saturation))
         return Decision(
