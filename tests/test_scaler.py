@@ -7,9 +7,10 @@ import attrs
 
 from llmgw.catalog import Catalog
 from llmgw.config import AutoscaleConfig, ControlConfig, DeploymentProfile, ModelConfig, Seconds
-from llmgw.control.autoscale import Sample
+from llmgw.control.autoscale import ReplicaSample, Sample
 from llmgw.control.controller import Controller
 from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo, ReplicaState, ShardState
+from llmgw.control.scaler import Scaler
 from llmgw.control.views import model_counts
 from llmgw.transport.messages import Register, ShardStatus
 from tests.test_fleet_metrics import Clock, Sink
@@ -143,3 +144,26 @@ def test_a_model_that_stops_being_autoscaled_is_forgotten() -> None:
     controller.reconcile()
     assert controller.scaler.decided("scaled") is None
     assert len(active(controller, "scaled")) == 2
+
+
+def test_after_a_restart_it_starts_from_the_replicas_it_adopted() -> None:
+    scaler = Scaler()
+    adopted = [ReplicaSample(ReplicaState.READY, 0.0)] * 3
+    drained = [ReplicaSample(ReplicaState.DRAINING, 0.0)]
+    out = scaler.step(
+        [SCALED, STATIC],
+        10.0,
+        demand=Feed(inflight=1, saturation=0.5),
+        last_request=lambda _: None,
+        replicas={"scaled": [*adopted, *drained]},
+    )
+    assert out == {"scaled": 3}  # not its `replicas` (1): that would drain two
+    # Never more than max_replicas, though.
+    out = Scaler().step(
+        [SCALED],
+        10.0,
+        demand=None,
+        last_request=lambda _: None,
+        replicas={"scaled": adopted * 2},
+    )
+    assert out == {"scaled": 3}

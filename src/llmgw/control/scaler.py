@@ -18,6 +18,7 @@ import attrs
 
 from llmgw.config import ModelConfig
 from llmgw.control.autoscale import Decision, Demand, ReplicaSample, Sample, decide, initial
+from llmgw.control.fleet import ReplicaState
 
 if TYPE_CHECKING:
     from llmgw.router.core import Router
@@ -85,7 +86,14 @@ class Scaler:
             seen.add(model.name)
             state = self._models.get(model.name)
             if state is None:
-                state = self._models[model.name] = _State(initial(model), now)
+                # After a restart the replicas adopted are where it stands: starting
+                # from `replicas` would drain what the demand had scaled up.
+                running = sum(
+                    r.state in (ReplicaState.STARTING, ReplicaState.READY)
+                    for r in replicas.get(model.name, ())
+                )
+                start = max(initial(model), min(running, s.max_replicas))
+                state = self._models[model.name] = _State(start, now)
             if demand is not None and (
                 not state.samples or now - state.samples[-1].at >= SAMPLE_EVERY
             ):
