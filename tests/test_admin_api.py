@@ -539,6 +539,15 @@ async def test_model_validation_errors_name_the_key(tmp_path: Path) -> None:
             ({"profiles": [{"name": "p"}]}, "profiles[0].engine: required key is missing"),
             ({"replicas": -1}, "models[0].replicas: must be 0 or more"),
             ({"replicas": 10**9}, "replicas: must be at most 10000"),
+            (
+                {"autoscale": {"min_replicas": 0, "max_replicas": 10**9}},
+                "autoscale.max_replicas: must be at most 10000",
+            ),
+            (
+                {"autoscale": {"min_replicas": 3, "max_replicas": 2}},
+                "models[0].autoscale.min_replicas: must not exceed max_replicas (2)",
+            ),
+            ({"autoscale": {"min_replicas": 0}}, "autoscale.max_replicas: required key"),
             ({"replicas": "2"}, "replicas: expected int"),
             ({"aliases": "abc"}, "aliases: expected an array, got a string"),
             ({"profiles": [{**PROFILE, "args": "--x"}]}, "profiles[0].args: expected an array"),
@@ -563,6 +572,31 @@ async def test_model_validation_errors_name_the_key(tmp_path: Path) -> None:
         r = await a.client.patch("/api/v1/models/m", json={"name": "renamed"})
         assert r.status_code == 400
         assert "cannot be renamed" in error(r)["message"]
+
+
+async def test_runtime_models_take_autoscale_settings(tmp_path: Path) -> None:
+    cfg = config({"endpoints": CONFIG["endpoints"]})
+    async with admin_api(tmp_path, cfg=cfg) as a:
+        body = {"name": "m", "autoscale": {"min_replicas": 0, "max_replicas": 3}}
+        r = await a.client.post("/api/v1/models", json=body)
+        assert r.status_code == 201, r.text
+        assert r.json()["autoscale"] == {
+            "min_replicas": 0,
+            "max_replicas": 3,
+            "idle_timeout": "10m",
+            "target_saturation": 0.7,
+            "scale_up_window": "30s",
+            "scale_down_window": "5m",
+            "cold_start_timeout": "10m",
+        }
+        changes = {"autoscale": {"min_replicas": 1, "max_replicas": 4, "idle_timeout": "90s"}}
+        r = await a.client.patch("/api/v1/models/m", json=changes)
+        assert r.status_code == 200, r.text
+        assert r.json()["autoscale"]["idle_timeout"] == "90s"
+        assert r.json()["autoscale"]["max_replicas"] == 4
+        # Back to a static count.
+        r = await a.client.patch("/api/v1/models/m", json={"autoscale": None, "replicas": 2})
+        assert (r.json()["autoscale"], r.json()["replicas"]) == (None, 2)
 
 
 async def test_model_conflicts(tmp_path: Path) -> None:

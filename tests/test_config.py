@@ -310,6 +310,43 @@ RULES: list[tuple[str, str]] = [
     ),
     ('models = [{ name = "a", replicas = -1 }]', "models[0].replicas: must be 0 or more, got -1"),
     (
+        'models = [{ name = "a", autoscale = { max_replicas = 2 } }]',
+        "models[0].autoscale.min_replicas: required key is missing",
+    ),
+    (
+        'models = [{ name = "a", autoscale = { min_replicas = 3, max_replicas = 2 } }]',
+        "models[0].autoscale.min_replicas: must not exceed max_replicas (2), got 3",
+    ),
+    (
+        'models = [{ name = "a", autoscale = { min_replicas = -1, max_replicas = 0 } }]',
+        "models[0].autoscale.min_replicas: must be 0 or more, got -1",
+    ),
+    (
+        'models = [{ name = "a", autoscale = { min_replicas = 0, max_replicas = 0 } }]',
+        "models[0].autoscale.max_replicas: must be at least 1, got 0",
+    ),
+    (
+        'models = [{ name = "a", replicas = 4, autoscale = { min_replicas = 0, '
+        "max_replicas = 2 } }]",
+        "models[0].replicas: the count to start with must not exceed autoscale.max_replicas (2), "
+        "got 4",
+    ),
+    (
+        'models = [{ name = "a", autoscale = { min_replicas = 0, max_replicas = 2, '
+        "target_saturation = 1.5 } }]",
+        "models[0].autoscale.target_saturation: must be in (0, 1], got 1.5",
+    ),
+    (
+        'models = [{ name = "a", autoscale = { min_replicas = 0, max_replicas = 2, '
+        'idle_timeout = "0s" } }]',
+        "models[0].autoscale.idle_timeout: must be greater than 0, got 0ms",
+    ),
+    (
+        'models = [{ name = "a", autoscale = { min_replicas = 0, max_replicas = 2, '
+        'scale_up_window = "soon" } }]',
+        "models[0].autoscale.scale_up_window: expected a duration",
+    ),
+    (
         'models = [{ name = "a", routing_profile = "fast" }]',
         "models[0].routing_profile: no routing profile named 'fast' (have batch, chat)",
     ),
@@ -457,17 +494,17 @@ name = "p"
 engine = "sim"
 weights = "x"
 min_gpu_memory = "8GiB"
+[models.autoscale]
+min_replicas = 0
+max_replicas = 3
+scale_down_window = "90s"
 """
     )
-    out = subprocess.run(
-        [str(BIN / "llmgw-server"), "--config", str(path), "--print-config"],
-        capture_output=True,
-        text=True,
-        env={"PATH": "/usr/bin:/bin"},
-        check=True,
-    ).stdout
-    printed = tomllib.loads(out)
+    done = run_server("--config", str(path), "--print-config")
+    assert done.returncode == 0, done.stderr
+    printed = tomllib.loads(done.stdout)
     assert printed["router"]["cooldown"] == "90s"
+    assert printed["models"][0]["autoscale"]["scale_down_window"] == "90s"
     assert cfg.load(data=printed, environ={}) == cfg.load(path, environ={})
 
 

@@ -779,14 +779,15 @@ def test_readable_keys_and_models() -> None:
     models = {
         "models": [
             {"name": "llama", "aliases": ["l"], "fallbacks": [], "routing_profile": None,
-             "replicas": 2, "profiles": [], "source": "config",
+             "replicas": 2, "profiles": [], "autoscale": None, "source": "config",
              "status": {"model": "llama", "desired": 2, "starting": 0, "ready": 1,
                         "draining": 0, "unplaced": 1, "backoff_seconds": None,
                         "failed_starts": 0, "idle_seconds": None, "requests_per_second": 0.0,
                         "tokens_per_second": 0.0},
              "routing": {"endpoints": ["r1"], "available": 1}},
             {"name": "rt", "aliases": [], "fallbacks": ["llama"], "routing_profile": None,
-             "replicas": 1, "profiles": [], "source": "runtime", "status": None,
+             "replicas": 1, "profiles": [], "autoscale": None, "source": "runtime",
+             "status": None,
              "routing": {"endpoints": [], "available": 0}},
         ]
     }  # fmt: skip

@@ -412,3 +412,24 @@ def test_an_explanation_goes_away_when_fewer_replicas_are_wanted() -> None:
     assert "m" in r.unplaced
     r.step(1.0, [model(0, TP2X2)], [node("a", 2)])
     assert "m" not in r.unplaced
+
+
+def test_a_desired_count_given_for_a_model_replaces_its_replicas() -> None:
+    r = Reconciler(CONTROL)
+    nodes = [node("a", 6)]
+    static = model(1, name="static")
+    scaled = model(1, name="scaled")
+    started = starts(r.step(0.0, [static, scaled], nodes, {"scaled": 3}))
+    assert sorted(c.model for _, c in started) == ["scaled", "scaled", "scaled", "static"]
+    for n, cmd in started:
+        r.shard_reported(n, ready(cmd, url=f"http://{cmd.replica_id}"), 1.0)
+    # Scaled down by drain (no stream cut), one replica; the static model is untouched.
+    out = r.step(2.0, [static, scaled], nodes, {"scaled": 2})
+    (drain,) = [c.message for c in out.commands]
+    assert isinstance(drain, DrainShard)
+    assert r.replicas[drain.replica_id].model == "scaled"
+    assert out.router == (Unpublish(drain.replica_id, drain=True),)
+    # Down to zero: every replica of it drains; without an entry, `replicas` again.
+    out = r.step(3.0, [static, scaled], nodes, {"scaled": 0})
+    assert len([c for c in out.commands if isinstance(c.message, DrainShard)]) == 2
+    assert len(starts(r.step(4.0, [static, scaled], nodes))) == 1

@@ -11,6 +11,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 import attrs
 
+from llmgw import units
 from llmgw.config import DeploymentProfile, ModelConfig
 
 ENGINES = ("vllm", "sglang", "sim", "llamacpp")
@@ -84,6 +85,37 @@ def _check_profile(profile: DeploymentProfile, key: str) -> list[str]:
     return problems
 
 
+def _check_autoscale(model: ModelConfig, key: str) -> list[str]:
+    a = model.autoscale
+    assert a is not None
+    problems: list[str] = []
+    if a.min_replicas < 0:
+        problems.append(f"{key}.min_replicas: must be 0 or more, got {a.min_replicas}")
+    if a.max_replicas < 1:
+        problems.append(f"{key}.max_replicas: must be at least 1, got {a.max_replicas}")
+    elif a.min_replicas > a.max_replicas:
+        problems.append(
+            f"{key}.min_replicas: must not exceed max_replicas ({a.max_replicas}), "
+            f"got {a.min_replicas}"
+        )
+    elif model.replicas > a.max_replicas:
+        # With autoscale, `replicas` is the count to start with; above the bound it
+        # could only be a mistake (it is raised to min_replicas, for the default 1).
+        problems.append(
+            f"{key[: -len('.autoscale')]}.replicas: the count to start with must not exceed "
+            f"autoscale.max_replicas ({a.max_replicas}), got {model.replicas}"
+        )
+    if not 0 < a.target_saturation <= 1:
+        problems.append(f"{key}.target_saturation: must be in (0, 1], got {a.target_saturation:g}")
+    for name in ("idle_timeout", "scale_up_window", "scale_down_window", "cold_start_timeout"):
+        value = getattr(a, name)
+        if value <= 0:
+            problems.append(
+                f"{key}.{name}: must be greater than 0, got {units.format_duration(value)}"
+            )
+    return problems
+
+
 def check_models(
     models: Sequence[ModelConfig], routing_profiles: Collection[str], key: str = "models"
 ) -> list[str]:
@@ -111,6 +143,8 @@ def check_models(
                 owner[alias] = model.name
         if model.replicas < 0:
             problems.append(f"{mkey}.replicas: must be 0 or more, got {model.replicas}")
+        if model.autoscale is not None:
+            problems.extend(_check_autoscale(model, f"{mkey}.autoscale"))
         if model.routing_profile is not None and model.routing_profile not in routing_profiles:
             problems.append(
                 f"{mkey}.routing_profile: no routing profile named {model.routing_profile!r} "

@@ -39,6 +39,7 @@ __all__ = [
     "AdmissionConfig",
     "AffinityConfig",
     "AuthConfig",
+    "AutoscaleConfig",
     "Band",
     "Config",
     "ConfigError",
@@ -323,6 +324,26 @@ class DeploymentProfile:
 
 
 @attrs.frozen
+class AutoscaleConfig:
+    """A model's replica count following its demand (llmgw.control.autoscale,
+    docs/autoscaling.md), between `min_replicas` and `max_replicas`."""
+
+    min_replicas: int
+    max_replicas: int
+    # No request in flight, queued or finished for this long: down to min_replicas.
+    idle_timeout: Seconds = Seconds(600.0)
+    # The pool saturation (the router's, 0..1) to scale around: sustained above it
+    # (or requests queueing) adds replicas, sustained well below it removes one.
+    target_saturation: float = 0.7
+    # How long a signal must hold before a scale up (down) and how long after any
+    # change the next one waits: the hysteresis that keeps the count from flapping.
+    scale_up_window: Seconds = Seconds(30.0)
+    scale_down_window: Seconds = Seconds(300.0)
+    # A starting replica counts as capacity this long (no further scale up meanwhile).
+    cold_start_timeout: Seconds = Seconds(600.0)
+
+
+@attrs.frozen
 class ModelConfig:
     """A model clients name; with deployment profiles, the control plane runs it."""
 
@@ -333,10 +354,12 @@ class ModelConfig:
     fallbacks: tuple[str, ...] = ()
     # A name from router.profiles; router.default_profile when unset.
     routing_profile: str | None = None
-    # Replicas the control plane keeps running.
+    # Without `autoscale`: the replicas to run. With it: the count to start with
+    # (raised to min_replicas), from where the autoscaler takes over.
     replicas: int = 1
     # Ways to run it, in order of preference; none: served by [[endpoints]] only.
     profiles: tuple[DeploymentProfile, ...] = ()
+    autoscale: AutoscaleConfig | None = None
 
 
 @attrs.frozen

@@ -17,6 +17,7 @@ from llmgw.admin.web import LOOPBACK_HOSTS, asgi, build_app, mount
 from llmgw.config import Config, ControlConfig
 from llmgw.control.controller import Controller
 from llmgw.control.fleet_metrics import register_fleet_metrics
+from llmgw.control.scaler import router_demand
 from llmgw.dashboard import DashboardApp, TrafficRing
 from llmgw.http.asgi import split, under
 from llmgw.http.hyper import ReloadableTls, TlsFiles, serve_hypercorn
@@ -233,6 +234,8 @@ async def _serve(
         controller.set_catalog(registry.catalog)
         registry.listeners.append(controller.set_catalog)
         router.usage_sinks.append(controller.activity)
+        if controller.demand is None:  # autoscaled models follow this router's demand
+            controller.demand = router_demand(router)
         register_fleet_metrics(router.metrics.registry, controller, controller.clock)
         if listener is None:
             from llmgw.transport.grpc import GrpcListener

@@ -140,9 +140,13 @@ def _invalid(problems: tuple[str, ...] | list[str]) -> ApiError:
 
 
 def _check_replicas(body: dict[str, Any]) -> None:
-    replicas = body.get("replicas")
-    if isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > MAX_REPLICAS:
-        raise _invalid([f"replicas: must be at most {MAX_REPLICAS}, got {replicas}"])
+    autoscale = body.get("autoscale")
+    counts = [("replicas", body.get("replicas"))]
+    if isinstance(autoscale, dict):
+        counts += [(f"autoscale.{k}", autoscale.get(k)) for k in ("min_replicas", "max_replicas")]
+    for key, n in counts:
+        if isinstance(n, int) and not isinstance(n, bool) and n > MAX_REPLICAS:
+            raise _invalid([f"{key}: must be at most {MAX_REPLICAS}, got {n}"])
 
 
 def _parse(body: dict[str, Any]) -> ModelConfig:

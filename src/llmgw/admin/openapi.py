@@ -24,7 +24,7 @@ from llmgw.admin.keys import KeyCreate
 from llmgw.admin.models_api import MAX_REPLICAS, ModelLive
 from llmgw.admin.schema import SchemaBuilder
 from llmgw.catalog import ENGINES
-from llmgw.config import DeploymentProfile, ModelConfig
+from llmgw.config import AutoscaleConfig, DeploymentProfile, ModelConfig
 
 if TYPE_CHECKING:
     from llmgw.admin.api import AdminApp
@@ -62,6 +62,11 @@ def _overrides(app: AdminApp) -> dict[tuple[Any, ...], dict[str, Any]]:
         (ModelConfig, "replicas"): {"minimum": 0},
         (ModelConfig, "replicas", "input"): {"maximum": MAX_REPLICAS},
         (ModelConfig, "routing_profile", "input"): {"enum": [*profiles, None]},
+        (AutoscaleConfig, "min_replicas"): {"minimum": 0},
+        (AutoscaleConfig, "min_replicas", "input"): {"maximum": MAX_REPLICAS},
+        (AutoscaleConfig, "max_replicas"): {"minimum": 1},
+        (AutoscaleConfig, "max_replicas", "input"): {"maximum": MAX_REPLICAS},
+        (AutoscaleConfig, "target_saturation"): {"exclusiveMinimum": 0, "maximum": 1},
         (DeploymentProfile, "name"): {"minLength": 1},
         (DeploymentProfile, "weights"): {"minLength": 1},
         (DeploymentProfile, "engine"): {"enum": list(ENGINES)},

@@ -30,6 +30,7 @@ import trio
 from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig, ModelConfig
 from llmgw.control.activity import ActivityTracker
+from llmgw.control.autoscale import ReplicaSample, initial
 from llmgw.control.fleet import NodeState, ReplicaState, ShardState
 from llmgw.control.inventory import (
     Event,
@@ -44,6 +45,7 @@ from llmgw.control.inventory import (
 )
 from llmgw.control.placement import NodeCapacity
 from llmgw.control.reconciler import Actions, NodeView, Publish, Reconciler, Unpublish
+from llmgw.control.scaler import DemandFeed, Scaler
 from llmgw.logs import fields
 from llmgw.router.endpoints import Endpoint, EndpointSink
 from llmgw.store.base import StoredCordon, StoreError
@@ -175,6 +177,7 @@ class Controller:
         settle: float | None = None,
         clock: Callable[[], float] = trio.current_time,
         store: CordonStore | None = None,
+        demand: DemandFeed | None = None,
     ) -> None:
         self.control = control
         self.store = store
@@ -186,6 +189,9 @@ class Controller:
         self.clock = clock
         self.inventory = Inventory(control)
         self.activity = ActivityTracker(clock=clock)
+        # Autoscaled models' counts follow the router's demand (llmgw.control.autoscale).
+        self.demand = demand
+        self.scaler = Scaler()
         # Epochs start from the wall clock, so a restarted server's new placements can
         # never be mistaken for its predecessor's (agents may report those late).
         self.reconciler = Reconciler(control, first_epoch=int(time.time() * 1000))
@@ -336,6 +342,14 @@ class Controller:
     def deployable(self) -> list[ModelConfig]:
         return [m for m in self.catalog.models if m.profiles]
 
+    def desired(self, model: ModelConfig) -> int:
+        """The count the reconciler is to reach: `replicas`, or for an autoscaled
+        model the autoscaler's last decision (its initial count before the first)."""
+        if model.autoscale is None:
+            return model.replicas
+        decision = self.scaler.decided(model.name)
+        return initial(model) if decision is None else decision.desired
+
     # -- running -------------------------------------------------------------------
 
     def poke(self) -> None:
@@ -396,8 +410,23 @@ class Controller:
         """One reconciler pass with the current inventory; carries out its actions."""
         now = self.clock()
         views = [self._view(record) for record in self.inventory.nodes()]
-        self._apply(self.reconciler.step(now, self.deployable(), views))
+        models = self.deployable()
+        self._apply(self.reconciler.step(now, models, views, self._scale(models, now)))
         self.passes += 1
+
+    def _scale(self, models: list[ModelConfig], now: float) -> dict[str, int]:
+        """The autoscaled models' desired counts now (one demand sample each)."""
+        replicas: dict[str, list[ReplicaSample]] = {}
+        for r in self.reconciler.replicas.values():
+            if r.state is not ReplicaState.STOPPED:
+                replicas.setdefault(r.model, []).append(ReplicaSample(r.state, r.since))
+        return self.scaler.step(
+            models,
+            now,
+            demand=self.demand,
+            last_request=lambda name: self.activity.get(name).last_request,
+            replicas=replicas,
+        )
 
     def _view(self, record: NodeRecord) -> NodeView:
         capacity = NodeCapacity.from_info(

@@ -1,4 +1,5 @@
-"""The reconciler: desired replicas (the catalog) against actual ones, and what to do.
+"""The reconciler: desired replicas (the catalog, or the autoscaler) against actual
+ones, and what to do.
 
 Level-triggered and free of I/O: the controller calls :meth:`Reconciler.step` every
 `control.interval` and after every event, and :meth:`Reconciler.shard_reported`
@@ -185,8 +186,17 @@ class Reconciler:
 
     # -- the pass -------------------------------------------------------------------
 
-    def step(self, now: float, models: Sequence[ModelConfig], nodes: Sequence[NodeView]) -> Actions:
+    def step(
+        self,
+        now: float,
+        models: Sequence[ModelConfig],
+        nodes: Sequence[NodeView],
+        desired: Mapping[str, int] | None = None,
+    ) -> Actions:
+        """One pass. A model's desired count is its `replicas`, or its entry in
+        `desired` (the autoscaler's decision, for models that have one)."""
         actions = Actions()
+        desired = desired or {}
         by_node = {n.node_id: n for n in nodes}
         # Replicas on lost nodes are gone: unroute them and place them again.
         for replica in list(self.replicas.values()):
@@ -217,6 +227,7 @@ class Reconciler:
             if replica.state in (ReplicaState.STARTING, ReplicaState.READY):
                 active_by_model.setdefault(replica.model, []).append(replica)
         for model in wanted.values():
+            count = desired.get(model.name, model.replicas)
             # Make before break: replicas on draining nodes keep serving but no longer
             # count, so replacements are placed elsewhere; they drain once enough
             # replacements are ready.
@@ -226,17 +237,17 @@ class Reconciler:
                 on_cordoned = any(n in cordoned for n in replica.placement.nodes)
                 (moving if on_cordoned else active).append(replica)
             ready_elsewhere = sum(r.state is ReplicaState.READY for r in active)
-            surplus_moving = len(moving) if ready_elsewhere >= model.replicas else 0
+            surplus_moving = len(moving) if ready_elsewhere >= count else 0
             for replica in moving[:surplus_moving]:
                 actions += self._drain(replica, now)
-            if len(active) >= model.replicas:
+            if len(active) >= count:
                 self.unplaced.pop(model.name, None)  # nothing is missing any more
-            if len(active) > model.replicas:
-                actions += self._scale_down(active, len(active) - model.replicas, now)
-            elif len(active) < model.replicas:
+            if len(active) > count:
+                actions += self._scale_down(active, len(active) - count, now)
+            elif len(active) < count:
                 if (until := self.backoff_until(model.name)) is not None and now < until:
                     continue
-                for _ in range(model.replicas - len(active)):
+                for _ in range(count - len(active)):
                     epoch = next(self._epochs)
                     requests.append(
                         PlaceRequest(

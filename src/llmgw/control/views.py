@@ -148,7 +148,7 @@ def model_counts(controller: Controller, now: float) -> list[ModelCounts]:
     """Every deployable model, and every model that still has replicas (one removed
     from the catalog and draining has `desired` 0), sorted by name."""
     reconciler = controller.reconciler
-    desired = {m.name: m.replicas for m in controller.deployable()}
+    desired = {m.name: controller.desired(m) for m in controller.deployable()}
     states: dict[str, dict[ReplicaState, int]] = {name: {} for name in desired}
     for replica in reconciler.replicas.values():
         per = states.setdefault(replica.model, {})
