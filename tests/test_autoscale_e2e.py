@@ -67,13 +67,18 @@ async def test_a_request_to_a_model_at_zero_wakes_it() -> None:
             await until(lambda: f.controller.passes >= 3)
         assert active(f) == 0  # `replicas = 0`: nothing starts unasked
         body = {"model": "m", "prompt": "hi", "max_tokens": 1}
-        # Nothing runs: until wake-on-request holds it, the router answers 503 at once,
-        # and the controller hears of the request (a refused one counts as demand).
-        r = await f.client.post("/v1/completions", json=body)
-        assert r.status_code == 503, r.text
-        with trio.fail_after(20):
-            await f.wait_ready("m", 1)
+        # Nothing runs: the request waits in its band's queue while a replica starts,
+        # and is served by it.
+        r = await f.client.post("/v1/completions", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        assert active(f) == 1
         decision = f.controller.scaler.decided("m")
         assert decision is not None and decision.reason == "a request while scaled to zero"
-        r = await f.client.post("/v1/completions", json=body)
-        assert r.status_code == 200, r.text
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for metric in f.router.metrics.registry.collect()
+            for s in metric.samples
+        }
+        admitted = ("llmgw_cold_start_requests_total", (("model", "m"), ("outcome", "admitted")))
+        assert samples[admitted] == 1
+        assert samples[("llmgw_cold_start_wait_seconds_count", (("model", "m"),))] == 1

@@ -236,6 +236,9 @@ async def _serve(
         router.usage_sinks.append(controller.activity)
         if controller.demand is None:  # autoscaled models follow this router's demand
             controller.demand = router_demand(router)
+        # Requests for an autoscaled model with no replica wait for this controller.
+        router.cold.fleet = controller
+        controller.on_pass.append(router.cold.check)
         register_fleet_metrics(router.metrics.registry, controller, controller.clock)
         if listener is None:
             from llmgw.transport.grpc import GrpcListener

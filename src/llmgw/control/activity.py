@@ -22,7 +22,8 @@ from llmgw.router.usage import UsageRecord
 class Activity:
     """A model's recent traffic; rates are per second, decayed over `window` seconds."""
 
-    last_request: float | None  # monotonic time of the last finished request
+    # Monotonic time of the last request seen: finished, or waiting for a replica.
+    last_request: float | None
     idle_seconds: float | None  # None: no request since the server started
     requests_per_second: float
     tokens_per_second: float
@@ -57,6 +58,13 @@ class ActivityTracker:
         rates.requests += 1.0 / self.window
         usage = record.usage
         rates.tokens += (usage.prompt_tokens + usage.completion_tokens) / self.window
+        rates.last = now
+
+    def seen(self, model: str) -> None:
+        """A request for `model` is waiting (for a replica to start): it is not idle.
+        Rates count finished requests only."""
+        now = self.clock()
+        rates = self._models.setdefault(model, _Rates(now))
         rates.last = now
 
     def get(self, model: str) -> Activity:

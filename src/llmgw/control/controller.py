@@ -206,6 +206,8 @@ class Controller:
         # Counts that stay put over passes and heartbeats say it chose to do nothing.
         self.passes = 0
         self.commands: dict[str, int] = dict.fromkeys(COMMAND_KINDS, 0)
+        # Called after every pass (the router's cold-start waits: ColdStarts.check).
+        self.on_pass: list[Callable[[], None]] = []
         # Cordon changes, written to the store in order by one task (a drain from a
         # synchronous caller cannot await the write).
         self._persist, self._persisting = trio.open_memory_channel[CordonChange](math.inf)
@@ -356,6 +358,24 @@ class Controller:
         """Reconcile soon (an event happened)."""
         self._wake.set()
 
+    # -- cold starts (llmgw.router.coldstart.Fleet) ----------------------------------
+
+    def wake(self, model: str) -> None:
+        """A request waits for `model`, which has no replica serving: the autoscaler
+        sees a request now (its wake rule) and a pass runs soon."""
+        self.activity.seen(model)
+        self.poke()
+
+    def unplaceable(self, model: str) -> str | None:
+        """Why `model` cannot be placed, while nothing of it is starting or ready."""
+        why = self.reconciler.unplaced.get(model)
+        if not why:
+            return None
+        live = (ReplicaState.STARTING, ReplicaState.READY)
+        if any(r.model == model and r.state in live for r in self.reconciler.replicas.values()):
+            return None
+        return why[0].summary
+
     async def run(
         self,
         listener: AgentListener,
@@ -413,6 +433,8 @@ class Controller:
         models = self.deployable()
         self._apply(self.reconciler.step(now, models, views, self._scale(models, now)))
         self.passes += 1
+        for hook in self.on_pass:
+            hook()
 
     def _scale(self, models: list[ModelConfig], now: float) -> dict[str, int]:
         """The autoscaled models' desired counts now (one demand sample each)."""

@@ -441,9 +441,11 @@ class AdmissionController:
             raise UnknownBand(name, (b.name for b in self.bands))
         return band
 
-    async def admit(self, pool: str, band: Band, tenant: str, cost: float) -> Ticket:
+    async def admit(
+        self, pool: str, band: Band, tenant: str, cost: float, *, ttl: float | None = None
+    ) -> Ticket:
         """Wait until `pool` has room for `band`; raise :class:`AdmissionRejected` when
-        the band's queue is full or ``queue_ttl`` passes first.
+        the band's queue is full or ``queue_ttl`` (or this request's `ttl`) passes first.
 
         `tenant` groups requests for fairness inside a band ("" is one shared anonymous
         tenant); `cost` is the request's estimated tokens (prompt + max output). Returns
@@ -471,9 +473,9 @@ class AdmissionController:
             q.inflight += 1
             q.admitted_immediate += 1
             return Ticket(self, q, q.band.name, False, 0.0)
-        return await self._wait(p, q, tenant, cost)
+        return await self._wait(p, q, tenant, cost, self._ttl if ttl is None else ttl)
 
-    async def _wait(self, p: _Pool, q: _BandQueue, tenant: str, cost: float) -> Ticket:
+    async def _wait(self, p: _Pool, q: _BandQueue, tenant: str, cost: float, ttl: float) -> Ticket:
         now = trio.current_time()
         if q.depth >= self._capacity:
             q.rejected += 1
@@ -485,7 +487,7 @@ class AdmissionController:
         w = _Waiter(q, tenant, cost, now, trio.lowlevel.current_task())
         q.push(w)
         self._mark(p)
-        expiry = trio.CancelScope(deadline=now + self._ttl)
+        expiry = trio.CancelScope(deadline=now + ttl)
         try:
             with expiry:
                 await trio.lowlevel.wait_task_rescheduled(w.abort)

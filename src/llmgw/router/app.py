@@ -58,7 +58,7 @@ from llmgw.router.usage import NO_USAGE, Caller, Usage, UsageRecord, estimate_pr
 from llmgw.store.base import KeyRecord
 
 if TYPE_CHECKING:
-    from llmgw.config import ModelConfig
+    from llmgw.config import Band, ModelConfig
     from llmgw.router.core import Router
     from llmgw.router.endpoints import EndpointState
     from llmgw.router.tracing import RequestSpan
@@ -641,8 +641,12 @@ class ClientApp:
             ),
             None,
         )
-        if pool is None:  # nothing to queue for: routing answers 503 at once
-            await self._route(call)
+        if pool is None:
+            cold = router.cold.model_for(call.chain) if admission.enabled else None
+            if cold is None:  # nothing to queue for: routing answers 503 at once
+                await self._route(call)
+                return
+            await self._serve_cold(call, cold, band, tenant, expected)
             return
         queued = trio.current_time()
         try:
@@ -663,6 +667,63 @@ class ClientApp:
         call.queued = trio.current_time() - queued
         if call.span is not None:
             call.span.admitted(queued, queued + call.queued, band.name, pool)
+        with ticket:
+            await self._route(call)
+
+    async def _serve_cold(
+        self, call: _Call, model: ModelConfig, band: Band, tenant: str, expected: int
+    ) -> None:
+        """Wake on request (router/coldstart.py): wait in `band`'s queue for `model`'s
+        first replica, up to its `cold_start_timeout`, then route as usual."""
+        router = self.router
+        assert model.autoscale is not None
+        timeout = float(model.autoscale.cold_start_timeout)
+        metrics = router.metrics
+        queued = trio.current_time()
+        outcome = "disconnected"  # unless the wait ends otherwise
+        try:
+            with router.cold.wait(model.name) as wait:
+                with wait.scope:
+                    ticket = await router.admission.admit(
+                        model.name, band, tenant, expected, ttl=timeout
+                    )
+                if wait.refused is not None:
+                    outcome = "unplaceable"
+                    raise HttpError(
+                        503,
+                        f"model {model.name!r} has no replica and cannot be placed: {wait.refused}",
+                        type_="server_error",
+                        code="model_unplaceable",
+                        # A fleet change is needed: nodes joining, or the operator's.
+                        headers=[(b"retry-after", b"60")],
+                    )
+            outcome = "admitted"
+        except AdmissionRejected as exc:
+            call.queued = trio.current_time() - queued
+            outcome = "queue_full" if exc.reason == "queue_full" else "starting"
+            router.metrics.admission_rejected.labels(band.name, exc.reason).inc()
+            if exc.reason == "queue_full":
+                raise HttpError(
+                    429,
+                    f"band {band.name!r} cannot queue for {model.name!r} now: its queue is full",
+                    type_="rate_limit_exceeded",
+                    code="queue_full",
+                    headers=[(b"retry-after", str(max(1, round(exc.retry_after))).encode())],
+                ) from None
+            raise HttpError(
+                503,
+                f"model {model.name!r} is starting: no replica was ready within its "
+                f"cold_start_timeout ({timeout:g}s)",
+                type_="server_error",
+                code="model_starting",
+                headers=[(b"retry-after", str(_starting_retry(timeout)).encode())],
+            ) from None
+        finally:
+            metrics.cold_waits.labels(model.name, outcome).inc()
+        call.queued = trio.current_time() - queued
+        metrics.cold_wait.labels(model.name).observe(call.queued)
+        if call.span is not None:
+            call.span.admitted(queued, queued + call.queued, band.name, model.name)
         with ticket:
             await self._route(call)
 
@@ -1048,6 +1109,12 @@ def _end_span(call: _Call, span: RequestSpan, refused: HttpError | None, gone: b
         status=status,
         error=error,
     )
+
+
+def _starting_retry(cold_start_timeout: float) -> int:
+    """Retry-After for a cold start that outlasted its timeout: a tenth of it (the
+    start may be nearly done), from 1 s to a minute."""
+    return min(60, max(1, math.ceil(cold_start_timeout / 10)))
 
 
 def _engine(state: EndpointState) -> str:

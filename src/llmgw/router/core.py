@@ -28,6 +28,7 @@ from llmgw.router.affinity import (
 from llmgw.router.app import ClientApp
 from llmgw.router.auth import Authenticator
 from llmgw.router.breaker import Outcome, Ticket
+from llmgw.router.coldstart import ColdStarts
 from llmgw.router.endpoints import Endpoint, EndpointRegistry, EndpointState
 from llmgw.router.metrics import KeyMetrics, RouterMetrics
 from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
@@ -169,6 +170,9 @@ class Router:
             r.admission, self.pool_saturation, on_wait=self._observe_wait
         )
         self.scraper.on_pass = self.admission.poke_all
+        # Requests waiting for an autoscaled model's first replica (its `fleet` is the
+        # control plane in the same process, when there is one).
+        self.cold = ColdStarts()
         # Off (None) unless configured: then a request pays one `is None` check.
         self.tracing = Tracing(config.tracing) if config.tracing.endpoint else None
         self.metrics.watch_admission(self.admission.stats, self.pool_saturation)

@@ -36,6 +36,9 @@ TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 # `_created` samples double every family's size for no use to an operator.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
+# Cold starts take seconds (a small model on llama.cpp) to many minutes (a large one
+# loading its weights).
+COLD_START_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 
 
@@ -185,6 +188,22 @@ class RouterMetrics:
             "llmgw_admission_rejected_total",
             "Requests refused by admission, by band and reason (queue_full, expired).",
             ["band", "reason"],
+            registry=r,
+        )
+        self.cold_waits = Counter(
+            "llmgw_cold_start_requests_total",
+            "Requests that found an autoscaled model with no replica and waited for one, "
+            "by how the wait ended (admitted, starting: cold_start_timeout passed, "
+            "unplaceable, queue_full, disconnected).",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.cold_wait = Histogram(
+            "llmgw_cold_start_wait_seconds",
+            "Time requests waited for a replica of an autoscaled model to start, by model "
+            "(the requests admitted).",
+            ["model"],
+            buckets=COLD_START_BUCKETS,
             registry=r,
         )
         self.scrapes = Counter(
