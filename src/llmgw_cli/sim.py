@@ -201,6 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Anthropic's /v1/messages natively (default: with --metrics-format "
         "llamacpp only, as vLLM's versions before the endpoint)",
     )
+    p.add_argument(
+        "--startup-delay",
+        type=duration_at_least(0),
+        default=0.0,
+        metavar="DURATION",
+        help="wait this long before listening, as an engine loading its weights does "
+        "(a cold start; e.g. 5s)",
+    )
     f = p.add_argument_group("fault injection (also settable at runtime: POST /sim/faults)")
     f.add_argument(
         "--fault-error-rate",
@@ -292,7 +300,10 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
 
 
-async def _run(config: SimConfig, ready: str | None = None) -> None:
+async def _run(config: SimConfig, ready: str | None = None, startup_delay: float = 0.0) -> None:
+    # vLLM and llama-server bind their port once the model is loaded: until then a
+    # health check is refused, not answered.
+    await trio.sleep(startup_delay)
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(partial(serve, config))
         print(describe(config, binds), flush=True)
@@ -321,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args)
     try:
         with ready_file(args.ready_file):
-            trio.run(_run, config, args.ready_file)
+            trio.run(_run, config, args.ready_file, args.startup_delay)
     except KeyboardInterrupt:
         pass  # a second Ctrl-C during shutdown
     except BaseException as e:
