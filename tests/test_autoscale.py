@@ -67,7 +67,7 @@ def test_idle_for_idle_timeout_goes_to_min_at_once() -> None:
     quiet = demand(history(0, 700, inflight=0, saturation=0.0), last_request=100.0)
     # 599s without a request: not yet (and a change at 650 holds the one-step drop).
     assert at(699.0, quiet, 4, s=s, last_change=650.0).desired == 4
-    assert at(700.0, quiet, 4, s=s, last_change=650.0) == Decision(1, "idle for 10m")
+    assert at(700.0, quiet, 4, s=s, last_change=650.0) == Decision(1, "idle for 10m", "idle")
 
 
 def test_a_request_in_flight_is_never_idle() -> None:
@@ -86,14 +86,16 @@ def test_a_request_while_scaled_to_zero_wakes_one_replica() -> None:
     assert at(100.0, demand(quiet), 0, last_change=0.0).desired == 0
     waiting = (*quiet, Sample(105.0, 0, 1, 1.0))
     decision = at(105.0, demand(waiting), 0, last_change=100.0)
-    assert decision == Decision(1, "a request while scaled to zero")
+    assert decision == Decision(1, "a request while scaled to zero", "wake")
     # One that came and went since the scale to zero (finished between two samples).
     assert at(105.0, demand(quiet, last_request=102.0), 0, last_change=100.0).desired == 1
 
 
 def test_sustained_saturation_over_the_window_scales_up() -> None:
     hot = history(0, 60, saturation=0.9)
-    assert at(60.0, demand(hot), 2) == Decision(3, "saturation 0.90 at or above 0.7 for 30s")
+    assert at(60.0, demand(hot), 2) == Decision(
+        3, "saturation 0.90 at or above 0.7 for 30s", "load"
+    )
     # Far above the target: as many as bring it back to the target in one step.
     assert at(60.0, demand(history(0, 60, saturation=1.0)), 3).desired == 5
 
@@ -154,7 +156,7 @@ def test_load_never_scales_below_one_replica() -> None:
 
 def test_a_count_outside_new_bounds_is_brought_within() -> None:
     d = demand(history(0, 10))
-    assert at(10.0, d, 7) == Decision(5, "kept within [0, 5]")
+    assert at(10.0, d, 7) == Decision(5, "kept within [0, 5]", "bounds")
     assert at(10.0, d, 0, s=attrs.evolve(S, min_replicas=2)).desired == 2
 
 
@@ -203,8 +205,13 @@ def test_never_above_max_nor_below_min(
 ) -> None:
     s, d, target, last_change, now = situation
     replicas = [ReplicaSample(state, now - 1.0) for state in states]
-    desired = decide(s, d, replicas, target, last_change, now).desired
-    assert s.min_replicas <= desired <= s.max_replicas
+    decision = decide(s, d, replicas, target, last_change, now)
+    assert s.min_replicas <= decision.desired <= s.max_replicas
+    # Every change names the rule that made it (the scale events' cause label).
+    assert (decision.cause == "hold") == (decision.desired == target), decision
+    up = {"wake", "load"}
+    if decision.desired != target and decision.cause != "bounds":
+        assert (decision.desired > target) == (decision.cause in up), decision
 
 
 def _run_constant(

@@ -98,6 +98,14 @@ def test_a_model_at_zero_is_served_after_a_cold_start_and_idles_back(
         lambda: not [n for n in node.engines() if n.startswith("cold-")] or None,
         "the cold engine stopped",
     )
+    # The control plane's account of it: one cold start of at least the engine's
+    # startup, a scale-up for the request and a scale-down for idleness.
+    start = {"model": "cold", "cold": "true"}
+    assert srv.metric("llmgw_fleet_replica_start_seconds_count", **start) == 1
+    assert srv.metric("llmgw_fleet_replica_start_seconds_sum", **start) >= 1.0
+    events = "llmgw_fleet_scale_events_total"
+    assert srv.metric(events, model="cold", direction="up", cause="wake") == 1
+    assert srv.metric(events, model="cold", direction="down", cause="idle") == 1
     # And it wakes again, for a stream this time.
     stream = client(srv).chat.completions.create(
         model="cold",

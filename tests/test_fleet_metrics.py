@@ -421,10 +421,19 @@ def test_metric_names_follow_prometheus_conventions() -> None:
         "llmgw_fleet_commands",
         "llmgw_fleet_replica_start_failures",
         "llmgw_fleet_engine_exits",
+        "llmgw_fleet_scale_events",
     }
-    assert counters <= {family.name for family in families}
+    histograms = {"llmgw_fleet_replica_start_seconds"}
+    assert counters | histograms <= {family.name for family in families}
     for family in families:
         assert family.name.startswith("llmgw_fleet_")
-        assert family.type == ("counter" if family.name in counters else "gauge"), family.name
+        kind = (
+            "counter"
+            if family.name in counters
+            else "histogram"
+            if family.name in histograms
+            else "gauge"
+        )
+        assert family.type == kind, family.name
         assert not family.name.endswith("_total")  # only counters have it (parsed off here)
         assert family.documentation

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 import attrs
 
@@ -36,7 +37,7 @@ from llmgw import units
 from llmgw.config import AutoscaleConfig, ModelConfig
 from llmgw.control.fleet import ReplicaState
 
-__all__ = ["Decision", "Demand", "ReplicaSample", "Sample", "decide", "initial"]
+__all__ = ["Cause", "Decision", "Demand", "ReplicaSample", "Sample", "decide", "initial"]
 
 
 @attrs.frozen
@@ -73,10 +74,16 @@ class ReplicaSample:
     since: float  # when it entered `state`
 
 
+#: Why a count changed, as a bounded label (llmgw_fleet_scale_events_total): the rule
+#: that decided (the module docstring's), or "bounds" for a change of the bounds.
+Cause = Literal["bounds", "idle", "wake", "load", "cool", "hold"]
+
+
 @attrs.frozen
 class Decision:
     desired: int
-    reason: str
+    reason: str  # for people: the rule with its numbers
+    cause: Cause = "hold"
 
 
 def initial(model: ModelConfig) -> int:
@@ -118,7 +125,7 @@ def decide(
     s = settings
     bounded = _clamp(target, s)
     if bounded != target:
-        return Decision(bounded, f"kept within [{s.min_replicas}, {s.max_replicas}]")
+        return Decision(bounded, f"kept within [{s.min_replicas}, {s.max_replicas}]", "bounds")
     latest = demand.samples[-1] if demand.samples else None
     busy = latest is not None and latest.busy
     heard = [x.at for x in demand.samples if x.busy]
@@ -127,7 +134,7 @@ def decide(
     last_request = max(heard, default=None)
     idle = now - (demand.since if last_request is None else last_request)
     if not busy and idle >= s.idle_timeout and target > s.min_replicas:
-        return Decision(s.min_replicas, f"idle for {units.format_duration(idle)}")
+        return Decision(s.min_replicas, f"idle for {units.format_duration(idle)}", "idle")
     # A request since the count went to zero (or now): it waits for a replica.
     asked = (
         last_request is not None
@@ -135,7 +142,7 @@ def decide(
         and (last_change is None or last_request > last_change)
     )
     if target == 0 and (busy or asked):
-        return Decision(_clamp(1, s), "a request while scaled to zero")
+        return Decision(_clamp(1, s), "a request while scaled to zero", "wake")
     quiet_since = math.inf if last_change is None else now - last_change
     up = _window(demand, now, s.scale_up_window)
     if (
@@ -160,6 +167,7 @@ def decide(
             min(wanted, s.max_replicas),
             f"saturation {level:.2f} at or above {s.target_saturation:g} "
             f"for {units.format_duration(s.scale_up_window)}",
+            "load",
         )
     down = _window(demand, now, s.scale_down_window)
     if (
@@ -176,5 +184,6 @@ def decide(
                 target - 1,
                 f"saturation {level:.2f} would stay under {s.target_saturation:g} "
                 f"on {target - 1} for {units.format_duration(s.scale_down_window)}",
+                "cool",
             )
     return Decision(target, "steady")

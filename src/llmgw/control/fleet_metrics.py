@@ -44,6 +44,11 @@ Families (gauges, but for the ``_total`` counters; base units; ``_ratio`` is 0..
   ``not_launched``, ``exited``, ``timed_out``) and ``llmgw_fleet_engine_exits_total``
   (engines of ready or draining replicas that ended unasked: ``signal``, ``error``,
   ``clean``, ``unknown``), every reason always present per model.
+* ``llmgw_fleet_replica_start_seconds{model,cold}``: a histogram of the seconds from
+  placement to ready of the replicas that got there; ``cold="true"`` when no other
+  replica of the model was ready meanwhile (a cold start: the model was unserved).
+* ``llmgw_fleet_scale_events_total{model,direction,cause}``: the autoscaler's count
+  changes (``up``, ``down``; ``wake``, ``load``, ``cool``, ``idle``, ``bounds``).
 
 Definitions:
 
@@ -73,7 +78,12 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from llmgw.control.fleet import EngineExit, NodeState, ReplicaState, StartFailure
@@ -109,6 +119,33 @@ class FleetCollector(Collector):
         yield from self._models(counts)
         yield from self._decisions()
         yield from self._failures(counts)
+        yield from self._scaling()
+
+    def _scaling(self) -> tuple[Metric, ...]:
+        """Replica start durations (cold starts among them) and autoscaler changes."""
+        controller = self._controller
+        starts = HistogramMetricFamily(
+            "llmgw_fleet_replica_start_seconds",
+            "Seconds from placement to ready of replicas that became ready, by model; "
+            "cold: no other replica of the model was ready meanwhile (a cold start, "
+            "e.g. a wake from zero).",
+            labels=["model", "cold"],
+        )
+        for (model, cold), durations in sorted(controller.reconciler.starts.items()):
+            starts.add_metric(
+                [model, "true" if cold else "false"],
+                list(durations.cumulative()),
+                durations.total,
+            )
+        events = CounterMetricFamily(
+            "llmgw_fleet_scale_events",
+            "Replica count changes the autoscaler made, by model, direction (up, down) "
+            "and cause (wake, load, cool, idle, bounds).",
+            labels=["model", "direction", "cause"],
+        )
+        for (model, direction, cause), count in sorted(controller.scaler.events.items()):
+            events.add_metric([model, direction, cause], count)
+        return (starts, events)
 
     def _failures(self, counts: list[ModelCounts]) -> tuple[CounterMetricFamily, ...]:
         """Failed starts and engine exits by model and reason; every reason of every

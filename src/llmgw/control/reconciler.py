@@ -43,6 +43,7 @@ import attrs
 
 from llmgw.catalog import API_KEY_ENV
 from llmgw.config import ControlConfig, ModelConfig
+from llmgw.control.durations import Durations
 from llmgw.control.fleet import (
     EngineExit,
     NodeState,
@@ -155,6 +156,9 @@ class Reconciler:
         # Since this reconciler started, by (model, reason): the fleet metrics' counters.
         self.start_failures: collections.Counter[tuple[str, StartFailure]] = collections.Counter()
         self.engine_exits: collections.Counter[tuple[str, EngineExit]] = collections.Counter()
+        # Seconds from placement to ready of the replicas that got there, by model and
+        # whether it was a cold start (llmgw_fleet_replica_start_seconds).
+        self.starts: dict[tuple[str, bool], Durations] = {}
         self.first_epoch = first_epoch
         self._epochs = itertools.count(first_epoch)
         self._commands = itertools.count(1)
@@ -423,6 +427,12 @@ class Reconciler:
             url = head.endpoint_url if head else None
             if url is None:
                 return Actions()
+            # A cold start: nothing else served the model while this one started.
+            cold = not any(
+                r.model == replica.model and r.state is ReplicaState.READY
+                for r in self.replicas.values()
+            )
+            self.starts.setdefault((replica.model, cold), Durations()).observe(now - replica.since)
             replica.state = ReplicaState.READY
             replica.since = now
             replica.url = url

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from llmgw.config import ModelConfig
-from llmgw.control.autoscale import Decision, Demand, ReplicaSample, Sample, decide, initial
+from llmgw.control.autoscale import Cause, Decision, Demand, ReplicaSample, Sample, decide, initial
 from llmgw.control.fleet import ReplicaState
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ class _State:
     since: float
     last_change: float | None = None
     reason: str = "initial count"
+    cause: Cause = "hold"
     last_busy: float | None = None  # the last sample with a request in flight or queued
     samples: collections.deque[Sample] = attrs.field(factory=collections.deque)
 
@@ -58,12 +59,15 @@ class _State:
 class Scaler:
     def __init__(self) -> None:
         self._models: dict[str, _State] = {}
+        # Count changes since the server started, by model, direction (up, down) and
+        # cause (llmgw_fleet_scale_events_total).
+        self.events: collections.Counter[tuple[str, str, Cause]] = collections.Counter()
 
     def decided(self, model: str) -> Decision | None:
         """The last decision for an autoscaled model (None: not autoscaled, or no pass
         yet)."""
         state = self._models.get(model)
-        return None if state is None else Decision(state.target, state.reason)
+        return None if state is None else Decision(state.target, state.reason, state.cause)
 
     def step(
         self,
@@ -119,8 +123,10 @@ class Scaler:
                     decision.desired,
                     decision.reason,
                 )
+                direction = "up" if decision.desired > state.target else "down"
+                self.events[model.name, direction, decision.cause] += 1
                 state.target, state.last_change = decision.desired, now
-                state.reason = decision.reason
+                state.reason, state.cause = decision.reason, decision.cause
             out[model.name] = state.target
         for name in set(self._models) - seen:
             del self._models[name]
