@@ -436,7 +436,7 @@ async def test_runtime_model_lifecycle(tmp_path: Path) -> None:
         assert model["replicas"] == 1
         assert model["profiles"][0]["min_gpu_memory"] == "80GB"  # the configuration's form
         assert (model["status"]["desired"], model["status"]["ready"]) == (1, 0)
-        assert model["routing"] == {"endpoints": [], "available": 0}
+        assert model["routing"] == {"endpoints": [], "available": 0, "waiting": 0}
         assert a.registry.catalog.resolve("fresh-alias") is not None
 
         listed = (await a.client.get("/api/v1/models")).json()["models"]
@@ -445,7 +445,7 @@ async def test_runtime_model_lifecycle(tmp_path: Path) -> None:
             ("fresh", "runtime"),
         ]
         base = listed[0]
-        assert base["routing"] == {"endpoints": ["e1", "e2"], "available": 2}
+        assert base["routing"] == {"endpoints": ["e1", "e2"], "available": 2, "waiting": 0}
 
         assert (await a.client.get("/api/v1/models/fresh")).json() == model
         assert (await a.client.get("/api/v1/models/fresh-alias")).json()["name"] == "fresh"

@@ -784,11 +784,11 @@ def test_readable_keys_and_models() -> None:
                         "draining": 0, "unplaced": 1, "backoff_seconds": None,
                         "failed_starts": 0, "idle_seconds": None, "requests_per_second": 0.0,
                         "tokens_per_second": 0.0},
-             "routing": {"endpoints": ["r1"], "available": 1}},
+             "routing": {"endpoints": ["r1"], "available": 1, "waiting": 0}},
             {"name": "rt", "aliases": [], "fallbacks": ["llama"], "routing_profile": None,
              "replicas": 1, "profiles": [], "autoscale": None, "source": "runtime",
              "status": None,
-             "routing": {"endpoints": [], "available": 0}},
+             "routing": {"endpoints": [], "available": 0, "waiting": 0}},
         ]
     }  # fmt: skip
     # Hand-written answers, so they must be ones the admin API can give.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -627,3 +628,35 @@ def test_cordon_and_uncordon_through_the_ui(fleet: Fleet, page: Page) -> None:
     expect(page.locator(".notice")).to_contain_text("Node n1 takes new replicas again")
     expect(page.locator('section.node[data-node="n1"] [data-state]')).to_have_text("ready")
     assert fleet.node("n1")["cordoned"] is False
+
+
+def test_a_model_at_zero_reads_idle_then_starting_then_ready(page: Page) -> None:
+    """Its own fleet: an autoscaled model at zero whose engine takes 8 s to come up (the
+    page refreshes every REFRESH_SECONDS: one refresh falls within the start)."""
+    from tests.test_coldstart_e2e import scaled
+
+    config = control_config([scaled("z", startup="8s")])
+    with ExitStack() as stack:
+        srv = stack.enter_context(fleet_server(config))
+        stack.enter_context(agent(srv.agent_address, "n8", address="127.0.0.28"))
+        srv.wait(lambda: srv.nodes().get("n8", {}).get("state") == "ready", "n8 ready")
+        page.goto(f"{srv.admin}/models")
+        z = page.locator('section.model[data-model="z"]')
+        expect(z.locator("header")).to_contain_text("autoscaled, 0 to 1 replicas")
+        expect(z.locator(".counts")).to_contain_text("idle at zero replicas: a request wakes it")
+        with ThreadPoolExecutor(1) as pool:
+            asked = pool.submit(
+                openai.OpenAI(
+                    base_url=f"{srv.base}/v1", api_key="unused", max_retries=0, timeout=30
+                ).completions.create,
+                model="z",
+                prompt="hi",
+                max_tokens=2,
+            )
+            # The page refreshes itself: the waiting request shows while the engine loads.
+            expect(z.locator(".counts")).to_contain_text(
+                "starting from zero: 1 request waiting", timeout=10_000
+            )
+            done = asked.result(timeout=30)
+        assert done.usage is not None and done.usage.completion_tokens == 2
+        expect(z.locator(".counts")).to_contain_text("1 ready of 1 desired", timeout=10_000)

@@ -62,6 +62,13 @@ class RoutingView:
     available: int = attrs.field(
         metadata={"description": "how many of them their breakers let requests through to now"}
     )
+    waiting: int = attrs.field(
+        default=0,
+        metadata={
+            "description": "requests waiting for a replica to start (an autoscaled model "
+            "woken from zero)"
+        },
+    )
 
 
 @attrs.frozen
@@ -103,6 +110,7 @@ def model_json(app: AdminApp, model: ModelConfig, counts: dict[str, views.ModelC
         routing=RoutingView(
             endpoints=tuple(s.endpoint.id for s in serving),
             available=sum(1 for s in serving if s.breaker.allows(now)),
+            waiting=app.router.cold.waiting(model.name),
         ),
     )
     data.update(unstructure(live))
