@@ -7,9 +7,10 @@ watched by one task of the supervisor's nursery. Rules:
   ``tail_lines`` lines (ANSI colours stripped, long lines cut) and, verbatim, to
   ``<state_dir>/logs/<replica>-r<rank>-e<epoch>.log`` (rotated once to ``.1`` past
   ``log_max_bytes``).
-* **Ready**: the shard is STARTING until its health URL answers 200 (polled every
-  ``health_interval``), then READY with its endpoint URL. A shard without a health
-  URL (a headless rank) is READY once launched. The agent sets no start timeout: a
+* **Ready**: the shard is STARTING until its health URL answers 200 (polled from
+  every 20 ms, doubling up to every ``health_interval``), then READY with its
+  endpoint URL. A shard without a health URL (a headless rank) is READY once
+  launched. The agent sets no start timeout: a
   large model loads for tens of minutes, and the controller owns that deadline.
 * **Exit**: a process that exits without being asked to is FAILED, with its exit
   code (negative: killed by that signal), a message naming it, and the output tail,
@@ -64,6 +65,7 @@ Key = tuple[str, int]  # (replica_id, rank)
 DEFAULT_GRACE = 30.0  # seconds between SIGTERM and SIGKILL when nobody said otherwise
 LIVE = frozenset({ShardState.STARTING, ShardState.READY, ShardState.DRAINING})
 MAX_LINE = 1000  # characters of one output line kept in the tail
+FIRST_HEALTH_POLL = 0.02  # seconds after launch of the second health check (see _watch_health)
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -418,6 +420,11 @@ class Supervisor:
 
     async def _watch_health(self, shard: Shard, url: str) -> None:
         assert self._http is not None
+        # From FIRST_HEALTH_POLL, doubling up to health_interval: an engine that loads
+        # in 60 ms (a small GGUF) is seen ready then, not a whole interval later (a
+        # cold start's requests wait for it), and a 20-minute load is still polled only
+        # every health_interval.
+        pause = min(FIRST_HEALTH_POLL, self.health_interval)
         while shard.state is ShardState.STARTING:
             with contextlib.suppress(httpx.HTTPError):
                 response = await self._http.get(url)
@@ -425,7 +432,8 @@ class Supervisor:
                     if shard.state is ShardState.STARTING and not shard.terminating:
                         self._set(shard, ShardState.READY)
                     return
-            await trio.sleep(self.health_interval)
+            await trio.sleep(pause)
+            pause = min(2 * pause, self.health_interval)
 
     async def _control(self, shard: Shard) -> None:
         """Carries out stop and drain requests until the process exits."""
