@@ -457,3 +457,22 @@ def test_capacity_is_what_the_engine_was_launched_with() -> None:
 )
 def test_a_simulators_capacity_from_its_launch_flags(argv: list[str], capacity: int) -> None:
     assert sim_capacity(argv) == capacity
+
+
+# -- sleep (a profile's sleep_after) ------------------------------------------------------
+
+
+def with_sleep(cmd: StartShard, seconds: float | None) -> StartShard:
+    return attrs.evolve(cmd, profile=attrs.evolve(cmd.profile, sleep_after=seconds))
+
+
+def test_sleep_after_enables_the_sleep_api_the_router_calls() -> None:
+    # vLLM serves /sleep and /wake_up only with its sleep mode and in dev mode.
+    spec = VLLM.command(with_sleep(start("vllm"), 300.0), NODE)
+    assert "--enable-sleep-mode" in spec.argv
+    assert spec.env["VLLM_SERVER_DEV_MODE"] == "1"
+    plain = VLLM.command(start("vllm"), NODE)
+    assert "--enable-sleep-mode" not in plain.argv and "VLLM_SERVER_DEV_MODE" not in plain.env
+    # The simulator imitates it.
+    assert "--sleep-mode" in SIM.command(with_sleep(start("sim"), 300.0), NODE).argv
+    assert "--sleep-mode" not in SIM.command(start("sim"), NODE).argv

@@ -364,6 +364,15 @@ RULES: list[tuple[str, str]] = [
         deploy('weights = ""'),
         "models[0].profiles[0].weights: must name the model weights (a path or hub id)",
     ),
+    (
+        deploy('engine = "sglang"', 'sleep_after = "5m"'),
+        "models[0].profiles[0].sleep_after: sglang cannot sleep here (engines that can: vllm, "
+        "sim, llamacpp)",
+    ),
+    (
+        deploy('sleep_after = "0s"'),
+        "models[0].profiles[0].sleep_after: must be a positive duration",
+    ),
     *(
         (deploy(f"{key} = 0"), f"models[0].profiles[0].{key}: must be at least 1, got 0")
         for key in ("tensor_parallel", "pipeline_parallel", "gpus_per_node")

@@ -10,6 +10,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -251,3 +252,11 @@ def test_tiny_gguf_reads_back_as_a_llama_with_a_chat_template(tmp_path: Path) ->
     names = {t.name for t in reader.tensors}
     assert {"token_embd.weight", "output.weight", "blk.1.ffn_down.weight"} <= names
     assert all(t.tensor_type == gguf.GGMLQuantizationType.F32 for t in reader.tensors)
+
+
+def test_sleep_after_is_llama_servers_own_idle_sleep_in_whole_seconds(weights: str) -> None:
+    cmd = start(weights)
+    slept = attrs.evolve(cmd, profile=attrs.evolve(cmd.profile, sleep_after=90.5))
+    argv = list(adapter().command(slept, CPU_NODE).argv)
+    assert argv[argv.index("--sleep-idle-seconds") + 1] == "91"
+    assert "--sleep-idle-seconds" not in adapter().command(cmd, CPU_NODE).argv

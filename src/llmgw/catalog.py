@@ -19,6 +19,12 @@ ENGINES = ("vllm", "sglang", "sim", "llamacpp")
 #: default, llama-server's). SGLang takes it only on its command line, where any user
 #: of the node could read it, so a profile's api_key is refused for it.
 API_KEY_ENV = {"vllm": "VLLM_API_KEY", "llamacpp": "LLAMA_API_KEY", "sim": "LLMGW_SIM_API_KEY"}
+#: Who puts an idle engine to sleep (a profile's `sleep_after`): "router", llmgw's router
+#: through the engine's sleep API (vLLM's sleep mode, llmgw-sim's imitation of it), and
+#: it wakes the engine before the next request; "engine", the engine on its own
+#: (llama-server's --sleep-idle-seconds), waking at its next request. SGLang's memory
+#: release is not used yet.
+SLEEPS = {"vllm": "router", "sim": "router", "llamacpp": "engine"}
 
 
 @attrs.frozen
@@ -64,6 +70,14 @@ def _check_profile(profile: DeploymentProfile, key: str) -> list[str]:
             problems.append(
                 f"{key}.api_key: '<hidden>' is what llmgw shows in place of a key; give the key"
             )
+    if profile.sleep_after is not None:
+        if profile.engine in ENGINES and profile.engine not in SLEEPS:
+            problems.append(
+                f"{key}.sleep_after: {profile.engine} cannot sleep here (engines that can: "
+                f"{', '.join(SLEEPS)})"
+            )
+        elif not profile.sleep_after > 0:
+            problems.append(f"{key}.sleep_after: must be a positive duration")
     for dim in ("tensor_parallel", "pipeline_parallel"):
         if getattr(profile, dim) < 1:
             problems.append(f"{key}.{dim}: must be at least 1, got {getattr(profile, dim)}")

@@ -321,6 +321,11 @@ class DeploymentProfile:
     # The engine is started with this API key (in its environment, never its command
     # line) and the router sends it; never shown by the admin API nor --print-config.
     api_key: str | None = attrs.field(default=None, repr=False)
+    # Idle this long (nothing in flight, nothing asked): the engine sleeps, freeing its
+    # GPU memory but keeping its GPUs, and the next request wakes it in seconds instead
+    # of a cold start (docs/autoscaling.md, "Sleep"). vLLM, llama.cpp and sim; None:
+    # never sleeps.
+    sleep_after: Seconds | None = None
 
 
 @attrs.frozen

@@ -597,6 +597,7 @@ class Controller:
                         (change.model,),
                         capacity=change.capacity,
                         headers=change.headers,
+                        sleep_after=change.sleep_after,
                     )
                 )
             elif isinstance(change, Unpublish):

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from llmgw.catalog import API_KEY_ENV
+from llmgw.catalog import API_KEY_ENV, SLEEPS
 from llmgw.config import ControlConfig, ModelConfig
 from llmgw.control.durations import Durations
 from llmgw.control.fleet import (
@@ -73,6 +73,9 @@ class Publish:
     capacity: int | None = None
     # Sent with every request to it (its profile's API key).
     headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), repr=False)
+    # Idle this long, the router puts it to sleep (its profile's sleep_after, for the
+    # engines the router sleeps: catalog.SLEEPS).
+    sleep_after: float | None = None
 
 
 @attrs.frozen
@@ -112,6 +115,7 @@ class Replica:
     url: str | None = None
     # What the router sends the engine with each request (its profile's API key).
     headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), repr=False)
+    sleep_after: float | None = None  # see Publish
 
     @property
     def model(self) -> str:
@@ -322,8 +326,9 @@ class Reconciler:
             )
             for shard in placement.shards
         )
+        sleep = profile.sleep_after if SLEEPS.get(profile.engine) == "router" else None
         self.replicas[placement.replica_id] = Replica(
-            placement, ReplicaState.STARTING, now, headers=headers
+            placement, ReplicaState.STARTING, now, headers=headers, sleep_after=sleep
         )
         return Actions(commands=commands)
 
@@ -438,7 +443,14 @@ class Reconciler:
             replica.url = url
             self._backoff.pop(replica.model, None)
             capacity = head.capacity if head else None
-            publish = Publish(replica.replica_id, replica.model, url, capacity, replica.headers)
+            publish = Publish(
+                replica.replica_id,
+                replica.model,
+                url,
+                capacity,
+                replica.headers,
+                replica.sleep_after,
+            )
             return Actions(router=(publish,))
         if (
             replica.state is ReplicaState.DRAINING

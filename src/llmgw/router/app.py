@@ -920,6 +920,7 @@ class ClientApp:
 
         partial = Delivery(200)
         try:
+            await router.sleeper.wake(state)  # a sleeping engine first wakes
             for natively in tries:
                 send, path, final = call.send, call.route.path, call.route.final
                 strip, body = not call.wants_usage, payload
@@ -984,6 +985,7 @@ class ClientApp:
         finally:
             prefilled()
             state.inflight -= 1
+            state.used_at = trio.current_time()  # idle from here (router/sleep.py)
             in_flight.dec()
         broken = delivery.failure
         outcome = broken.outcome if broken else classify_status(delivery.status)

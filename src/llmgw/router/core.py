@@ -36,6 +36,7 @@ from llmgw.router.responses import ResponseHomes
 from llmgw.router.scheduling import Candidate, Decision, Saturation, Scheduler
 from llmgw.router.scheduling.plugins import default_schedulers
 from llmgw.router.scraper import Scraper
+from llmgw.router.sleep import Sleeper
 from llmgw.router.tracing import Tracing
 from llmgw.router.usage import (
     BYTES_PER_TOKEN,
@@ -170,6 +171,8 @@ class Router:
             r.admission, self.pool_saturation, on_wait=self._observe_wait
         )
         self.scraper.on_pass = self.admission.poke_all
+        # Idle engines with sleep_after go to sleep; an attempt wakes them.
+        self.sleeper = Sleeper(self.endpoints, self.metrics)
         # Requests waiting for an autoscaled model's first replica (its `fleet` is the
         # control plane in the same process, when there is one).
         self.cold = ColdStarts()
@@ -208,11 +211,13 @@ class Router:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.scraper.run)
                 await nursery.start(self.admission.run)
+                await nursery.start(self.sleeper.run)
                 task_status.started()
         finally:
             with trio.CancelScope(shield=True):
                 await self.upstream.aclose()
                 await self.scraper.client.aclose()
+                await self.sleeper.aclose()
                 if self.tracing is not None:
                     await self.tracing.aclose()  # the last spans, bounded by its timeout
 

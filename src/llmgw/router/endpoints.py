@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 import attrs
+import trio
 
 from llmgw.router.breaker import Breaker
 from llmgw.router.scheduling import Candidate
@@ -33,6 +34,10 @@ class Endpoint:
     # Sent with every request and scrape to this engine (its API key, as configured);
     # kept out of reprs, logs and the admin API.
     headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), repr=False)
+    # Idle this long (nothing in flight, nothing routed to it), the router puts the
+    # engine to sleep through its sleep API (vLLM's) and wakes it before the next
+    # request it routes there (router/sleep.py). None: never.
+    sleep_after: float | None = None
 
 
 class EndpointSink(Protocol):
@@ -52,6 +57,7 @@ class EndpointState:
     """The router's live knowledge of one endpoint."""
 
     __slots__ = (
+        "asleep",
         "breaker",
         "draining",
         "endpoint",
@@ -65,6 +71,8 @@ class EndpointState:
         "props_tried",
         "reported_capacity",
         "sample",
+        "sleep_lock",
+        "used_at",
     )
 
     def __init__(self, endpoint: Endpoint, breaker: Breaker) -> None:
@@ -86,6 +94,12 @@ class EndpointState:
         # nothing; and when the router last asked.
         self.reported_capacity: int | None = None
         self.props_tried: float | None = None
+        # Sleep (Endpoint.sleep_after; router/sleep.py): whether the engine sleeps or is
+        # being put to sleep, the lock its sleep and wake calls take turns on, and when
+        # an attempt last ended there (None: none yet).
+        self.asleep = False
+        self.sleep_lock = trio.Lock()
+        self.used_at: float | None = None
 
     def _capacity(self) -> tuple[float | None, str | None]:
         """Sequences the engine runs at once and where that comes from: configured (or

@@ -206,6 +206,20 @@ class RouterMetrics:
             buckets=COLD_START_BUCKETS,
             registry=r,
         )
+        self.sleeps = Counter(
+            "llmgw_engine_sleeps_total",
+            "Engines the router put to sleep and woke (Endpoint.sleep_after), by model and "
+            "event (sleep, wake, sleep_failed, wake_failed).",
+            ["model", "event"],
+            registry=r,
+        )
+        self.wake = Histogram(
+            "llmgw_engine_wake_seconds",
+            "Time a sleeping engine took to wake, by model.",
+            ["model"],
+            buckets=COLD_START_BUCKETS,
+            registry=r,
+        )
         self.scrapes = Counter(
             "llmgw_scrapes_total", "Engine metric scrapes attempted.", ["endpoint"], registry=r
         )

@@ -23,6 +23,7 @@ Health is ``GET /health`` (503 while the model loads, 200 once it serves);
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -221,6 +222,10 @@ class LlamaCppAdapter(BaseAdapter):
             str(settings["threads"]),
             *rest,
         ]
+        if p.sleep_after is not None:
+            # llama-server sleeps on its own (unloads the model) and reloads at the next
+            # request: nothing for the router to do (catalog.SLEEPS). Whole seconds.
+            argv += ["--sleep-idle-seconds", str(max(1, math.ceil(p.sleep_after)))]
         url = base_url(host, cmd.port)
         return LaunchSpec(
             argv=tuple(argv),

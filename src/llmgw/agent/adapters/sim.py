@@ -58,6 +58,8 @@ class SimAdapter(BaseAdapter):
             str(cmd.port),
             "--model",
             cmd.model,
+            # The router puts it to sleep and wakes it, as vLLM's (catalog.SLEEPS).
+            *(["--sleep-mode"] if cmd.profile.sleep_after is not None else []),
             *cmd.profile.args,
         ]
         url = base_url(host, cmd.port)

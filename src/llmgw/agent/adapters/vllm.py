@@ -108,12 +108,22 @@ class VllmAdapter(BaseAdapter):
             ]
             if cmd.rank > 0:
                 argv.append("--headless")
+        if p.sleep_after is not None:
+            # The router puts it to sleep and wakes it (catalog.SLEEPS).
+            argv.append("--enable-sleep-mode")
         argv += p.args
         env = self.environment(cmd, node)
         slots = flag_int(p.args, "--max-num-seqs")
         return multinode_spec(argv, env, host, cmd.port, cmd.rank, capacity=slots)
 
     def engine_environment(self, cmd: StartShard, node: NodeInfo) -> dict[str, str]:
-        # The address vLLM advertises to the other nodes' workers; without it vLLM
-        # guesses from the routing table, which picks the wrong NIC on multi-homed hosts.
-        return {"VLLM_HOST_IP": node.address} if cmd.node_count > 1 else {}
+        env = {}
+        if cmd.node_count > 1:
+            # The address vLLM advertises to the other nodes' workers; without it vLLM
+            # guesses from the routing table, which picks the wrong NIC on multi-homed
+            # hosts.
+            env["VLLM_HOST_IP"] = node.address
+        if cmd.profile.sleep_after is not None:
+            # vLLM serves /sleep, /wake_up and /is_sleeping only in its dev mode.
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        return env

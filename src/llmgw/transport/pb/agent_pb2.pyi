@@ -183,7 +183,7 @@ class Registered(_message.Message):
     def __init__(self, heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., server_epoch: _Optional[str] = ...) -> None: ...
 
 class DeploymentProfile(_message.Message):
-    __slots__ = ("name", "engine", "weights", "tensor_parallel", "pipeline_parallel", "gpus_per_node", "min_gpu_memory", "gpu_name", "args", "env")
+    __slots__ = ("name", "engine", "weights", "tensor_parallel", "pipeline_parallel", "gpus_per_node", "min_gpu_memory", "gpu_name", "args", "env", "sleep_after")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +201,7 @@ class DeploymentProfile(_message.Message):
     GPU_NAME_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
+    SLEEP_AFTER_FIELD_NUMBER: _ClassVar[int]
     name: str
     engine: str
     weights: str
@@ -211,7 +212,8 @@ class DeploymentProfile(_message.Message):
     gpu_name: str
     args: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., engine: _Optional[str] = ..., weights: _Optional[str] = ..., tensor_parallel: _Optional[int] = ..., pipeline_parallel: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., min_gpu_memory: _Optional[int] = ..., gpu_name: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    sleep_after: _duration_pb2.Duration
+    def __init__(self, name: _Optional[str] = ..., engine: _Optional[str] = ..., weights: _Optional[str] = ..., tensor_parallel: _Optional[int] = ..., pipeline_parallel: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., min_gpu_memory: _Optional[int] = ..., gpu_name: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., sleep_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class StartShard(_message.Message):
     __slots__ = ("command_id", "replica_id", "rank", "epoch", "model", "profile", "gpu_indices", "port", "node_count", "master_address", "master_port", "mgmt_interface")
