@@ -1,7 +1,8 @@
-"""Wake on request with a real engine (issue #22): an autoscaled llama.cpp model at zero
-replicas on a CPU node (`llmgw-agent` without GPUs, `llama-server` of the tiny
-generated GGUF model), asked through the official openai client: served after its cold
-start, idle back to zero, and woken again.
+"""Wake on request and sleep with a real engine (issue #22): an autoscaled llama.cpp
+model at zero replicas on a CPU node (`llmgw-agent` without GPUs, `llama-server` of the
+tiny generated GGUF model), asked through the official openai client: served after its
+cold start, idle back to zero, and woken again; and a profile with `sleep_after`, whose
+llama-server sleeps on its own when idle and wakes for the next request.
 
 Needs the llama-server binary (scripts/llama_server.sh; CI builds it first) and fails,
 not skips, without it.
@@ -26,8 +27,16 @@ from tests.test_llamacpp_fleet import EXACT, require_llama_server
 pytestmark = pytest.mark.skipif(not hasattr(os, "killpg"), reason="POSIX process groups")
 
 
-def config(weights: Path) -> str:
+def config(weights: Path, *, sleep: bool = False) -> str:
     low, high = engine_port_range()
+    scaled = (
+        "replicas = 1\n"
+        if sleep
+        else (
+            "replicas = 0\n\n[models.autoscale]\n"
+            'min_replicas = 0\nmax_replicas = 1\nidle_timeout = "2s"\n'
+        )
+    )
     return f"""
 [router]
 scrape_interval = "300ms"
@@ -39,18 +48,13 @@ port_range = [{low}, {high}]
 
 [[models]]
 name = "tiny"
-replicas = 0
-
-[models.autoscale]
-min_replicas = 0
-max_replicas = 1
-idle_timeout = "2s"
-
+{scaled}
 [[models.profiles]]
 name = "cpu"
 engine = "llamacpp"
 weights = {json.dumps(str(weights))}
 args = ["-np", "1", "-c", "1024", "-t", "1"]
+{'sleep_after = "1s"' if sleep else ""}
 """
 
 
@@ -102,3 +106,27 @@ def test_llama_server_at_zero_is_served_after_a_cold_start_idles_and_wakes_again
     assert srv.metric("llmgw_fleet_replica_start_seconds_count", **start) == 2
     assert srv.metric("llmgw_cold_start_requests_total", model="tiny", outcome="admitted") == 2
     assert engine not in cpu.engines()  # a new engine, not the stopped one
+
+
+def test_a_sleeping_llama_server_wakes_for_the_next_request(
+    tmp_path: Path,
+) -> None:
+    require_llama_server()
+    weights = write_tiny_gguf(tmp_path / "tiny.gguf")
+    with ExitStack() as stack:
+        srv = stack.enter_context(fleet_server(config(weights, sleep=True)))
+        cpu = stack.enter_context(agent(srv.agent_address, "c2", address="127.0.0.84", gpus=None))
+        srv.wait(lambda: srv.ready_replicas("tiny", 1), "tiny ready", timeout=60, logs=[cpu.proc])
+        assert ask(srv)[0] == 3
+        (log,) = cpu.engine_logs()
+        # Idle for a second: llama-server unloads the model on its own; the router's
+        # health checks and scrapes do not keep it awake.
+        srv.wait(
+            lambda: "entering sleeping state" in log.read_text(errors="replace") or None,
+            "llama-server asleep",
+            logs=[cpu.proc],
+        )
+        engines = cpu.engines()
+        assert ask(srv)[0] == 3  # woken by the request, and served
+        assert "exiting sleeping state" in log.read_text(errors="replace")
+        assert cpu.engines() == engines  # the same engine: slept, not restarted

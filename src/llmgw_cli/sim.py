@@ -202,6 +202,19 @@ def build_parser() -> argparse.ArgumentParser:
         "llamacpp only, as vLLM's versions before the endpoint)",
     )
     p.add_argument(
+        "--sleep-mode",
+        action="store_true",
+        help="serve vLLM's sleep mode: POST /sleep, POST /wake_up, GET /is_sleeping "
+        "(asleep, generation requests are answered 503)",
+    )
+    p.add_argument(
+        "--wake-delay",
+        type=duration_at_least(0),
+        default=1.0,
+        metavar="DURATION",
+        help="how long POST /wake_up takes with --sleep-mode (default 1s)",
+    )
+    p.add_argument(
         "--startup-delay",
         type=duration_at_least(0),
         default=0.0,
@@ -297,6 +310,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         personality=persona.name if persona else None,
         api_key=args.api_key,
         messages=args.messages,
+        sleep_mode=args.sleep_mode,
+        wake_delay=args.wake_delay,
     )
 
 

@@ -225,6 +225,11 @@ class SimConfig:
     #: Whether ``/v1/messages`` (Anthropic's API) is served natively; None: as the
     #: engine the metrics look like does (llama.cpp yes; vLLM before it had one, no).
     messages: bool | None = None
+    #: vLLM's sleep mode (``--enable-sleep-mode`` in its dev mode): POST /sleep,
+    #: POST /wake_up (taking `wake_delay` seconds), GET /is_sleeping; asleep, it
+    #: answers generation requests 503.
+    sleep_mode: bool = False
+    wake_delay: float = 1.0
 
     @property
     def serves_messages(self) -> bool:
@@ -500,6 +505,11 @@ class SimApp:
             self._routes[("POST", "/v1/messages/count_tokens")] = self._count_tokens
         # The routes whose requests count towards faults.exit_after.
         self._counted = (self._chat, self._completions, self._embeddings)
+        self._asleep = False
+        if config.sleep_mode:
+            self._routes[("POST", "/sleep")] = self._sleep
+            self._routes[("POST", "/wake_up")] = self._wake_up
+            self._routes[("GET", "/is_sleeping")] = self._is_sleeping
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -517,6 +527,8 @@ class SimApp:
                 if any(path == scope["path"] for _, path in self._routes):
                     raise HTTPError(405, f"method {scope['method']} not allowed here")
                 raise HTTPError(404, f"no route for {scope['path']}", code="not_found")
+            if self._asleep and scope["path"].startswith("/v1/"):
+                raise HTTPError(503, "the engine is asleep: POST /wake_up first", code="asleep")
             await route(scope, receive, send)
         except HTTPError as e:
             await send_json(send, e.status, e.body())
@@ -550,6 +562,26 @@ class SimApp:
         if fmt == "llamacpp":
             headers.append((b"process-start-time-unix", str(self.started).encode()))
         await send_bytes(send, 200, self.exposition.render(), headers)
+
+    async def _sleep(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's POST /sleep?level=1|2: the weights leave the GPU (here: nothing to
+        free), generation stops until /wake_up."""
+        query = urllib.parse.parse_qs(scope.get("query_string", b"").decode())
+        level = query.get("level", ["1"])[-1]
+        if level not in ("1", "2"):
+            raise HTTPError(400, f"level must be 1 or 2, got {level!r}", code="bad_level")
+        self._asleep = True
+        await send_bytes(send, 200, b"", [])
+
+    async def _wake_up(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's POST /wake_up: the weights back on the GPU, in `wake_delay`."""
+        if self._asleep:
+            await trio.sleep(self.config.wake_delay)
+            self._asleep = False
+        await send_bytes(send, 200, b"", [])
+
+    async def _is_sleeping(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, {"is_sleeping": self._asleep})
 
     async def _props(self, scope: Scope, receive: Receive, send: Send) -> None:
         """llama-server's /props (llamacpp format only; see llmgw.sim.llamacpp)."""
