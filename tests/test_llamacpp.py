@@ -260,3 +260,23 @@ def test_sleep_after_is_llama_servers_own_idle_sleep_in_whole_seconds(weights: s
     argv = list(adapter().command(slept, CPU_NODE).argv)
     assert argv[argv.index("--sleep-idle-seconds") + 1] == "91"
     assert "--sleep-idle-seconds" not in adapter().command(cmd, CPU_NODE).argv
+
+
+def test_sleep_after_is_refused_for_a_build_without_idle_sleep(
+    tmp_path: Path, weights: str
+) -> None:
+    cmd = start(weights)
+    slept = attrs.evolve(cmd, profile=attrs.evolve(cmd.profile, sleep_after=60.0))
+    old = LlamaCppAdapter((str(_fake_server(tmp_path / "old" / "llama-server")),))
+    assert trio.run(old.available) is not None and old.sleeps is False
+    (problem,) = old.validate(slept, ())
+    assert problem == (
+        "this llama-server (b11434) has no --sleep-idle-seconds: build a newer one, or remove "
+        "the profile's sleep_after"
+    )
+    assert old.validate(cmd, ()) == []  # without sleep_after it starts as ever
+    new = _fake_server(tmp_path / "new" / "llama-server")
+    new.write_text(new.read_text() + "echo '--sleep-idle-seconds SECONDS   idle sleep'\n")
+    a = LlamaCppAdapter((str(new),))
+    assert trio.run(a.available) is not None and a.sleeps is True
+    assert a.validate(slept, ()) == []

@@ -57,6 +57,8 @@ MIN_SLOT_CONTEXT = 128
 # llmgw-server refuses unknown ones (a shared environment would stop it starting).
 ENV_BINARY = "LLAMA_SERVER_BIN"
 BUILD_HINT = "build it with scripts/llama_server.sh (about 10 minutes, once per machine)"
+#: llama-server's own idle sleep (a profile's sleep_after); builds before it lack the flag.
+SLEEP_FLAG = "--sleep-idle-seconds"
 
 # Flag spellings -> the setting the adapter owns.
 _SIZED = {
@@ -125,6 +127,9 @@ class LlamaCppAdapter(BaseAdapter):
         super().__init__(info=info)
         self.executable: tuple[str, ...] | None = tuple(command) if command else None
         self.threads = threads or max(1, (os.cpu_count() or 2) // 2)
+        # Whether the build has --sleep-idle-seconds (newer builds do), from its --help
+        # at available(); None: not looked up, taken as there.
+        self.sleeps: bool | None = None
 
     async def available(self) -> EngineInfo | None:
         if self.executable is None:
@@ -134,6 +139,8 @@ class LlamaCppAdapter(BaseAdapter):
                 return None
             self.executable = (found,)
         self._info = await _probe(self.executable)
+        if self._info is not None:
+            self.sleeps = await _has_flag(self.executable, SLEEP_FLAG)
         return self._info
 
     # -- validation -------------------------------------------------------------------
@@ -143,6 +150,12 @@ class LlamaCppAdapter(BaseAdapter):
         if self.info is None:
             problems.append(f"no llama-server binary on this node: {BUILD_HINT}")
         p = cmd.profile
+        if p.sleep_after is not None and self.sleeps is False:
+            version = self.info.version if self.info else None
+            problems.append(
+                f"this llama-server ({version or 'version unknown'}) has no {SLEEP_FLAG}: "
+                "build a newer one, or remove the profile's sleep_after"
+            )
         if p.tensor_parallel * p.pipeline_parallel > 1 or cmd.node_count > 1:
             problems.append(
                 "llamacpp runs one process per replica: tensor_parallel x pipeline_parallel "
@@ -225,7 +238,7 @@ class LlamaCppAdapter(BaseAdapter):
         if p.sleep_after is not None:
             # llama-server sleeps on its own (unloads the model) and reloads at the next
             # request: nothing for the router to do (catalog.SLEEPS). Whole seconds.
-            argv += ["--sleep-idle-seconds", str(max(1, math.ceil(p.sleep_after)))]
+            argv += [SLEEP_FLAG, str(max(1, math.ceil(p.sleep_after)))]
         url = base_url(host, cmd.port)
         return LaunchSpec(
             argv=tuple(argv),
@@ -235,6 +248,19 @@ class LlamaCppAdapter(BaseAdapter):
             metrics_url=f"{url}/metrics",
             capacity=settings["slots"],
         )
+
+
+async def _has_flag(executable: Sequence[str], flag: str, time_limit: float = 30.0) -> bool | None:
+    """Whether ``llama-server --help`` lists `flag` (None: it did not answer)."""
+    try:
+        with trio.move_on_after(time_limit):
+            result = await trio.run_process(
+                [*executable, "--help"], capture_stdout=True, capture_stderr=True, check=False
+            )
+            return flag.encode() in result.stdout + result.stderr
+    except OSError:
+        return None
+    return None
 
 
 async def _probe(executable: Sequence[str], time_limit: float = 30.0) -> EngineInfo | None:
