@@ -32,7 +32,7 @@ replicas = 1
 name = "sim"
 engine = "sim"
 weights = "sim"
-sleep_after = "1s"
+sleep_after = "2s"
 args = ["--wake-delay", "700ms"]
 """
 
@@ -74,12 +74,14 @@ def test_an_idle_replica_sleeps_and_the_next_request_wakes_it(
     assert node.engines() == engines
     assert srv.ready_replicas("s", 1)
     assert srv.nodes()["n1"]["gpus_allocated"] == 1
+    assert srv.endpoints()[replica["id"]]["asleep"] is True
     woken = events(srv, "wake")
     took = complete(srv)
     assert took >= 0.7  # it waited for the wake, then was served
     assert events(srv, "wake") == woken + 1
     assert srv.metric("llmgw_engine_wake_seconds_count", model="s") == woken + 1
     assert not sleeping(replica)
+    assert srv.endpoints()[replica["id"]]["asleep"] is False
 
 
 def test_requests_that_find_it_asleep_together_wake_it_once(

@@ -76,6 +76,8 @@ class EndpointView:
     capacity: float | None
     capacity_source: Literal["configured", "engine"] | None
     draining: bool
+    # Put to sleep by the router (sleep_after; the next request routed there wakes it).
+    asleep: bool
     engine: str | None
     waiting: float | None
     running: float | None

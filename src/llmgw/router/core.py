@@ -409,6 +409,7 @@ class Router:
                     "capacity": state.capacity,
                     "capacity_source": state.capacity_source,
                     "draining": state.draining,
+                    "asleep": state.asleep,
                     "engine": None if s is None else s.engine,
                     "waiting": None if s is None else s.waiting,
                     "running": None if s is None else s.running,
