@@ -48,7 +48,9 @@ from llmgw.store.migrations.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from llmgw.store.sqlite import SQLiteStore
 from llmgw.testing_procs import reserve_port
 from llmgw_cli import ctl_views
-from llmgw_cli.ctl import main, read_model_entry, render_table
+from llmgw_cli.ctl import main
+from llmgw_cli.ctl_models import read_model_entry
+from llmgw_cli.ctl_output import render_table
 from llmgw_cli.ctl_views import render
 from tests.procs import BIN, sim
 from tests.test_admin_api import check_response

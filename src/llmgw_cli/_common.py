@@ -11,7 +11,9 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
+
+import httpx
 
 from llmgw import __version__, logs, units
 
@@ -157,46 +159,141 @@ def ready_file(path: str | None) -> Iterator[None]:
 
 
 # -- argument types: each names the rule a bad value breaks --------------------------
+#
+# One wording for all of llmgw's commands: "expected <what>, got <text>" when the text
+# is not of the kind, and "must not be negative", "must be at least LO" or "must be
+# from LO to HI" when it is out of range.
+
+
+def _bound(value: float, text: str, low: float, high: float | None) -> None:
+    if high is not None and not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be from {low:g} to {high:g}, got {text}")
+    if not value >= low:
+        rule = "must not be negative" if low == 0 else f"must be at least {low:g}"
+        raise argparse.ArgumentTypeError(f"{rule}, got {text}")
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
 def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """A whole number from `low` (to `high`)."""
+
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        value = _whole(text)
+        _bound(value, str(value), low, high)
         return value
 
     return parse
 
 
 def float_in(low: float, high: float | None = None) -> Callable[[str], float]:
+    """A number from `low` (to `high`)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value >= low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        _bound(value, text, low, high)
         return value
 
     return parse
+
+
+def _duration(text: str) -> float:
+    try:
+        return units.parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def duration_at_least(minimum: float) -> Callable[[str], float]:
     """A duration (``250ms``, ``5s``, ``10m``) of at least `minimum` seconds."""
 
     def parse(text: str) -> float:
-        try:
-            value = units.parse_duration(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
+        value = _duration(text)
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum:g}s, got {text}")
         return value
 
     return parse
+
+
+def positive_duration(text: str) -> float:
+    """A duration longer than none (a timeout, a lifetime, a bucket)."""
+    value = _duration(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def int_list(low: int) -> Callable[[str], list[int]]:
+    """Comma-separated whole numbers (``1,2,4,8``), each at least `low`."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated whole numbers like 1,2,4,8, got {text!r}"
+            ) from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected whole numbers, got {text!r}")
+        for value in values:
+            _bound(value, text, low, None)
+        return values
+
+    return parse
+
+
+def name_list(text: str) -> list[str]:
+    """Comma-separated names (``a,b``), none empty."""
+    names = [part.strip() for part in text.split(",")]
+    if not text.strip() or any(not name for name in names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated names like a,b, got {text!r}")
+    return names
+
+
+def key_value(text: str) -> tuple[str, str]:
+    """``KEY=VALUE``, as written (a query parameter)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def header(text: str) -> tuple[str, str]:
+    """An HTTP header as ``Name: value``."""
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected 'Name: value', got {text!r}")
+    return name.strip(), value.strip()
+
+
+def json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def http_url(text: str) -> str:
+    """An http:// or https:// URL with a host: a bad one is refused before any request,
+    as one line, not reported per failed request after the run."""
+    try:
+        url = httpx.URL(text)
+    except httpx.InvalidURL as exc:
+        raise argparse.ArgumentTypeError(f"invalid URL {text!r}: {exc}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise argparse.ArgumentTypeError(
+            f"invalid URL {text!r}: use http://HOST[:PORT] or https://HOST[:PORT]"
+        )
+    return text

@@ -19,7 +19,7 @@ from llmgw.admin.debug import (
     MAX_PROFILE_SECONDS,
     PROFILE_FORMATS,
 )
-from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, CliError
+from llmgw_cli._common import EXIT_OK, EXIT_RUNTIME, CliError, int_in
 
 __all__ = ["add_parser", "run"]
 
@@ -27,19 +27,6 @@ __all__ = ["add_parser", "run"]
 Call = Callable[..., Any]
 
 HELP = "the task tree, thread stacks, a CPU profile or a heap summary of the server"
-
-
-def _bounded(low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, got {value}")
-        return value
-
-    return parse
 
 
 def add_parser(d: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
@@ -72,7 +59,7 @@ def add_parser(d: argparse.ArgumentParser, common: argparse.ArgumentParser) -> N
     )
     p.add_argument(
         "--seconds",
-        type=_bounded(1, MAX_PROFILE_SECONDS),
+        type=int_in(1, MAX_PROFILE_SECONDS),
         default=DEFAULT_PROFILE_SECONDS,
         metavar="N",
         help=f"how long to sample, 1 to {MAX_PROFILE_SECONDS} (default {DEFAULT_PROFILE_SECONDS})",
@@ -94,7 +81,7 @@ def add_parser(d: argparse.ArgumentParser, common: argparse.ArgumentParser) -> N
     )
     h.add_argument(
         "--limit",
-        type=_bounded(1, MAX_HEAP_LINES),
+        type=int_in(1, MAX_HEAP_LINES),
         default=DEFAULT_HEAP_LINES,
         metavar="N",
         help=f"how many lines (default {DEFAULT_HEAP_LINES})",
