@@ -308,11 +308,11 @@ async def test_replicas_placement_models_usage_and_keys(
 
         code, out, _ = await ctl_async(capsys, "--admin", admin.url, "models")
         assert code == 0
-        # model, source, aliases, fallbacks, ready/desired, endpoints
+        # model, source, aliases, fallbacks, ready/desired, autoscale, endpoints
         assert words(out, "base") == [
-            "base", "config", "base-alias", "-", "-", "2/2", "available:", "e1,", "e2"
+            "base", "config", "base-alias", "-", "-", "-", "2/2", "available:", "e1,", "e2"
         ]  # fmt: skip
-        assert words(out, "llama") == ["llama", "config", "-", "-", "0/2", "none"]
+        assert words(out, "llama") == ["llama", "config", "-", "-", "0/2", "-", "none"]
 
         code, out, _ = await ctl_async(
             capsys, "--admin", admin.url, "--admin-key", "ak", "usage", "--filter", "group_by=model"
@@ -820,8 +820,25 @@ def test_readable_keys_and_models() -> None:
     assert ctl_views.Bands.of({"bands": []}) is None  # not llmgw's admission view
 
     out = text(render("models", models), width=200)
-    assert words(out, "llama") == ["llama", "config", "l", "-", "1/2", "1/1", "available:", "r1"]
-    assert words(out, "rt") == ["rt", "runtime", "-", "llama", "-", "none"]
+    assert words(out, "llama") == [
+        "llama", "config", "l", "-", "1/2", "-", "1/1", "available:", "r1"
+    ]  # fmt: skip
+    assert words(out, "rt") == ["rt", "runtime", "-", "llama", "-", "-", "none"]
+    # An autoscaled model at zero with requests waiting for its first replica.
+    woken = {
+        "name": "z", "aliases": [], "fallbacks": [], "routing_profile": None, "replicas": 0,
+        "profiles": [], "source": "runtime",
+        "autoscale": {"min_replicas": 0, "max_replicas": 3, "idle_timeout": "10m",
+                      "target_saturation": 0.7, "scale_up_window": "30s",
+                      "scale_down_window": "5m", "cold_start_timeout": "10m"},
+        "status": {"model": "z", "desired": 1, "starting": 1, "ready": 0, "draining": 0,
+                   "unplaced": 0, "backoff_seconds": None, "failed_starts": 0,
+                   "idle_seconds": 0.5, "requests_per_second": 0.0, "tokens_per_second": 0.0},
+        "routing": {"endpoints": [], "available": 0, "waiting": 2},
+    }  # fmt: skip
+    assert not schema_errors(doc, "ModelList", {"models": [woken]})
+    out = text(render("models", {"models": [woken]}), width=200)
+    assert words(out, "z") == ["z", "runtime", "-", "-", "0/1", "(2", "waiting)", "0-3", "none"]
 
 
 def test_model_entries_from_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

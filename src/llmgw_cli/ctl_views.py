@@ -298,13 +298,21 @@ def models(data: dict[str, Any]) -> RenderableType:
     if not records:
         return Text("no models")
     table = Table(title=f"models ({len(records)})", title_justify="left", box=box.SIMPLE_HEAD)
-    columns = ("model", "source", "aliases", "fallbacks", "ready/desired", "endpoints")
+    columns = ("model", "source", "aliases", "fallbacks", "ready/desired", "autoscale", "endpoints")
     for column in columns:
         table.add_column(column, overflow="fold")
     for m in records:
         status = m.get("status")
         replicas = "-" if not status else f"{status.get('ready', 0)}/{status.get('desired', 0)}"
         routing = m.get("routing") or {}
+        if routing.get("waiting"):  # requests waiting for a replica to start
+            replicas += f" ({routing['waiting']} waiting)"
+        bounds = m.get("autoscale")
+        autoscale = (
+            f"{bounds.get('min_replicas')}-{bounds.get('max_replicas')}"
+            if isinstance(bounds, dict)
+            else "-"
+        )
         serving = routing.get("endpoints") or []
         endpoints = (
             f"{routing.get('available', 0)}/{len(serving)} available: {', '.join(serving)}"
@@ -317,6 +325,7 @@ def models(data: dict[str, Any]) -> RenderableType:
             Text(", ".join(m.get("aliases") or []) or "-"),
             Text(", ".join(m.get("fallbacks") or []) or "-"),
             replicas,
+            autoscale,
             Text(endpoints),
         )
     return table
