@@ -18,9 +18,11 @@ import trio
 
 from llmgw import units
 from llmgw.sim import personalities
+from llmgw.sim.config import SimConfig
+from llmgw.sim.faults import Faults
 from llmgw.sim.metrics import FORMATS
 from llmgw.sim.model import EngineConfig
-from llmgw.sim.server import Faults, SimConfig, describe, serve
+from llmgw.sim.server import describe, serve
 from llmgw_cli._common import (
     EXIT_OK,
     EXIT_RUNTIME,
