@@ -74,3 +74,16 @@ def test_json_lines_are_one_object_with_the_fields_as_keys(
     assert one["ts"].endswith("Z") and "T" in one["ts"]
     two = json.loads(second)
     assert two["level"] == "ERROR" and "ValueError: boom" in two["exc"]
+
+
+def test_the_text_formats_time_is_loggings_own_across_seconds() -> None:
+    """TextFormatter formats the time itself (strftime once a second): the same text as
+    logging's default asctime, for records within one second and across seconds."""
+    ours = TextFormatter()
+    stock = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for created in (1_796_250_000.001, 1_796_250_000.999, 1_796_250_001.0, 1_796_253_601.5):
+        record = logging.LogRecord(
+            "llmgw.access", logging.INFO, "x", 1, "%s %s", ("/v1", 200), None
+        )
+        record.created, record.msecs = created, (created % 1) * 1000
+        assert ours.format(record) == stock.format(record)

@@ -49,7 +49,10 @@ def text_value(value: Any) -> str:
     quoted (JSON-style) when they hold spaces, quotes, ``=`` or control characters."""
     if value is None:
         return "-"
-    if isinstance(value, bool):
+    kind = type(value)
+    if kind is int:  # the common case first (an access line is mostly counts)
+        return str(value)
+    if kind is bool:
         return "true" if value else "false"
     if isinstance(value, float):
         return f"{value:.6f}".rstrip("0").rstrip(".") if value == value else "nan"
@@ -64,9 +67,24 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self._second: int | None = None
+        self._stamp = ""
+
+    def _asctime(self, record: logging.LogRecord) -> str:
+        # logging's default asctime (local time, then milliseconds), its strftime done
+        # once a second: the access log writes a line per request.
+        second = int(record.created)
+        if second != self._second:
+            self._second = second
+            self._stamp = time.strftime(self.default_time_format, self.converter(second))
+        return f"{self._stamp},{int(record.msecs):03d}"
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        if record.exc_info or record.exc_text or record.stack_info:
+            line = super().format(record)
+        else:
+            message = record.getMessage()
+            line = f"{self._asctime(record)} {record.levelname} {record.name}: {message}"
         values: Mapping[str, Any] | None = getattr(record, FIELDS, None)
         if not values:
             return line
@@ -117,6 +135,9 @@ def setup(level: str = "info", fmt: str = "text", stream: TextIO | None = None) 
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if logging.root.handlers:
         return
+    # Neither format writes where a call was made from: logging's documented way not to
+    # look it up (a stack walk per record; the access log writes one per request).
+    logging._srcfile = None
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     # DEBUG is llmgw's own: the libraries' (httpcore, hpack, ...) is every byte sent.
