@@ -433,3 +433,83 @@ def test_a_desired_count_given_for_a_model_replaces_its_replicas() -> None:
     out = r.step(3.0, [static, scaled], nodes, {"scaled": 0})
     assert len([c for c in out.commands if isinstance(c.message, DrainShard)]) == 2
     assert len(starts(r.step(4.0, [static, scaled], nodes))) == 1
+
+
+# -- moves that make room ----------------------------------------------------------------
+
+
+def gpu_node(node_id: str, gpu_name: str, memory_gb: int) -> NodeView:
+    info = NodeInfo(
+        node_id=node_id,
+        hostname=node_id,
+        address=f"10.0.1.{len(node_id)}",
+        gpus=(Gpu(0, f"{node_id}-0", gpu_name, memory_gb * 10**9),),
+        engines=(EngineInfo("sim"),),
+    )
+    return NodeView(
+        node_id, NodeState.READY, NodeCapacity.from_info(info, NodeState.READY, since=0.0)
+    )
+
+
+# Fits any GPU of 20 GB or more; the other only on an L4.
+ANY_20GB = DeploymentProfile(name="any", engine="sim", weights="w", min_gpu_memory=20 * 10**9)
+L4_ONLY = DeploymentProfile(name="l4", engine="sim", weights="w", gpu_name="L4")
+
+
+def test_a_replica_in_the_way_is_moved_make_before_break_and_the_stuck_one_placed() -> None:
+    """The issue's case: llama (any 20 GB+ GPU) sits on the only L4; the embedding model
+    (L4 only) has nowhere to go until llama moves to the A100."""
+    r = Reconciler(CONTROL)
+    llama, embed = model(1, ANY_20GB, "llama"), model(1, L4_ONLY, "embed")
+    l4, a100 = gpu_node("l4", "NVIDIA L4", 24), gpu_node("a100", "NVIDIA A100", 80)
+    ((_, first),) = starts(r.step(0.0, [llama], [l4]))  # only the L4 there yet
+    r.shard_reported("l4", ready(first), 1.0)
+    # The A100 joins and the embedding model is added: it cannot be placed, the
+    # explanation says draining llama would make room, and llama fits on the A100.
+    out = r.step(2.0, [llama, embed], [l4, a100])
+    assert starts(out) == [] and "embed" in r.unplaced
+    assert r.evicting == {first.replica_id: "embed"} and r.moves == 1
+    # Make before break: the replacement first; the old one serves meanwhile.
+    ((where, second),) = starts(r.step(3.0, [llama, embed], [l4, a100]))
+    assert where == "a100" and second.model == "llama"
+    assert r.replicas[first.replica_id].state is ReplicaState.READY
+    r.shard_reported("a100", ready(second), 4.0)
+    out = r.step(5.0, [llama, embed], [l4, a100])
+    assert [(c.node_id, type(c.message)) for c in out.commands] == [("l4", DrainShard)]
+    stopped = ShardStatus(first.replica_id, 0, first.epoch, ShardState.STOPPED)
+    r.shard_reported("l4", stopped, 6.0)
+    ((where, placed),) = starts(r.step(7.0, [llama, embed], [l4, a100]))
+    assert (where, placed.model) == ("l4", "embed")
+    assert r.evicting == {} and r.moves == 1
+
+
+def test_no_move_when_the_replica_in_the_way_fits_nowhere_else() -> None:
+    r = Reconciler(CONTROL)
+    llama, embed = model(1, ANY_20GB, "llama"), model(1, L4_ONLY, "embed")
+    l4 = gpu_node("l4", "NVIDIA L4", 24)
+    ((_, first),) = starts(r.step(0.0, [llama], [l4]))
+    r.shard_reported("l4", ready(first), 1.0)
+    small = gpu_node("t4", "NVIDIA T4", 16)  # too small for llama
+    for t in (2.0, 3.0, 4.0):
+        out = r.step(t, [llama, embed], [l4, small])
+        assert starts(out) == [] and out.commands == ()
+    assert r.evicting == {} and r.moves == 0
+    assert r.replicas[first.replica_id].state is ReplicaState.READY
+
+
+def test_a_move_whose_replacement_finds_no_place_is_called_off() -> None:
+    r = Reconciler(CONTROL)
+    llama, embed = model(1, ANY_20GB, "llama"), model(1, L4_ONLY, "embed")
+    l4, a100 = gpu_node("l4", "NVIDIA L4", 24), gpu_node("a100", "NVIDIA A100", 80)
+    ((_, first),) = starts(r.step(0.0, [llama], [l4]))
+    r.shard_reported("l4", ready(first), 1.0)
+    r.step(2.0, [llama, embed], [l4, a100])
+    assert r.evicting == {first.replica_id: "embed"}
+    # The A100 leaves before the replacement is placed: llama has nowhere to go, so
+    # the move is off and llama counts (and serves) on the L4 again.
+    out = r.step(3.0, [llama, embed], [l4])
+    assert starts(out) == [] and r.evicting == {}
+    assert "llama" in r.unplaced and "embed" in r.unplaced
+    out = r.step(4.0, [llama, embed], [l4])
+    assert out.commands == () and "llama" not in r.unplaced
+    assert r.replicas[first.replica_id].state is ReplicaState.READY

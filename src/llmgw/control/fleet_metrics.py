@@ -49,6 +49,8 @@ Families (gauges, but for the ``_total`` counters; base units; ``_ratio`` is 0..
   replica of the model was ready meanwhile (a cold start: the model was unserved).
 * ``llmgw_fleet_scale_events_total{model,direction,cause}``: the autoscaler's count
   changes (``up``, ``down``; ``wake``, ``load``, ``cool``, ``idle``, ``bounds``).
+* ``llmgw_fleet_replica_moves_total``: replicas moved to make room for one that could
+  not be placed.
 
 Definitions:
 
@@ -145,7 +147,13 @@ class FleetCollector(Collector):
         )
         for (model, direction, cause), count in sorted(controller.scaler.events.items()):
             events.add_metric([model, direction, cause], count)
-        return (starts, events)
+        moves = CounterMetricFamily(
+            "llmgw_fleet_replica_moves",
+            "Replicas moved to make room for one that could not be placed (a replacement "
+            "started elsewhere, then the original drained).",
+        )
+        moves.add_metric([], controller.reconciler.moves)
+        return (starts, events, moves)
 
     def _failures(self, counts: list[ModelCounts]) -> tuple[CounterMetricFamily, ...]:
         """Failed starts and engine exits by model and reason; every reason of every

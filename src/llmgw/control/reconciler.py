@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -52,7 +53,14 @@ from llmgw.control.fleet import (
     ShardState,
     StartFailure,
 )
-from llmgw.control.placement import NodeCapacity, PlaceRequest, Unplaceable, plan
+from llmgw.control.placement import (
+    HintCode,
+    NodeCapacity,
+    PlaceRequest,
+    PlanResult,
+    Unplaceable,
+    plan,
+)
 from llmgw.transport.messages import (
     DrainShard,
     ServerMessage,
@@ -60,6 +68,12 @@ from llmgw.transport.messages import (
     StartShard,
     StopShard,
 )
+
+log = logging.getLogger("llmgw.control")
+
+#: Replicas moved to make room at one time (Reconciler._make_room): one, so that a
+#: pass never reshuffles the fleet and each move is seen through before the next.
+MOVES_AT_ONCE = 1
 
 
 @attrs.frozen
@@ -163,6 +177,11 @@ class Reconciler:
         # Seconds from placement to ready of the replicas that got there, by model and
         # whether it was a cold start (llmgw_fleet_replica_start_seconds).
         self.starts: dict[tuple[str, bool], Durations] = {}
+        # Replicas being moved to make room (replica id -> the model it makes room
+        # for): they stop counting, a replacement is placed elsewhere, and they drain
+        # once it is ready, as on a draining node (make before break).
+        self.evicting: dict[str, str] = {}
+        self.moves = 0  # moves begun since this reconciler started
         self.first_epoch = first_epoch
         self._epochs = itertools.count(first_epoch)
         self._commands = itertools.count(1)
@@ -227,6 +246,13 @@ class Reconciler:
 
         wanted = {m.name: m for m in models if m.profiles}
         cordoned = {n.node_id for n in nodes if n.capacity.cordoned and n.drain}
+        # A move ends when its replica drains, stops or is dropped.
+        self.evicting = {
+            r: m
+            for r, m in self.evicting.items()
+            if r in self.replicas
+            and self.replicas[r].state in (ReplicaState.STARTING, ReplicaState.READY)
+        }
         requests: list[PlaceRequest] = []
         # Active replicas by model, once per pass (per-model scans were O(models x
         # replicas) and most of a steady pass).
@@ -242,8 +268,10 @@ class Reconciler:
             active: list[Replica] = []
             moving: list[Replica] = []
             for replica in active_by_model.get(model.name, ()):
-                on_cordoned = any(n in cordoned for n in replica.placement.nodes)
-                (moving if on_cordoned else active).append(replica)
+                leaving = replica.replica_id in self.evicting or any(
+                    n in cordoned for n in replica.placement.nodes
+                )
+                (moving if leaving else active).append(replica)
             ready_elsewhere = sum(r.state is ReplicaState.READY for r in active)
             surplus_moving = len(moving) if ready_elsewhere >= count else 0
             for replica in moving[:surplus_moving]:
@@ -292,7 +320,50 @@ class Reconciler:
                     self.unplaced[model_name] = tuple(unplaced[model_name])
                 elif model_name in placed_models:
                     self.unplaced.pop(model_name, None)
+            # A move whose replacement found no place after all (the fleet changed
+            # since it began) is called off: the replica counts and serves again.
+            self.evicting = {
+                r: m
+                for r, m in self.evicting.items()
+                if r in self.replicas and self.replicas[r].model not in unplaced
+            }
+            self._make_room(result, wanted, now)
         return actions
+
+    def _make_room(self, result: PlanResult, wanted: Mapping[str, ModelConfig], now: float) -> None:
+        """Move a replica that stands in the way of one that cannot be placed: when the
+        explanation says the unplaced one would fit if replica R were drained, and R's
+        model would fit elsewhere with everything placed now held, R is evicted (a
+        replacement is started elsewhere, then R drains: no stream is cut). At most
+        MOVES_AT_ONCE moves run at a time, so a pass never reshuffles the fleet."""
+        if len(self.evicting) >= MOVES_AT_ONCE:
+            return
+        held = [r.placement for r in self.replicas.values()] + list(result.placed)
+        for stuck in result.unplaced:
+            for hint in stuck.hints:
+                r = self.replicas.get(hint.replica_id or "")
+                if (
+                    hint.code is not HintCode.DRAIN
+                    or r is None
+                    or r.state is not ReplicaState.READY
+                    or r.replica_id in self.evicting
+                    or r.model == stuck.model
+                    or r.model not in wanted
+                ):
+                    continue
+                probe = PlaceRequest.for_model(wanted[r.model], f"{r.model}-move", 0)
+                if not plan(result.nodes, [probe], held, self.control.port_range, now).placed:
+                    continue  # it fits nowhere else: moving it would only swap who waits
+                self.evicting[r.replica_id] = stuck.model
+                self.moves += 1
+                log.info(
+                    "moving replica %s of %s to make room for %s: %s",
+                    r.replica_id,
+                    r.model,
+                    stuck.model,
+                    hint.message,
+                )
+                return
 
     def _start(
         self, placement: Placement, model: ModelConfig, nodes: Mapping[str, NodeView], now: float

@@ -214,7 +214,6 @@ class SimApp:
     async def _is_sleeping(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, {"is_sleeping": self._asleep})
 
-
     async def _requests(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The last requests (oldest first): method, path and the headers a gateway
         should pass on (request id, trace context; whether credentials came)."""
