@@ -158,10 +158,55 @@ def test_profiles_are_tried_in_order():
     assert r.placed[0].profile == "tp8"
 
 
-def test_requests_are_placed_in_the_order_given():
-    r = plan([node("a", 4)], [req("r1", prof(tp=4)), req("r2", prof(tp=1))], (), PORTS, NOW)
+def test_equally_constrained_requests_are_placed_in_the_order_given():
+    small = prof(tp=1, gpu_name="A10")
+    nodes = [node("a", 4), node("b", 1, name="A10")]
+    r = plan(nodes, [req("r1", small), req("r2", small)], (), PORTS, NOW)
     assert [p.replica_id for p in r.placed] == ["r1"]
     assert [u.replica_id for u in r.unplaced] == ["r2"]
+
+
+def test_the_most_constrained_are_placed_first():
+    """The issue's fleet: two llama replicas fit any GPU of 20 GB or more, the
+    embedding model only an L4. Given first, the llamas would take both L4s (the
+    fullest node wins); placed by constraint, the embedding model gets an L4."""
+    l4s = node("l4", 2, name="NVIDIA L4", memory=24 * GB)
+    a100 = node("a100", 4, name="NVIDIA A100", memory=80 * GB)
+    llama = prof("any", memory=20 * GB)
+    embed = prof("l4", gpu_name="L4")
+    requests = [req("llama-1", llama), req("llama-2", llama), req("embed-1", embed)]
+    r = plan([l4s, a100], requests, (), PORTS, NOW)
+    assert not r.unplaced
+    where = {p.replica_id: p.nodes for p in r.placed}
+    assert where["embed-1"] == ("l4",)
+    assert [p.replica_id for p in r.placed] == ["embed-1", "llama-1", "llama-2"]
+
+
+def test_spread_puts_each_replica_on_the_emptiest_node():
+    nodes = [node("a"), node("b", used=range(5)), node("c", used=range(2))]
+    r = plan(nodes, [req(f"r{i}", prof(tp=2)) for i in range(3)], (), PORTS, NOW, policy="spread")
+    # a has 8 free, c 6, b 3: a (6 left), then a or c at 6 (ties by id: a), then c.
+    assert [p.nodes for p in r.placed] == [("a",), ("a",), ("c",)]
+    packed = plan(nodes, [req(f"r{i}", prof(tp=2)) for i in range(3)], (), PORTS, NOW)
+    assert [p.nodes for p in packed.placed] == [("b",), ("c",), ("c",)]
+
+
+def test_spread_picks_the_fabric_with_the_most_room():
+    nodes = [
+        node("a1", fabrics=("ib-a",)),
+        node("a2", fabrics=("ib-a",)),
+        node("b1", fabrics=("ib-b",)),
+        node("b2", fabrics=("ib-b",)),
+        node("b3", fabrics=("ib-b",)),
+    ]
+    big = req("r1", prof(tp=16, per_node=8))
+    assert plan(nodes, [big], (), PORTS, NOW).placed[0].nodes == ("a1", "a2")
+    assert plan(nodes, [big], (), PORTS, NOW, policy="spread").placed[0].nodes == ("b1", "b2")
+
+
+def test_an_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="placement policy"):
+        plan([node("a")], [], (), PORTS, NOW, policy="random")
 
 
 def test_gpu_filters_pick_matching_gpus_on_a_mixed_node():
@@ -195,17 +240,18 @@ def test_existing_placements_hold_their_gpus_and_ports_even_when_unreported():
 
 
 def test_chained_calls_equal_one_call():
+    """Requests given most constrained first (the order one call takes them in)."""
     nodes = [node("a", 4), node("b", 8, fabrics=("ib",)), node("c", 8, fabrics=("ib",))]
-    requests = [req("r1", prof(tp=2)), req("r2", prof(tp=16, per_node=8)), req("r3", prof(tp=4))]
+    requests = [req("r2", prof(tp=16, per_node=8)), req("r3", prof(tp=4)), req("r1", prof(tp=2))]
     together = plan(nodes, requests, (), PORTS, NOW)
     first = plan(nodes, requests[:1], (), PORTS, NOW)
     rest = plan(first.nodes, requests[1:], first.placed, PORTS, NOW)
     assert first.placed + rest.placed == together.placed
     assert rest.nodes == together.nodes
-    # Same reasons; only the chained call knows r1 as an existing replica it could drain.
+    # Same reasons; only the chained call knows r2 as an existing replica it could drain.
     assert [u.attempts for u in rest.unplaced] == [u.attempts for u in together.unplaced]
     assert together.unplaced[0].hints == ()
-    assert rest.unplaced[0].hints[0].replica_id == "r1"
+    assert rest.unplaced[0].hints[0].replica_id == "r2"
 
 
 def test_two_nodes_with_one_id_is_an_error():
@@ -589,7 +635,14 @@ def multi_request_lists(draw, prefix: str) -> list[PlaceRequest]:
 class Model:
     """A brute-force statement of the rules, replayed request by request."""
 
-    def __init__(self, nodes: list[NodeCapacity], existing: tuple[Placement, ...], ports):
+    def __init__(
+        self,
+        nodes: list[NodeCapacity],
+        existing: tuple[Placement, ...],
+        ports,
+        policy: str = "binpack",
+    ):
+        self.spread = policy == "spread"
         self.nodes = {n.node_id: n for n in nodes}
         self.lo, self.hi = ports
         self.gpus = {n.node_id: set(n.used_gpus) for n in nodes}
@@ -632,12 +685,41 @@ class Model:
             and self.free_ports(n) >= 1
         )
 
+    def matching(self, n: NodeCapacity, p: DeploymentProfile) -> int:
+        """GPUs of `n` that `p` could use were they all free."""
+        return sum(
+            1
+            for g in n.gpus
+            if (p.min_gpu_memory is None or g.memory_total >= p.min_gpu_memory)
+            and (p.gpu_name is None or re.search(p.gpu_name, g.name))
+        )
+
+    def room(self, r: PlaceRequest) -> int:
+        """Replicas of `r` the usable nodes could hold if empty, over its profiles."""
+        total = 0
+        for p in r.profiles:
+            size = p.tensor_parallel * p.pipeline_parallel
+            per_node = p.gpus_per_node or size
+            if size % per_node:
+                continue  # an invalid profile has no room
+            nodes = [n for n in self.nodes.values() if self.usable(n) and p.engine in n.engines]
+            if size == per_node:
+                total += sum(self.matching(n, p) // per_node for n in nodes)
+                if cpu_capable(p):
+                    total += sum(1 for n in nodes if not n.gpus)
+                continue
+            for f in sorted({f for n in self.nodes.values() for f in n.fabrics if f}):
+                fits = [n for n in nodes if f in n.fabrics and self.matching(n, p) >= per_node]
+                total += len(fits) // (size // per_node)
+        return total
+
     def choose(self, p: DeploymentProfile) -> list[str] | None:
         """Node ids, rank order, that the rules pick for `p` now; None: it does not fit."""
         total = p.tensor_parallel * p.pipeline_parallel
         per_node = p.gpus_per_node or total
         count = total // per_node
-        ordered = sorted(self.nodes.values(), key=lambda n: (len(self.free(n)), n.node_id))
+        sign = -1 if self.spread else 1
+        ordered = sorted(self.nodes.values(), key=lambda n: (sign * len(self.free(n)), n.node_id))
         if count == 1:
             for n in ordered:
                 if self.eligible(n, p, total):
@@ -671,16 +753,18 @@ class Model:
             leftover = sum(len(self.free(n)) for n in members if self.usable(n))
             leftover -= count * per_node
             ids = [head.node_id] + [n.node_id for n in chosen if n is not head]
-            if best is None or (leftover, f) < best[:2]:
-                best = (leftover, f, ids)
+            if best is None or (sign * leftover, f) < best[:2]:
+                best = (sign * leftover, f, ids)
         return best[2] if best else None
 
 
-def check(nodes, existing, requests, result: PlanResult) -> None:
-    model = Model(nodes, existing, H_PORTS)
+def check(nodes, existing, requests, result: PlanResult, policy: str = "binpack") -> None:
+    model = Model(nodes, existing, H_PORTS, policy)
     placed = {p.replica_id: p for p in result.placed}
     unplaced = {u.replica_id: u for u in result.unplaced}
     assert len(placed) + len(unplaced) == len(requests)
+    # The most constrained first, the order given among equals.
+    requests = sorted(requests, key=model.room)
     assert [p.replica_id for p in result.placed] == [
         r.replica_id for r in requests if r.replica_id in placed
     ]
@@ -814,33 +898,39 @@ def check_explanation(nodes, r: PlaceRequest, u) -> None:
             assert n.message.startswith(f"{n.node_id}: ")
 
 
+POLICIES = st.sampled_from(["binpack", "spread"])
+
+
 @settings(max_examples=examples(300))
-@given(fleets(), request_lists("a"), request_lists("b"), st.randoms(use_true_random=False))
-def test_plans_follow_the_rules(nodes, first, second, rnd):
-    r1 = plan(nodes, first, (), H_PORTS, NOW)
-    check(nodes, (), first, r1)
-    r2 = plan(r1.nodes, second, r1.placed, H_PORTS, NOW)
-    check(r1.nodes, r1.placed, second, r2)
+@given(
+    fleets(), request_lists("a"), request_lists("b"), POLICIES, st.randoms(use_true_random=False)
+)
+def test_plans_follow_the_rules(nodes, first, second, policy, rnd):
+    r1 = plan(nodes, first, (), H_PORTS, NOW, policy=policy)
+    check(nodes, (), first, r1, policy)
+    r2 = plan(r1.nodes, second, r1.placed, H_PORTS, NOW, policy=policy)
+    check(r1.nodes, r1.placed, second, r2, policy)
 
     # Existing placements hold their GPUs whether or not the capacities say so.
-    assert plan(nodes, second, r1.placed, H_PORTS, NOW) == r2
+    assert plan(nodes, second, r1.placed, H_PORTS, NOW, policy=policy) == r2
     # Deterministic, and independent of the order nodes and placements come in.
     shuffled = list(r1.nodes)
     rnd.shuffle(shuffled)
     held = list(r1.placed)
     rnd.shuffle(held)
-    assert plan(shuffled, second, held, H_PORTS, NOW) == r2
-    assert plan(r1.nodes, second, r1.placed, H_PORTS, NOW) == r2
+    assert plan(shuffled, second, held, H_PORTS, NOW, policy=policy) == r2
+    assert plan(r1.nodes, second, r1.placed, H_PORTS, NOW, policy=policy) == r2
 
 
 @settings(max_examples=examples(200))
-@given(fabric_fleets(), multi_request_lists("a"), multi_request_lists("b"))
-def test_multi_node_plans_follow_the_rules(nodes, first, second):
-    r1 = plan(nodes, first, (), H_PORTS, NOW)
-    check(nodes, (), first, r1)
-    r2 = plan(r1.nodes, second, r1.placed, H_PORTS, NOW)
-    check(r1.nodes, r1.placed, second, r2)
-    assert plan(list(reversed(r1.nodes)), second, r1.placed[::-1], H_PORTS, NOW) == r2
+@given(fabric_fleets(), multi_request_lists("a"), multi_request_lists("b"), POLICIES)
+def test_multi_node_plans_follow_the_rules(nodes, first, second, policy):
+    r1 = plan(nodes, first, (), H_PORTS, NOW, policy=policy)
+    check(nodes, (), first, r1, policy)
+    r2 = plan(r1.nodes, second, r1.placed, H_PORTS, NOW, policy=policy)
+    check(r1.nodes, r1.placed, second, r2, policy)
+    reordered = plan(list(reversed(r1.nodes)), second, r1.placed[::-1], H_PORTS, NOW, policy=policy)
+    assert reordered == r2
 
 
 @settings(max_examples=examples(50))

@@ -247,6 +247,10 @@ class RouterConfig:
     profiles: dict[str, RoutingProfile] = attrs.field(factory=_default_profiles)
 
 
+#: How placement chooses among the nodes that fit (ControlConfig.placement).
+PLACEMENT_POLICIES = ("binpack", "spread")
+
+
 @attrs.frozen
 class ControlConfig:
     """The control plane: reconciling, node expiry, engine ports."""
@@ -268,6 +272,10 @@ class ControlConfig:
     port_range: tuple[int, int] = (20000, 20999)
     # The network interface multi-node engines bootstrap over (NCCL, Gloo).
     mgmt_interface: str = "eth0"
+    # Which of the nodes that fit a replica gets it: "binpack", the fullest (whole
+    # nodes stay free for big models), or "spread", the emptiest (load and failures
+    # spread over the nodes).
+    placement: str = "binpack"
 
 
 @attrs.frozen
@@ -925,6 +933,11 @@ def check(config: Config) -> list[str]:
             f"control.unreachable_after: must be shorter than control.lost_after "
             f"({units.format_duration(c.lost_after)}), "
             f"got {units.format_duration(c.unreachable_after)}"
+        )
+    if c.placement not in PLACEMENT_POLICIES:
+        problems.append(
+            f"control.placement: must be one of {', '.join(PLACEMENT_POLICIES)},"
+            f" got {c.placement!r}"
         )
     lo, hi = c.port_range
     if not (1 <= lo <= hi <= 65535):

@@ -11,8 +11,11 @@ a second call can chain on the first.
 
 Rules
 -----
-* Requests are placed in the order given (put the ones that matter most first).
-  A request's profiles are tried in order; the first that fits is used.
+* The most constrained requests are placed first: those with the fewest places in
+  the fleet they could ever fit (counted on the schedulable nodes as if empty, over
+  all their profiles), so a model that runs only on some GPUs is not crowded out by
+  one that runs anywhere; equally constrained requests keep the order given. A
+  request's profiles are tried in order; the first that fits is used.
 * Only READY, non-cordoned nodes take new shards, and only if their agent has the
   profile's engine.
 * A profile needs ``tensor_parallel x pipeline_parallel`` GPUs, for every engine
@@ -32,14 +35,16 @@ Rules
 * Every shard gets one HTTP port from ``port_range`` (inclusive, lowest free
   first); rank 0 of a multi-node replica also gets its distributed-init port on
   its node.
-* Single node: bin-pack -- among nodes that fit, the fullest (fewest free GPUs
-  after placing) wins, to keep whole nodes free for big models; ties by node id.
+* Single node, by the policy (``[control] placement``): ``binpack`` (the default),
+  among nodes that fit the fullest (fewest free GPUs after placing) wins, to keep
+  whole nodes free for big models; ``spread``, the emptiest wins, to spread load
+  and the blast radius of a node failure. Ties by node id.
 * Multi node (``nodes = tp x pp / gpus_per_node > 1``): one shard of exactly
   ``gpus_per_node`` GPUs on each of ``nodes`` distinct nodes that share a fabric.
-  The fabric that fits with the least leftover (free GPUs of its schedulable
-  nodes after placing) wins, ties by name; inside it nodes are bin-packed as
-  above. Rank 0 (the head, which serves HTTP) is the first chosen node with two
-  free ports.
+  With ``binpack`` the fabric that fits with the least leftover (free GPUs of its
+  schedulable nodes after placing) wins, with ``spread`` the most; ties by name;
+  inside it nodes are chosen by the policy as above. Rank 0 (the head, which
+  serves HTTP) is the first chosen node with two free ports.
 
 Explanations
 ------------
@@ -57,6 +62,7 @@ Everything is attrs values and serialises with cattrs.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import heapq
 import itertools
@@ -66,7 +72,7 @@ from typing import Final
 
 import attrs
 
-from llmgw.config import DeploymentProfile, ModelConfig
+from llmgw.config import PLACEMENT_POLICIES, DeploymentProfile, ModelConfig
 from llmgw.control.fleet import Gpu, NodeInfo, NodeState, Placement, ShardAssignment
 
 __all__ = [
@@ -302,18 +308,23 @@ def plan(
     port_range: tuple[int, int],
     now: float,
     *,
+    policy: str = "binpack",
     max_node_reasons: int = MAX_NODE_REASONS,
 ) -> PlanResult:
     """Place `requests` on `nodes` around the `existing` placements; explain the rest.
 
-    Deterministic: the same values in (in any order of `nodes` and `existing`) give
-    the same values out. Raises ValueError for two nodes with one id.
+    `policy` is ``binpack`` or ``spread`` (see the module docstring). Deterministic:
+    the same values in (in any order of `nodes` and `existing`) give the same values
+    out. Raises ValueError for two nodes with one id or an unknown policy.
     """
+    if policy not in PLACEMENT_POLICIES:
+        raise ValueError(f"unknown placement policy {policy!r}")
     existing = tuple(existing)
-    fleet = _Fleet(nodes, existing, port_range)
+    fleet = _Fleet(nodes, existing, port_range, spread=policy == "spread")
     placed: list[Placement] = []
     failed: list[PlaceRequest] = []
-    for request in requests:
+    rooms = {id(r): fleet.room(r) for r in requests}
+    for request in sorted(requests, key=lambda r: rooms[id(r)]):
         placement = fleet.place(request)
         if placement is None:
             failed.append(request)
@@ -434,27 +445,16 @@ class _Group:
         self.buckets: dict[int, list[str]] = {}
 
     def add(self, free: int, node_id: str) -> None:
-        bucket = self.buckets.setdefault(free, [])
-        i = _bisect(bucket, node_id)
-        bucket.insert(i, node_id)
+        bisect.insort(self.buckets.setdefault(free, []), node_id)
 
     def remove(self, free: int, node_id: str) -> None:
         bucket = self.buckets[free]
-        i = _bisect(bucket, node_id)
-        del bucket[i]
+        del bucket[bisect.bisect_left(bucket, node_id)]
         if not bucket:
             del self.buckets[free]
 
-
-def _bisect(items: list[str], value: str) -> int:
-    lo, hi = 0, len(items)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if items[mid] < value:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    def size(self) -> int:
+        return sum(len(ids) for ids in self.buckets.values())
 
 
 class _Cand:
@@ -478,7 +478,10 @@ class _Fleet:
         nodes: Iterable[NodeCapacity],
         existing: Sequence[Placement],
         port_range: tuple[int, int],
+        *,
+        spread: bool = False,
     ) -> None:
+        self.spread = spread
         self.lo, self.hi = port_range
         caps: dict[str, NodeCapacity] = {}
         for cap in nodes:
@@ -626,7 +629,7 @@ class _Fleet:
         cands = self.cands(None, spec)
         if not cands:
             return None
-        for free in range(need, self.max_gpus + 1):
+        for free in self._by_policy(range(need, self.max_gpus + 1)):
             best: _Node | None = None
             best_cand: _Cand | None = None
             for cand in cands:
@@ -655,20 +658,24 @@ class _Fleet:
         best: tuple[int, _Choice] | None = None
         for fabric in self.fabric_names:
             leftover = self.fabric_free[fabric] - need * count
-            if leftover < 0 or (best is not None and leftover >= best[0]):
+            if leftover < 0:
+                continue
+            # The key is smallest for the best fabric: least leftover, or most.
+            key = -leftover if self.spread else leftover
+            if best is not None and key >= best[0]:
                 continue
             cands = self.cands(fabric, spec)
             if not cands:
                 continue
             choice = self._pick_in_fabric(cands, need, count)
             if choice is not None:
-                best = (leftover, choice)
+                best = (key, choice)
         return best[1] if best is not None else None
 
     def _pick_in_fabric(self, cands: list[_Cand], need: int, count: int) -> _Choice | None:
         chosen: _Choice = []
         head: int | None = None  # position in `chosen` of the first node with 2 free ports
-        for free in range(need, self.max_gpus + 1):
+        for free in self._by_policy(range(need, self.max_gpus + 1)):
             fits: list[tuple[str, _Node, _Cand]] = []
             for cand in cands:
                 for node_id in cand.group.buckets.get(free, ()):
@@ -686,12 +693,37 @@ class _Fleet:
                         head = len(chosen) - 1
                 elif node.free_ports >= 2:
                     # Every chosen node has a single free port: swap in this one, the
-                    # next fullest that can be the head, for the last (emptiest) one.
+                    # next by the policy that can be the head, for the last chosen.
                     chosen[-1] = (node, self._gpus(node, cand, need))
                     head = len(chosen) - 1
                 if len(chosen) == count and head is not None:
                     return [chosen[head], *chosen[:head], *chosen[head + 1 :]]
         return None
+
+    def _by_policy(self, frees: range) -> Iterable[int]:
+        """Free-GPU counts in the order the policy tries them: fullest nodes first
+        (binpack) or emptiest first (spread)."""
+        return reversed(frees) if self.spread else frees
+
+    def room(self, request: PlaceRequest) -> int:
+        """How many replicas of `request` the schedulable nodes could hold if they were
+        empty, summed over its profiles: the fewer, the more constrained."""
+        total = 0
+        for profile in request.profiles:
+            spec = self.spec(profile)
+            if spec.error is not None:
+                continue
+            if not spec.multi:
+                total += sum(
+                    c.group.size() * (len(c.match) // spec.per_node) for c in self.cands(None, spec)
+                )
+                if spec.cpu_ok:
+                    total += sum(spec.engine in n.cap.engines for n in self.cpu_nodes)
+                continue
+            for fabric in self.fabric_names:
+                # cands() holds only groups whose nodes fit a shard.
+                total += sum(c.group.size() for c in self.cands(fabric, spec)) // spec.nodes
+        return total
 
     def _gpus(self, node: _Node, cand: _Cand, need: int) -> tuple[int, ...]:
         if cand.all_match:

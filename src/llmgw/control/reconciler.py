@@ -308,6 +308,7 @@ class Reconciler:
                 [r.placement for r in self.replicas.values()],
                 self.control.port_range,
                 now,
+                policy=self.control.placement,
             )
             placed_models = {p.model for p in result.placed}
             for placement in result.placed:
@@ -352,7 +353,15 @@ class Reconciler:
                 ):
                     continue
                 probe = PlaceRequest.for_model(wanted[r.model], f"{r.model}-move", 0)
-                if not plan(result.nodes, [probe], held, self.control.port_range, now).placed:
+                probed = plan(
+                    result.nodes,
+                    [probe],
+                    held,
+                    self.control.port_range,
+                    now,
+                    policy=self.control.placement,
+                )
+                if not probed.placed:
                     continue  # it fits nowhere else: moving it would only swap who waits
                 self.evicting[r.replica_id] = stuck.model
                 self.moves += 1
