@@ -119,8 +119,8 @@ def test_a_burst_scales_one_to_three_and_back_with_every_stream_whole() -> None:
 
         def settled(count: int) -> Callable[[], bool]:
             # `count` replicas, all ready, and none left draining.
-            return lambda: len(srv.replicas("bursty")) == count and bool(
-                srv.ready_replicas("bursty", count)
+            return lambda: (
+                len(srv.replicas("bursty")) == count and bool(srv.ready_replicas("bursty", count))
             )
 
         streams.start(12)
