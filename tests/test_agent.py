@@ -333,6 +333,11 @@ async def test_node_conflicts_are_rejected(tmp_path: Path, reserve: Callable[[],
                 )
                 r2, r3, r4 = [await server.result(c) for c in ("c2", "c3", "c4")]
                 assert agent.supervisor.launched == 1
+                # Only a port another process holds is reported busy: the server
+                # avoids it there. Its own shards' ports it knows already.
+                r3_failed = await server.status(ShardState.FAILED, "m-r3")
+                assert r3_failed.busy_ports == (taken,)
+                assert (await server.status(ShardState.FAILED, "m-r2")).busy_ports == ()
     finally:
         busy.close()
     assert "GPU 0 is in use by replica m-r1 rank 0 (epoch 1)" in r2.message

@@ -20,6 +20,7 @@ from llmgw.control.fleet import (
 )
 from llmgw.control.placement import NodeCapacity
 from llmgw.control.reconciler import (
+    REFUSED_PORT_TTL,
     Actions,
     NodeView,
     Publish,
@@ -201,6 +202,7 @@ def test_a_lost_node_loses_its_replica_which_is_placed_again() -> None:
 def test_a_replica_that_never_starts_times_out() -> None:
     r = Reconciler(CONTROL)
     ((_, cmd),) = starts(r.step(0.0, [model()], [node("a", 1)]))
+    r.shard_reported("a", ShardStatus(cmd.replica_id, 0, cmd.epoch, ShardState.STARTING), 1.0)
     assert r.step(599.0, [model()], [node("a", 1)]) == Actions()
     out = r.step(601.0, [model()], [node("a", 1)])
     assert Unpublish(cmd.replica_id, drain=False) in out.router
@@ -513,3 +515,62 @@ def test_a_move_whose_replacement_finds_no_place_is_called_off() -> None:
     out = r.step(4.0, [llama, embed], [l4])
     assert out.commands == () and "llama" not in r.unplaced
     assert r.replicas[first.replica_id].state is ReplicaState.READY
+
+
+# -- level-triggered commands ------------------------------------------------------------
+
+
+def test_a_start_no_agent_confirms_is_sent_again_each_interval_until_it_does() -> None:
+    """A StartShard lost on the way (outbox full, a reconnect) costs an interval, not
+    start_timeout: the shard is told again while no report says it is starting."""
+    r = Reconciler(CONTROL)  # interval 5 s
+    ((n, cmd),) = starts(r.step(0.0, [model()], [node("a", 1)]))
+    assert r.step(4.0, [model()], [node("a", 1)]) == Actions()  # its answer may be coming
+    assert starts(r.step(5.0, [model()], [node("a", 1)])) == [(n, cmd)]  # the same command
+    # Not to a node that cannot be reached; again once it can.
+    assert r.step(11.0, [model()], [node("a", 1, NodeState.UNREACHABLE)]) == Actions()
+    assert starts(r.step(11.5, [model()], [node("a", 1)])) == [(n, cmd)]
+    r.shard_reported(n, ShardStatus(cmd.replica_id, 0, cmd.epoch, ShardState.STARTING), 12.0)
+    assert r.step(30.0, [model()], [node("a", 1)]) == Actions()
+    assert r.resent == 2
+
+
+def test_a_drain_the_agent_missed_is_sent_again_while_it_reports_the_shard_ready() -> None:
+    """A scale-down during a brief disconnect: the agent comes back still running the
+    shard as ready, and is told to drain it again (once per interval)."""
+    r = Reconciler(CONTROL)
+    ((n, cmd),) = starts(r.step(0.0, [model()], [node("a", 1)]))
+    r.shard_reported(n, ready(cmd), 1.0)
+    out = r.step(2.0, [model(0)], [node("a", 1)])
+    (drain,) = [c.message for c in out.commands]
+    assert isinstance(drain, DrainShard)
+    r.shard_reported(n, ready(cmd), 3.0)  # it never got it
+    assert r.step(6.0, [model(0)], [node("a", 1)]) == Actions()
+    out = r.step(7.0, [model(0)], [node("a", 1)])
+    assert [c.message for c in out.commands] == [drain]
+    draining = ShardStatus(cmd.replica_id, 0, cmd.epoch, ShardState.DRAINING)
+    r.shard_reported(n, draining, 7.5)
+    assert r.step(20.0, [model(0)], [node("a", 1)]) == Actions()
+
+
+def test_a_start_refused_for_a_busy_port_is_placed_again_on_another_port_at_once() -> None:
+    r = Reconciler(CONTROL)
+    nodes = [node("a", 1)]
+    ((n, cmd),) = starts(r.step(0.0, [model()], nodes))
+    refused = ShardStatus(
+        cmd.replica_id,
+        0,
+        cmd.epoch,
+        ShardState.FAILED,
+        message=f"not started: port {cmd.port} on 10.0.0.1 is in use by another process",
+        busy_ports=(cmd.port,),
+    )
+    r.shard_reported(n, refused, 1.0)
+    assert r.backoff_until("m") is None  # not the model's fault
+    ((again_on, again),) = starts(r.step(1.0, [model()], nodes))
+    assert again_on == "a" and again.port != cmd.port
+    # Once the refusal is old, the port may be given out again.
+    r.shard_reported(n, ready(again), 2.0)
+    r.step(3.0 + REFUSED_PORT_TTL, [model(2)], [node("a", 2)])
+    (later,) = [s for s in r.replicas.values() if s.replica_id != again.replica_id]
+    assert later.placement.shards[0].port == cmd.port

@@ -349,13 +349,14 @@ class Agent:
                 return
             replacing = existing  # an older epoch: stopped before the new one launches
         adapter = self.adapters.get(cmd.profile.engine)
+        busy: list[int] = []  # ports another process holds
         if adapter is None:
             have = ", ".join(sorted(self.adapters)) or "none"
             problems = [
                 f"engine {cmd.profile.engine!r} is not supported by this agent (it has: {have})"
             ]
         else:
-            problems = adapter.validate(cmd, self.gpus) + self._node_problems(cmd, replacing)
+            problems = adapter.validate(cmd, self.gpus) + self._node_problems(cmd, replacing, busy)
         if adapter is not None and not problems:
             try:
                 spec = adapter.command(cmd, self.node_info())
@@ -364,18 +365,20 @@ class Agent:
                 problems = [f"cannot build the {adapter.name} command: {exc}"]
         if problems:
             self._result(cmd.command_id, False, "; ".join(problems))
-            self.supervisor.reject(cmd, problems)
+            self.supervisor.reject(cmd, problems, busy_ports=tuple(busy))
             return
         self._result(cmd.command_id, True, "starting")
         self.supervisor.launch(cmd, spec)
 
-    def _node_problems(self, cmd: StartShard, replacing: Shard | None) -> list[str]:
-        """What keeps `cmd` from running on this node now, whatever its engine."""
+    def _node_problems(
+        self, cmd: StartShard, replacing: Shard | None, busy: list[int]
+    ) -> list[str]:
+        """What keeps `cmd` from running on this node now, whatever its engine; the
+        ports another process holds are added to `busy` (the server avoids them)."""
         problems: list[str] = []
         others = [s for s in self.supervisor.live() if s is not replacing]
         taken = {i: s for s in others for i in s.command.gpu_indices}
-        busy = sorted({i for i in cmd.gpu_indices if i in taken})
-        for index in busy:
+        for index in sorted({i for i in cmd.gpu_indices if i in taken}):
             problems.append(f"GPU {index} is in use by {_describe(taken[index])}")
         ports = {cmd.port}
         if cmd.node_count > 1 and cmd.rank == 0 and cmd.master_port is not None:
@@ -386,9 +389,11 @@ class Agent:
                 problems.append(f"port {port} is in use by {_describe(s)}")
         if cmd.rank == 0:
             for port in sorted(ports - ours - {p for s in others for p in _ports(s.command)}):
-                problem = _bind_problem(self.settings.address, port)
+                problem, in_use = _bind_problem(self.settings.address, port)
                 if problem:
                     problems.append(problem)
+                if in_use:
+                    busy.append(port)
         if cmd.node_count > 1 and "NCCL_SOCKET_IFNAME" not in cmd.profile.env:
             problem = _interface_problem(cmd.mgmt_interface)
             if problem:
@@ -408,8 +413,9 @@ def _describe(shard: Shard) -> str:
     return f"replica {c.replica_id} rank {c.rank} (epoch {c.epoch})"
 
 
-def _bind_problem(host: str, port: int) -> str | None:
-    """Whether an engine could listen on host:port now (as it would: SO_REUSEADDR)."""
+def _bind_problem(host: str, port: int) -> tuple[str | None, bool]:
+    """Whether an engine could listen on host:port now (as it would: SO_REUSEADDR):
+    what keeps it from it, and whether that is another process holding the port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -417,11 +423,11 @@ def _bind_problem(host: str, port: int) -> str | None:
             s.bind((host, port))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                return f"port {port} on {host} is in use by another process"
+                return f"port {port} on {host} is in use by another process", True
             if exc.errno == errno.EADDRNOTAVAIL:
-                return f"address {host} is not an address of this node (cannot listen on it)"
-            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
-    return None
+                return f"address {host} is not an address of this node (cannot listen on it)", False
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}", False
+    return None, False
 
 
 def _interface_problem(spec: str, names: Iterable[str] | None = None) -> str | None:

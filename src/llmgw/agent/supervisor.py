@@ -185,12 +185,15 @@ class Supervisor:
         self._nursery.start_soon(self._run, shard, previous, name=f"shard {shard_name(cmd)}")
         return shard
 
-    def reject(self, cmd: StartShard, problems: Iterable[str]) -> Shard:
+    def reject(
+        self, cmd: StartShard, problems: Iterable[str], *, busy_ports: tuple[int, ...] = ()
+    ) -> Shard:
         """Record `cmd` as FAILED without launching anything (the adapter or the node
-        refused it): fails in milliseconds instead of after minutes of loading."""
+        refused it): fails in milliseconds instead of after minutes of loading.
+        `busy_ports` are the ports another process holds (the server avoids them)."""
         shard = self._new(cmd, None)
         text = "; ".join(problems)
-        self._set(shard, ShardState.FAILED, message=f"not started: {text}")
+        self._set(shard, ShardState.FAILED, message=f"not started: {text}", busy_ports=busy_ports)
         shard.done.set()
         return shard
 

@@ -613,8 +613,8 @@ class Controller:
                     raise trio.ClosedResourceError
                 outbox.send_nowait(command.message)
             except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-                # The reconciler notices what never started (start timeout) and
-                # what still runs (agents report it); nothing is lost for good.
+                # Not lost for good: the reconciler sends a command again while the
+                # agent's reports disagree with it (Reconciler._resend).
                 log.warning(
                     "node %s unreachable: %s not sent",
                     command.node_id,

@@ -74,6 +74,14 @@ log = logging.getLogger("llmgw.control")
 #: Replicas moved to make room at one time (Reconciler._make_room): one, so that a
 #: pass never reshuffles the fleet and each move is seen through before the next.
 MOVES_AT_ONCE = 1
+#: A port a node reported held by another process is not given out there for this
+#: long (seconds); then it is tried again, as that process may have gone.
+REFUSED_PORT_TTL = 600.0
+#: A command whose agent has not reported the state it asks for is sent again after
+#: the longer of this and `control.interval` (seconds): long enough for the agent's
+#: answer to come back, short enough that a lost command costs seconds, not the
+#: start timeout.
+RESEND_AFTER = 1.0
 
 
 @attrs.frozen
@@ -130,6 +138,9 @@ class Replica:
     # What the router sends the engine with each request (its profile's API key).
     headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), repr=False)
     sleep_after: float | None = None  # see Publish
+    # What each rank was last told (StartShard, DrainShard or StopShard) and when: sent
+    # again while its agent's reports disagree (level-triggered, see _resend).
+    told: dict[int, tuple[ServerMessage, float]] = attrs.field(factory=dict, repr=False)
 
     @property
     def model(self) -> str:
@@ -182,6 +193,9 @@ class Reconciler:
         # once it is ready, as on a draining node (make before break).
         self.evicting: dict[str, str] = {}
         self.moves = 0  # moves begun since this reconciler started
+        # Ports nodes reported held by another process: node id -> port -> when.
+        self.refused_ports: dict[str, dict[int, float]] = {}
+        self.resent = 0  # commands sent again since this reconciler started
         self.first_epoch = first_epoch
         self._epochs = itertools.count(first_epoch)
         self._commands = itertools.count(1)
@@ -303,7 +317,7 @@ class Reconciler:
         self.unplaced = {m: u for m, u in self.unplaced.items() if m in wanted}
         if requests:
             result = plan(
-                [n.capacity for n in nodes],
+                [self._capacity(n, now) for n in nodes],
                 requests,
                 [r.placement for r in self.replicas.values()],
                 self.control.port_range,
@@ -329,7 +343,50 @@ class Reconciler:
                 if r in self.replicas and self.replicas[r].model not in unplaced
             }
             self._make_room(result, wanted, now)
-        return actions
+        return actions + self._resend(now, by_node)
+
+    def _capacity(self, node: NodeView, now: float) -> NodeCapacity:
+        """The node's capacity with the ports it refused lately held."""
+        refused = self.refused_ports.get(node.node_id)
+        if not refused:
+            return node.capacity
+        for port, when in list(refused.items()):
+            if now - when >= REFUSED_PORT_TTL:
+                del refused[port]
+        return attrs.evolve(node.capacity, used_ports=node.capacity.used_ports | set(refused))
+
+    def _resend(self, now: float, nodes: Mapping[str, NodeView]) -> Actions:
+        """Level-triggered commands: each shard of a starting replica should be reported
+        starting or ready, each of a draining one draining or ended; while its agent's
+        last report says otherwise (a command lost in a disconnect, an outbox full, a
+        report that crossed it), what it was told is sent again, once per
+        RESEND_AFTER. Agents take a repeated command of the same epoch as already done."""
+        every = max(RESEND_AFTER, self.control.interval)
+        commands: list[Command] = []
+        for replica in self.replicas.values():
+            agrees: tuple[ShardState, ...]
+            if replica.state is ReplicaState.STARTING:
+                agrees = (ShardState.STARTING, ShardState.READY)
+            elif replica.state is ReplicaState.DRAINING:
+                agrees = (ShardState.DRAINING, ShardState.STOPPED, ShardState.FAILED)
+            else:
+                continue
+            for shard in replica.placement.shards:
+                told = replica.told.get(shard.rank)
+                status = replica.shards.get(shard.rank)
+                node = nodes.get(shard.node_id)
+                if (
+                    told is None
+                    or (status is not None and status.state in agrees)
+                    or node is None
+                    or node.state is not NodeState.READY  # cannot be reached now
+                    or now - told[1] < every
+                ):
+                    continue
+                replica.told[shard.rank] = (told[0], now)
+                commands.append(Command(shard.node_id, told[0]))
+        self.resent += len(commands)
+        return Actions(commands=tuple(commands))
 
     def _make_room(self, result: PlanResult, wanted: Mapping[str, ModelConfig], now: float) -> None:
         """Move a replica that stands in the way of one that cannot be placed: when the
@@ -408,7 +465,15 @@ class Reconciler:
         )
         sleep = profile.sleep_after if SLEEPS.get(profile.engine) == "router" else None
         self.replicas[placement.replica_id] = Replica(
-            placement, ReplicaState.STARTING, now, headers=headers, sleep_after=sleep
+            placement,
+            ReplicaState.STARTING,
+            now,
+            headers=headers,
+            sleep_after=sleep,
+            told={
+                shard.rank: (c.message, now)
+                for shard, c in zip(placement.shards, commands, strict=True)
+            },
         )
         return Actions(commands=commands)
 
@@ -440,6 +505,7 @@ class Reconciler:
             for s in p.shards
         )
         router = (Unpublish(p.replica_id, drain=True),) if was_ready else ()
+        replica.told = {s.rank: (c.message, now) for s, c in zip(p.shards, commands, strict=True)}
         return Actions(commands, router)
 
     def _drop(self, replica: Replica, why: str, *, failed: bool, now: float) -> Actions:
@@ -502,7 +568,14 @@ class Reconciler:
         ):
             self._count_failure(replica, status)
         if status.state is ShardState.FAILED and replica.state is not ReplicaState.DRAINING:
-            return self._drop(replica, status.message or "shard failed", failed=True, now=now)
+            refused = replica.state is ReplicaState.STARTING and bool(status.busy_ports)
+            if refused:
+                # Another process holds the ports: not the model's fault, so no backoff;
+                # the next pass places it again on ports of the node that are free.
+                held = self.refused_ports.setdefault(node_id, {})
+                held.update(dict.fromkeys(status.busy_ports, now))
+            why = status.message or "shard failed"
+            return self._drop(replica, why, failed=not refused, now=now)
         if (
             replica.state is ReplicaState.STARTING
             and states == {ShardState.READY}

@@ -36,6 +36,8 @@ class ShardStatus:
     dist_port: int | None = None
     # Rank 0, once launched: sequences the engine runs at once (LaunchSpec.capacity).
     capacity: int | None = None
+    # A start refused because another process on the node holds these of its ports.
+    busy_ports: tuple[int, ...] = ()
 
 
 @attrs.frozen

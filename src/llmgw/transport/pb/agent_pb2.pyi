@@ -109,7 +109,7 @@ class Heartbeat(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ...) -> None: ...
 
 class ShardStatus(_message.Message):
-    __slots__ = ("replica_id", "rank", "epoch", "state", "model", "message", "exit_code", "output_tail", "endpoint_url", "pid", "profile", "node_count", "gpu_indices", "port", "dist_port", "capacity")
+    __slots__ = ("replica_id", "rank", "epoch", "state", "model", "message", "exit_code", "output_tail", "endpoint_url", "pid", "profile", "node_count", "gpu_indices", "port", "dist_port", "capacity", "busy_ports")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,7 @@ class ShardStatus(_message.Message):
     PORT_FIELD_NUMBER: _ClassVar[int]
     DIST_PORT_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    BUSY_PORTS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     rank: int
     epoch: int
@@ -142,7 +143,8 @@ class ShardStatus(_message.Message):
     port: int
     dist_port: int
     capacity: int
-    def __init__(self, replica_id: _Optional[str] = ..., rank: _Optional[int] = ..., epoch: _Optional[int] = ..., state: _Optional[_Union[ShardState, str]] = ..., model: _Optional[str] = ..., message: _Optional[str] = ..., exit_code: _Optional[int] = ..., output_tail: _Optional[_Iterable[str]] = ..., endpoint_url: _Optional[str] = ..., pid: _Optional[int] = ..., profile: _Optional[str] = ..., node_count: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., port: _Optional[int] = ..., dist_port: _Optional[int] = ..., capacity: _Optional[int] = ...) -> None: ...
+    busy_ports: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, replica_id: _Optional[str] = ..., rank: _Optional[int] = ..., epoch: _Optional[int] = ..., state: _Optional[_Union[ShardState, str]] = ..., model: _Optional[str] = ..., message: _Optional[str] = ..., exit_code: _Optional[int] = ..., output_tail: _Optional[_Iterable[str]] = ..., endpoint_url: _Optional[str] = ..., pid: _Optional[int] = ..., profile: _Optional[str] = ..., node_count: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., port: _Optional[int] = ..., dist_port: _Optional[int] = ..., capacity: _Optional[int] = ..., busy_ports: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommandResult(_message.Message):
     __slots__ = ("command_id", "ok", "message")
