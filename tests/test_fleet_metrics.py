@@ -423,6 +423,7 @@ def test_metric_names_follow_prometheus_conventions() -> None:
         "llmgw_fleet_engine_exits",
         "llmgw_fleet_scale_events",
         "llmgw_fleet_replica_moves",
+        "llmgw_fleet_commands_resent",
     }
     histograms = {"llmgw_fleet_replica_start_seconds"}
     assert counters | histograms <= {family.name for family in families}

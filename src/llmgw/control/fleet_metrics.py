@@ -39,6 +39,8 @@ Families (gauges, but for the ``_total`` counters; base units; ``_ratio`` is 0..
   ``llmgw_fleet_commands_total{command}`` (start, drain, stop: commands issued to
   agents, every kind always present). A steady fleet's passes climb while its
   commands stay put; commands that keep climbing mean replicas flapping.
+  ``llmgw_fleet_commands_resent_total``: those sent again because the agent's reports
+  still disagreed with them an interval later (lost in a disconnect, or unheard).
 * Counters of what went wrong, by ``model`` and a bounded ``reason``:
   ``llmgw_fleet_replica_start_failures_total`` (replicas that never became ready:
   ``not_launched``, ``exited``, ``timed_out``) and ``llmgw_fleet_engine_exits_total``
@@ -198,7 +200,13 @@ class FleetCollector(Collector):
         )
         for kind, count in controller.commands.items():
             commands.add_metric([kind], count)
-        return (passes, commands)
+        resent = CounterMetricFamily(
+            "llmgw_fleet_commands_resent",
+            "Commands sent again because the agent's reports still disagreed with them "
+            "an interval later (lost in a disconnect, or unheard).",
+        )
+        resent.add_metric([], controller.reconciler.resent)
+        return (passes, commands, resent)
 
     def _fleet(self, now: float) -> tuple[GaugeMetricFamily, ...]:
         """Nodes, GPUs and fabrics."""
