@@ -349,7 +349,9 @@ class Sim:
             for e in self.serving
         ]
         inflight = sum(e.inflight for e in self.serving)
-        return Sample(now, inflight, self.queued, self.saturation.pool(candidates))
+        return Sample(
+            now, inflight, self.queued, self.saturation.pool(candidates), len(self.serving)
+        )
 
     # -- EndpointSink: what the controller publishes to the router -----------------------
 

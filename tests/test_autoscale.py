@@ -94,7 +94,7 @@ def test_a_request_while_scaled_to_zero_wakes_one_replica() -> None:
 def test_sustained_saturation_over_the_window_scales_up() -> None:
     hot = history(0, 60, saturation=0.9)
     assert at(60.0, demand(hot), 2) == Decision(
-        3, "saturation 0.90 at or above 0.7 for 30s", "load"
+        3, "load 0.90 (saturation with the queue) at or above 0.7 for 30s", "load"
     )
     # Far above the target: as many as bring it back to the target in one step.
     assert at(60.0, demand(history(0, 60, saturation=1.0)), 3).desired == 5
@@ -111,8 +111,29 @@ def test_a_window_the_history_does_not_cover_yet_is_not_judged() -> None:
 
 
 def test_queueing_scales_up_even_below_the_target_saturation() -> None:
-    queued = history(0, 60, queued=3, saturation=0.5)
+    queued = history(0, 60, queued=1, saturation=0.3)
     assert at(60.0, demand(queued), 1).desired == 2
+
+
+def test_a_queue_is_load_so_a_burst_is_met_in_one_step() -> None:
+    """One replica at saturation 0.5 with 1 in flight and 3 queued carries half of
+    what it could while four times as much is asked: 2.0 of one replica's worth, so
+    ceil(2.0 / 0.7) = 3 replicas at once (helper-run benchmark: bursts were met one
+    replica per cold start when only the saturation, capped near 1, was read)."""
+    queued = history(0, 60, queued=3, saturation=0.5)
+    assert at(60.0, demand(queued), 1).desired == 3
+    # A long queue on two full replicas: up to the bound at once.
+    burst = history(0, 60, inflight=32, queued=100, saturation=0.87)
+    assert at(60.0, demand(burst), 2, replicas=ready(2)).desired == S.max_replicas
+
+
+def test_a_queue_while_nothing_serves_is_a_wake_not_load() -> None:
+    """Right after a wake: the window's samples were taken while the first replica
+    started (a request queued, saturation 1). That is no load on a serving replica,
+    and must not start a second one the moment the first is ready."""
+    waking = tuple(Sample(t, 0, 1, 1.0, serving=0) for t in range(0, 65, 5))
+    served = (*waking, Sample(66.0, 1, 0, 0.1, serving=1))
+    assert at(66.0, demand(served), 1, last_change=0.0).desired == 1
 
 
 def test_a_starting_replica_holds_further_scale_up_until_cold_start_timeout() -> None:

@@ -11,11 +11,15 @@ The rules, in order (docs/autoscaling.md):
    `min_replicas` at once.
 2. **Wake**: scaled to zero and a request is there (or came since, within
    `idle_timeout`): one replica, at once.
-3. **Up**: every sample of the last `scale_up_window` hot (requests queued, or in
-   flight with the pool saturation at or above `target_saturation`), and no change
-   within that window: up to what would bring the saturation to the target (at least
-   one more). Not while a replica is still starting (within `cold_start_timeout`): it
-   is capacity on its way; nor while the count decided is not placed yet.
+3. **Up**: every sample of the last `scale_up_window` hot (a replica serving, and
+   requests queued or in flight with the pool saturation at or above
+   `target_saturation`), and no change within that window: up to what would bring
+   the load to the target (at least one more). The load counts the queue: serving
+   replicas at saturation s with I requests in flight and Q queued carry
+   s x (I + Q) / I of what they can, so one scale-up meets a burst instead of one
+   replica per cold start. While a replica is still starting (within
+   `cold_start_timeout`) only a load beyond the count with it is acted on (it is
+   capacity on its way); nothing while the count decided is not placed yet.
 4. **Down**: every sample of the last `scale_down_window` cool enough that one replica
    fewer would still stay under the target, nothing queued, and no change within that
    window: one replica fewer (never below one by load: only idleness goes to zero).
@@ -50,10 +54,21 @@ class Sample:
     # How full its usable replicas are, 0..1 (the router's pool saturation: the one
     # the admission bands' ceilings are compared with).
     saturation: float
+    # Replicas taking its requests (None: not known). Requests queued while none
+    # serves wait for a start, which says nothing of the load on the replicas.
+    serving: int | None = None
 
     @property
     def busy(self) -> bool:
         return self.inflight > 0 or self.queued > 0
+
+    @property
+    def load(self) -> float:
+        """What the serving replicas are asked for, as a share of what they carry:
+        the saturation, scaled up by the queue behind it."""
+        if self.inflight == 0:
+            return self.saturation
+        return self.saturation * (self.inflight + self.queued) / self.inflight
 
 
 @attrs.frozen
@@ -105,7 +120,10 @@ def _window(demand: Demand, now: float, length: float) -> list[Sample] | None:
 
 
 def _hot(x: Sample, s: AutoscaleConfig) -> bool:
-    # Saturation without a request is a stale reading, not demand.
+    # Saturation without a request is a stale reading, not demand; a queue while no
+    # replica serves is a wake (rule 2), not load.
+    if x.serving == 0:
+        return False
     return x.queued > 0 or (x.inflight > 0 and x.saturation >= s.target_saturation)
 
 
@@ -134,7 +152,9 @@ def decide(
     last_request = max(heard, default=None)
     idle = now - (demand.since if last_request is None else last_request)
     if not busy and idle >= s.idle_timeout and target > s.min_replicas:
-        return Decision(s.min_replicas, f"idle for {units.format_duration(idle)}", "idle")
+        # Whole seconds: a reason for people, not a duration to read back.
+        idle_for = units.format_duration(round(idle))
+        return Decision(s.min_replicas, f"idle for {idle_for}", "idle")
     # A request since the count went to zero (or now): it waits for a replica.
     asked = (
         last_request is not None
@@ -151,22 +171,29 @@ def decide(
         and 0 < target < s.max_replicas
         and all(_hot(x, s) for x in up)
     ):
-        starting = sum(
-            r.state is ReplicaState.STARTING and now - r.since < s.cold_start_timeout
-            for r in replicas
-        )
-        if starting:
-            return Decision(target, f"hot, but {starting} replica(s) still starting")
         placed = sum(r.state in (ReplicaState.STARTING, ReplicaState.READY) for r in replicas)
         if placed < target:
             # More would not be placed either (GET /api/v1/placement says why).
             return Decision(target, f"hot, but {target - placed} replica(s) not placed yet")
-        level = min(x.saturation for x in up)
-        wanted = max(target + 1, math.ceil(target * level / s.target_saturation))
+        level = min(x.load for x in up)
+        # What carries the load now: the replicas serving (as the router saw them),
+        # else those the reconciler holds ready.
+        serving = up[-1].serving
+        if serving is None:
+            serving = sum(r.state is ReplicaState.READY for r in replicas)
+        base = min(serving, target)
+        needed = math.ceil(round(base * level / s.target_saturation, 6))
+        starting = sum(
+            r.state is ReplicaState.STARTING and now - r.since < s.cold_start_timeout
+            for r in replicas
+        )
+        if starting and needed <= target:
+            return Decision(target, f"hot, but {starting} replica(s) still starting")
+        wanted = needed if starting else max(target + 1, needed)
         return Decision(
             min(wanted, s.max_replicas),
-            f"saturation {level:.2f} at or above {s.target_saturation:g} "
-            f"for {units.format_duration(s.scale_up_window)}",
+            f"load {level:.2f} (saturation with the queue) at or above "
+            f"{s.target_saturation:g} for {units.format_duration(s.scale_up_window)}",
             "load",
         )
     down = _window(demand, now, s.scale_down_window)

@@ -39,8 +39,9 @@ def router_demand(router: Router) -> DemandFeed:
 
     def sample(model: str, now: float) -> Sample:
         waiting = next((p.waiting for p in router.admission.stats().pools if p.pool == model), 0)
-        inflight = sum(s.inflight for s in router.endpoints.serving(model))
-        return Sample(now, inflight, waiting, router.pool_saturation(model))
+        serving = router.endpoints.serving(model)
+        inflight = sum(s.inflight for s in serving)
+        return Sample(now, inflight, waiting, router.pool_saturation(model), len(serving))
 
     return sample
 
