@@ -396,8 +396,9 @@ class AuthConfig:
     cache_ttl: Seconds = Seconds(1.0)
     # How long a dashboard login lasts (the session is kept in the store).
     session_ttl: Seconds = Seconds(8 * 3600.0)
-    # Per-key Prometheus counters (llmgw_key_requests_total, llmgw_key_tokens_total):
-    # off by default, since every key multiplies the series count (cardinality).
+    # Per-key Prometheus counters (llmgw_key_requests_total, llmgw_key_tokens_total, and
+    # a key label on llmgw_rejected_requests_total): off by default, since every key
+    # multiplies the series count (cardinality).
     key_metrics: bool = False
 
 
