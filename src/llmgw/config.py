@@ -461,8 +461,9 @@ class Config:
     # ALPN); with `client_ca` a client certificate signed by it is required.
     listen_tls: TlsConfig | None = None
     admin_tls: TlsConfig | None = None
-    # More Host names the admin listener answers to (its loopback names and bound
-    # addresses always count); others get 421. Off loopback, only these when given.
+    # More Host names the admin listener answers to; others get 421. Always counted: the
+    # loopback names and its configured and bound addresses; off loopback also the
+    # machine's host name and FQDN, and on a wildcard bind its interfaces' addresses.
     admin_hosts: tuple[str, ...] = ()
     endpoints: tuple[EndpointConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
