@@ -836,3 +836,52 @@ async def test_a_loopback_listener_answers_only_its_own_host_names() -> None:
         r = await c.post("/api/v1/keys", json={"name": "x"}, headers={"host": "attacker.example"})
         assert r.status_code == 421
         assert error(r)["code"] == "misdirected"
+
+
+def test_the_host_allowlist_is_the_listeners_own_names() -> None:
+    """Loopback names, admin_hosts, the configured and bound addresses (a wildcard
+    names none) and the machine's names, lower case (issue #17)."""
+    from llmgw.admin.hosts import allowed_hosts, wildcard
+    from llmgw.admin.web import LOOPBACK_HOSTS
+
+    assert all(wildcard(a) for a in ("0.0.0.0:9090", "[::]:9090", ":9090"))
+    assert not any(wildcard(a) for a in ("127.0.0.1:9090", "[::1]:9090", "gw01:9090"))
+    assert allowed_hosts([], "127.0.0.1:9090", ["127.0.0.1:41235"]) == LOOPBACK_HOSTS
+    assert allowed_hosts([], ":9090", ["0.0.0.0:9090", "[::]:9090"]) == LOOPBACK_HOSTS
+    named = allowed_hosts(
+        ["Metrics.Example.Internal"], "gw01.internal:9090", ["10.0.0.5:9090"], ["GW01", "gw01.dc"]
+    )
+    assert named == LOOPBACK_HOSTS | {
+        "metrics.example.internal",
+        "gw01.internal",
+        "10.0.0.5",
+        "gw01",
+        "gw01.dc",
+    }
+
+
+async def test_a_stuck_resolver_holds_up_the_start_only_briefly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The FQDN comes from the resolver, which can hang for a DNS timeout: the admin
+    listener starts without it after RESOLVER_TIMEOUT, with the host name, and says so."""
+    import socket
+    import threading
+
+    from llmgw.admin import hosts
+
+    release = threading.Event()
+
+    def stuck() -> str:
+        release.wait(30)
+        return "late.example"
+
+    monkeypatch.setattr(socket, "getfqdn", stuck)
+    monkeypatch.setattr(hosts, "RESOLVER_TIMEOUT", 0.2)
+    try:
+        with trio.fail_after(10):
+            names = await hosts.machine_names(wildcard_bind=False)
+    finally:
+        release.set()
+    assert names == {socket.gethostname()}
+    assert "no FQDN for this machine" in caplog.text

@@ -1,7 +1,8 @@
 """The probes of issue #17 against a real llmgw-server on loopback (SQLite store): a
 DNS-rebinding Host, a cross-site POST, JSON sent as text/plain, a CRLF login redirect
 and a body trickled a byte at a time are refused; the same request from the
-operator's own tools is served."""
+operator's own tools is served. Off loopback the Host allowlist holds too, and a
+scraper reaching the machine by its address or name is served."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from .procs import server
+from .procs import running, server
 
 CONFIG = '[store]\nurl = "sqlite:///{path}"\n'
 
@@ -91,3 +93,52 @@ def test_a_trickled_body_gets_408_at_client_body(tmp_path: Path) -> None:
             answer, took = _trickle(base, path, content_type, 0.25, 30.0)
             assert answer.startswith(b"HTTP/1.1 408"), (path, answer[:200])
             assert took < 15, (path, took)  # 1024 bytes at this pace would take 256 s
+
+
+def _outward_address() -> str:
+    """The IPv4 address other machines reach this one on: its default route's source
+    (connect() on UDP only picks the route; nothing is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))
+        return str(probe.getsockname()[0])
+
+
+@pytest.mark.parametrize(
+    ("bind", "names"),
+    [("0.0.0.0", []), ("0.0.0.0", ["metrics.example.internal"]), ("outward", [])],
+    ids=["wildcard", "wildcard-admin-hosts", "one-address"],
+)
+def test_off_loopback_the_admin_listener_answers_only_the_machines_own_names(
+    tmp_path: Path, bind: str, names: list[str]
+) -> None:
+    """Off loopback the Host allowlist was checked only when admin_hosts was set, and
+    then replaced the listener's own names (issue #17): a rebound page could read
+    /metrics, and a Prometheus scraping the machine by its address got 421."""
+    outward = _outward_address()
+    config = tmp_path / "llmgw.toml"
+    # Top-level keys before the first table.
+    config.write_text(f"admin_hosts = {names!r}\n" + CONFIG.format(path=tmp_path / "llmgw.db"))
+    host = outward if bind == "outward" else bind
+    argv = ("--config", str(config), "--endpoint", "e=http://127.0.0.1:9=m",
+            "--listen", "127.0.0.1:0", "--admin-listen", f"{host}:0")  # fmt: skip
+    with running("llmgw-server", *argv, ready=True) as proc:
+        (bound,) = proc.ready["admin_listen"]
+        port = bound.rsplit(":", 1)[1]
+        # Where Prometheus would scrape it: the machine's address, as the Host too.
+        scraped = httpx.get(f"http://{outward}:{port}/metrics", timeout=5)
+        assert scraped.status_code == 200, scraped.text
+        connect = outward if bind == "outward" else "127.0.0.1"
+
+        def status(host_header: str) -> int:
+            url = f"http://{connect}:{port}/metrics"
+            return httpx.get(url, headers={"host": host_header}, timeout=5).status_code
+
+        assert status(f"attacker.example:{port}") == 421
+        assert status(f"{socket.gethostname()}:{port}") == 200
+        # An SSH tunnel's end: ssh -L 9090:<address>:<port> sends Host: 127.0.0.1.
+        assert status(f"127.0.0.1:{port}") == 200
+        assert status(f"localhost:{port}") == 200
+        for name in names:
+            assert status(f"{name}:{port}") == 200
+        log = proc.log.read_text()
+    assert "admin listener answers to Host " in log, log

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -628,6 +629,27 @@ def test_cordon_and_uncordon_through_the_ui(fleet: Fleet, page: Page) -> None:
     expect(page.locator(".notice")).to_contain_text("Node n1 takes new replicas again")
     expect(page.locator('section.node[data-node="n1"] [data-state]')).to_have_text("ready")
     assert fleet.node("n1")["cordoned"] is False
+
+
+def test_forgetting_a_lost_node_through_the_ui(page: Page) -> None:
+    """Its own fleet (the module's nodes stay): a node whose agent is gone turns lost,
+    gets a Forget button, and once forgotten is gone from the page and the API."""
+    config = control_config([HUGE], unreachable="1s", lost="2s")
+    with ExitStack() as stack:
+        srv = stack.enter_context(fleet_server(config))
+        n7 = stack.enter_context(agent(srv.agent_address, "n7", address="127.0.0.27"))
+        srv.wait(lambda: srv.nodes().get("n7", {}).get("state") == "ready", "n7 ready")
+        n7.proc.kill(signal.SIGKILL)  # the machine is gone
+        srv.wait(lambda: srv.nodes()["n7"]["state"] == "lost", "n7 lost")
+        page.goto(f"{srv.admin}/fleet")
+        node = page.locator('section.node[data-node="n7"]')
+        expect(node.locator("[data-state]")).to_have_text(re.compile("^lost"))
+        node.locator("button", has_text="Forget").click()  # the page fixture confirms
+        expect(page.locator(".notice")).to_contain_text("Node n7 is forgotten")
+        expect(page.locator('section.node[data-node="n7"]')).to_have_count(0)
+        assert "n7" not in srv.nodes()
+        gone = httpx.get(f"{srv.admin}/api/v1/nodes/n7", timeout=5)
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "node_not_found"
 
 
 def test_a_model_at_zero_reads_idle_then_starting_then_ready(page: Page) -> None:

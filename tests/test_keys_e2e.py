@@ -21,7 +21,7 @@ import trio
 
 from llmgw.config import AuthConfig, Config, EndpointConfig
 from llmgw.router.core import Router
-from llmgw.router.metrics import KeyMetrics
+from llmgw.router.metrics import KeyMetrics, RouterMetrics
 from llmgw.router.usage import Usage, UsageRecord
 from llmgw.store import open_store
 from llmgw.store.base import KeyRecord
@@ -166,6 +166,34 @@ async def test_per_key_counters_are_registered_only_when_enabled() -> None:
     )
     samples = [s for m in registry.collect() for s in m.samples if s.name.startswith("llmgw_key_")]
     assert {s.labels["key"] for s in samples} == {"key_1"}
+
+
+async def test_refusals_carry_the_key_only_when_key_metrics_is_on() -> None:
+    """llmgw_rejected_requests_total gains a `key` label (the key's id) with
+    auth.key_metrics (issue #17), and only then: each process has one label set."""
+    endpoints = (EndpointConfig(id="e1", url="http://127.0.0.1:9", models=("m",)),)
+    off = Router(Config(endpoints=endpoints)).metrics
+    on = Router(Config(endpoints=endpoints, auth=AuthConfig(key_metrics=True))).metrics
+    for metrics in (off, on):
+        metrics.reject("rpm_exceeded", "m", "key_1")
+        metrics.reject("invalid_api_key", "", None)
+
+    def samples(metrics: RouterMetrics) -> list[dict[str, str]]:
+        return [
+            s.labels
+            for m in metrics.registry.collect()
+            for s in m.samples
+            if s.name == "llmgw_rejected_requests_total"
+        ]
+
+    assert samples(off) == [
+        {"reason": "rpm_exceeded", "model": "m"},
+        {"reason": "invalid_api_key", "model": ""},
+    ]
+    assert samples(on) == [
+        {"reason": "rpm_exceeded", "model": "m", "key": "key_1"},
+        {"reason": "invalid_api_key", "model": "", "key": ""},
+    ]
 
 
 # -- the key decides the band and is the tenant ------------------------------------------
@@ -456,14 +484,21 @@ def test_refusals_are_counted_per_model_and_key_in_usage_and_metrics(tmp_path: P
         rejected = srv.metric("llmgw_rejected_requests_total", model="m")
         assert rejected == 3, rejected
         assert srv.metric("llmgw_rejected_requests_total", model="", reason="model_not_found") == 1
+        # With key_metrics, under the key's id (issue #17); a refused secret is no key.
+        assert srv.metric("llmgw_rejected_requests_total", model="m", key=key_id) == 3
+        assert srv.metric("llmgw_rejected_requests_total", model="", key=key_id) == 1
+        with pytest.raises(openai.AuthenticationError):
+            client(srv.base, "llmgw-made-up-secret").models.list()
+        assert srv.metric("llmgw_rejected_requests_total", reason="invalid_api_key", key="") == 1
         text = httpx.get(f"{srv.admin}/metrics", timeout=5).text
-    assert "made-up" not in text  # a client's name never becomes a label
-    # The access log has all six under the key's id, the made-up model's refusal too.
+    assert "made-up" not in text  # a client's name or secret never becomes a label
+    # The access log has the key's six under its id, the made-up model's refusal too.
     access = [
         line for line in srv.proc.log.read_text().splitlines() if " INFO llmgw.access: " in line
     ]
-    assert all(f" key_id={key_id} " in line for line in access), access
+    assert all(f" key_id={key_id} " in line for line in access[:-1]), access
     statuses = [m[1] for line in access if (m := re.search(r" status=(\d+) ", line))]
-    assert statuses == ["200", "200", "429", "429", "429", "404"], access
+    assert statuses == ["200", "200", "429", "429", "429", "404", "401"], access
     assert all(line.endswith(" error=rpm_exceeded") for line in access[2:5]), access
-    assert " model=- " in access[-1] and " error=model_not_found" in access[-1], access
+    assert " model=- " in access[-2] and " error=model_not_found" in access[-2], access
+    assert " key_id=- " in access[-1], access

@@ -396,8 +396,9 @@ class AuthConfig:
     cache_ttl: Seconds = Seconds(1.0)
     # How long a dashboard login lasts (the session is kept in the store).
     session_ttl: Seconds = Seconds(8 * 3600.0)
-    # Per-key Prometheus counters (llmgw_key_requests_total, llmgw_key_tokens_total):
-    # off by default, since every key multiplies the series count (cardinality).
+    # Per-key Prometheus counters (llmgw_key_requests_total, llmgw_key_tokens_total, and
+    # a key label on llmgw_rejected_requests_total): off by default, since every key
+    # multiplies the series count (cardinality).
     key_metrics: bool = False
 
 
@@ -460,8 +461,9 @@ class Config:
     # ALPN); with `client_ca` a client certificate signed by it is required.
     listen_tls: TlsConfig | None = None
     admin_tls: TlsConfig | None = None
-    # More Host names the admin listener answers to (its loopback names and bound
-    # addresses always count); others get 421. Off loopback, only these when given.
+    # More Host names the admin listener answers to; others get 421. Always counted: the
+    # loopback names and its configured and bound addresses; off loopback also the
+    # machine's host name and FQDN, and on a wildcard bind its interfaces' addresses.
     admin_hosts: tuple[str, ...] = ()
     endpoints: tuple[EndpointConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()

@@ -13,7 +13,8 @@ import trio
 
 from llmgw import units
 from llmgw.admin.api import AdminApp
-from llmgw.admin.web import LOOPBACK_HOSTS, asgi, build_app, mount
+from llmgw.admin.hosts import allowed_hosts, machine_names, wildcard
+from llmgw.admin.web import asgi, build_app, mount
 from llmgw.config import Config, ControlConfig
 from llmgw.control.controller import Controller
 from llmgw.control.fleet_metrics import register_fleet_metrics
@@ -163,18 +164,14 @@ def _addresses(listeners: Sequence[trio.SocketListener]) -> list[str]:
     return [str(units.Address(*listener.socket.getsockname()[:2])) for listener in listeners]
 
 
-def admin_hosts(config: Config, bound: Sequence[str], loopback: bool) -> frozenset[str] | None:
-    """The Host names the admin listener answers to, None for any.
-
-    A keyless loopback listener answers only to its own names (DNS rebinding: a page
-    at attacker.example resolving to 127.0.0.1 still sends its own Host), plus
-    `admin_hosts`. Off loopback every API request needs an admin key anyway, so the
-    names are checked only when `admin_hosts` lists them."""
-    named = {h.lower() for h in config.admin_hosts}
-    if not loopback and not named:
-        return None
-    addresses = {units.parse_address(a).host.lower() for a in bound}
-    return frozenset(named | addresses | (LOOPBACK_HOSTS if loopback else set()))
+async def admin_hosts(config: Config, bound: Sequence[str], loopback: bool) -> frozenset[str]:
+    """The Host names the admin listener answers to (llmgw.admin.hosts says which and
+    why). Off loopback too: there the API wants an admin key, but /metrics, the health
+    checks and the login page do not, and a rebound page could still read them."""
+    machine: set[str] = set()
+    if not loopback:
+        machine = await machine_names(any(wildcard(a) for a in bound))
+    return allowed_hosts(config.admin_hosts, config.admin_listen, bound, machine)
 
 
 def _all_loopback(addresses: Sequence[str]) -> bool:
@@ -255,7 +252,7 @@ async def _serve(
         admin_auth=not loopback,
         # The whole body, not each chunk: the login is on the public client port.
         body_timeout=config.router.timeouts.client_body,
-        hosts=admin_hosts(config, admin_bound, loopback),
+        hosts=await admin_hosts(config, admin_bound, loopback),
     )
     # The dashboard (DESIGN §8): on the admin listener beside the API, and on the client
     # port under /admin behind a login; both see the last 15 minutes of traffic.
@@ -372,6 +369,11 @@ async def _serve(
             log.info(
                 "admin (metrics, API, dashboard) listening on %s",
                 ", ".join(listening["admin_listen"]),
+            )
+            # Said once at the start: a scraper refused with 421 shows only the status.
+            log.info(
+                "admin listener answers to Host %s (any other: 421; admin_hosts adds names)",
+                ", ".join(sorted(admin.hosts or ())),
             )
             if on_listening is not None:
                 on_listening(listening)

@@ -6,7 +6,7 @@ dashboard's, and the guards in front of both.
 it; the client port gets the dashboard alone, :func:`mount`\\ ed under ``/admin``.
 Before any route runs:
 
-* **Host** (the admin listener, when it has an allowlist): a page at
+* **Host** (the admin listener; the names are llmgw.admin.hosts's): a page at
   attacker.example that resolves to 127.0.0.1 reaches a keyless loopback listener,
   but its requests still carry its own Host: anything else is 421.
 * **Cross-site changes**: a page the operator has open elsewhere can make the browser
@@ -51,7 +51,7 @@ __all__ = [
 
 log = logging.getLogger("llmgw.admin")
 
-#: The names a loopback listener answers to (with its bound addresses).
+#: Names every admin listener answers to (an SSH tunnel's end, curl on the machine).
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 #: A scope key no client can set: the request was made in-process by the dashboard,
@@ -122,7 +122,11 @@ def build_app(
         if request.scope.get(TRUSTED):
             return
         if hosts is not None and host_name(request.headers.get("host")) not in hosts:
-            raise ApiError(421, "this listener does not serve that Host", "misdirected")
+            raise ApiError(
+                421,
+                "this listener does not serve that Host (admin_hosts adds names)",
+                "misdirected",
+            )
         if request.method not in SAFE_METHODS and not same_origin(request.headers):
             raise ApiError(403, "refused: the request comes from another site", "cross_site")
         if api and admin.admin_auth and admin.protected(request.path):

@@ -181,7 +181,7 @@ class ClientApp:
         except ClientGone:
             return
         except HttpError as err:
-            self.router.metrics.rejected.labels(err.code or str(err.status), err.model).inc()
+            self.router.metrics.reject(err.code or str(err.status), err.model, scope.get(KEY_ID))
             self._rejected(scope, err.status, err.code, str(err), err.model, started, err.recorded)
             err.headers.append((b"x-request-id", request_id))
             await send_error(send, err)
@@ -415,7 +415,7 @@ class ClientApp:
             self._rejected(scope, exc.status, exc.type, str(exc), "", started, False)
             await json_response(send, exc.status, exc.body(), request_id)
         except HttpError as err:
-            self.router.metrics.rejected.labels(err.code or str(err.status), err.model).inc()
+            self.router.metrics.reject(err.code or str(err.status), err.model, scope.get(KEY_ID))
             self._rejected(scope, err.status, err.code, str(err), err.model, started, err.recorded)
             body_ = anthropic.error_body(err.status, str(err))
             await json_response(send, err.status, body_, [*err.headers, *request_id])

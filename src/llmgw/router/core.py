@@ -117,7 +117,7 @@ class Router:
         r = config.router
         self.config = config
         self.catalog = catalog or catalog_for(config)
-        self.metrics = RouterMetrics()
+        self.metrics = RouterMetrics(key_metrics=config.auth.key_metrics)
         self.endpoints = EndpointRegistry(
             failure_threshold=r.failure_threshold, cooldown=r.cooldown
         )

@@ -45,8 +45,14 @@ OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 
 class RouterMetrics:
     """Every family the router exports; one instance per Router."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, key_metrics: bool = False
+    ) -> None:
+        """`key_metrics` (``auth.key_metrics``) adds a ``key`` label to
+        ``llmgw_rejected_requests_total``: decided once, so the family keeps one label
+        set for the life of the process."""
         r = self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.key_metrics = key_metrics
         # The process serving these: CPU, memory, open files, start time (Linux), the
         # interpreter and its garbage collector, and what is running.
         ProcessCollector(registry=r)
@@ -67,8 +73,13 @@ class RouterMetrics:
         self.rejected = Counter(
             "llmgw_rejected_requests_total",
             "Client requests answered with an error by llmgw itself, by reason and the "
-            "configured model (empty when the request named none that exists).",
-            ["reason", "model"],
+            "configured model (empty when the request named none that exists)"
+            + (
+                ", and the API key's id (empty before a key was accepted; auth.key_metrics)."
+                if key_metrics
+                else "."
+            ),
+            ["reason", "model", "key"] if key_metrics else ["reason", "model"],
             registry=r,
         )
         self.in_flight = Gauge(
@@ -235,6 +246,15 @@ class RouterMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+
+    def reject(self, reason: str, model: str, key_id: str | None) -> None:
+        """Count a refusal llmgw answered itself. `key_id` is the id of the key the
+        request authenticated with (None before one was accepted, so a 401's presented
+        secret never becomes a label); used only with key_metrics on."""
+        if self.key_metrics:
+            self.rejected.labels(reason, model, key_id or "").inc()
+        else:
+            self.rejected.labels(reason, model).inc()
 
     def watch_endpoints(self, endpoints: EndpointRegistry, clock: Callable[[], float]) -> None:
         self.registry.register(_EndpointCollector(endpoints, clock))
