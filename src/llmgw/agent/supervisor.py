@@ -151,7 +151,7 @@ class Supervisor:
         self.base_env = base_env
         self.launcher: Launcher = launcher or ProcessLauncher()
         self.shards: dict[Key, Shard] = {}
-        self.launched = 0  # processes started over the supervisor's life
+        self.launched = 0  # engines started over the supervisor's life
         self._nursery: trio.Nursery | None = None
         self._http: httpx.AsyncClient | None = None
 
