@@ -1,4 +1,4 @@
-"""Autoscaling end to end in one process: router, controller, fake agents on the stub
+"""Autoscaling end to end in one process: router, controller, agents on the stub
 transport and simulated engines on loopback; the router's demand feeds the autoscaler."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The control plane end to end in one process: controller, router, fake agents on the
-stub transport, simulated engines on loopback. The last test runs the controller on
+"""The control plane end to end in one process: controller, router, agents on the
+stub transport (llmgw.testing), simulated engines on loopback. The last test runs the controller on
 virtual time, with scripted agents whose shards are records instead of engines."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ async def test_scaling_down_drains_one_replica() -> None:
         with trio.fail_after(20):
             await f.wait_ready("m", 1)
             await until(lambda: len(f.controller.reconciler.replicas) == 1)
-        assert len(f.agents[0].shards) == 1
+        assert len(f.agents[0].supervisor.live()) == 1
         r = await f.client.post(
             "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1}
         )

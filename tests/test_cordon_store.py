@@ -2,7 +2,7 @@
 fleet of `tests.test_fleet_metrics.scenario`, no I/O), and cordons kept in the store
 on both backends: written as the operator changes them (a drain too, which its
 caller does not await), read back by the next controller before any agent registers
-(controllers on the stub transport with fake agents, a real SQLite file or
+(controllers on the stub transport with llmgw.testing's agents, a real SQLite file or
 PostgreSQL database)."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from llmgw.agent.agent import Agent
 from llmgw.config import Config
 from llmgw.control.controller import Controller
 from llmgw.control.fleet import ReplicaState, ShardState
 from llmgw.router.core import Router
 from llmgw.store import open_store
 from llmgw.store.base import Store
-from llmgw.testing import FakeAgent
+from llmgw.testing import run_agent
 from llmgw.transport.stub import StubNetwork
 from tests.test_fleet_metrics import report, scenario
 from tests.waiting import wait_until
@@ -51,21 +52,21 @@ def test_uncordoning_a_draining_node_stops_the_replacements_still_starting() -> 
 
 
 class Run(Controller):
-    """A controller with the cancel scopes of its fake agents, by node id."""
+    """A controller with the cancel scopes of its agents, by node id."""
 
     agents: dict[str, trio.CancelScope]
 
 
 async def _agent(
-    agent: FakeAgent, scope: trio.CancelScope, task_status: trio.TaskStatus[None]
+    network: StubNetwork, node_id: str, scope: trio.CancelScope, task_status: trio.TaskStatus[Agent]
 ) -> None:
     with scope:
-        await agent.run(task_status=task_status)
+        await run_agent(network, node_id, gpus="1x80GB", task_status=task_status)
 
 
 @asynccontextmanager
 async def controller_with(store: Store, *node_ids: str) -> AsyncIterator[Run]:
-    """A running controller on `store` (a server's run) with fake agents for
+    """A running controller on `store` (a server's run) with agents for
     `node_ids`, once they have registered."""
     network = StubNetwork()
     router = Router(Config())
@@ -77,7 +78,7 @@ async def controller_with(store: Store, *node_ids: str) -> AsyncIterator[Run]:
         await nursery.start(controller.run, network.listener())
         for node_id in node_ids:
             scope = controller.agents[node_id] = trio.CancelScope()
-            await nursery.start(_agent, FakeAgent(network, node_id, gpus="1x80GB"), scope)
+            await nursery.start(_agent, network, node_id, scope)
         await wait_until(
             lambda: all(n in controller.inventory for n in node_ids), "every agent registered"
         )

@@ -1,10 +1,12 @@
 """A whole llmgw fleet in one process, for tests of code built on llmgw.
 
-The router and the controller are the real ones; agents are :class:`FakeAgent`s on
-the in-memory stub transport, with pretended GPUs, whose shards are simulated
-engines (:mod:`llmgw.sim`) served in the same process on loopback. Every listener
-(the client and admin ports, each engine) is bound on port 0, so fleets run side by
-side without ever contending for a port. The README's example
+The router, the controller and the agents are the real ones (:func:`run_agent`): the
+agents on the in-memory stub transport, with pretended GPUs, their shards simulated
+engines (:mod:`llmgw.sim`) that :mod:`llmgw.testing_launcher` runs in the same process
+on loopback. The client and admin listeners are bound on port 0, and every fleet's
+nodes have loopback addresses of their own, so fleets run side by side without
+contending for a port (an engine whose port is taken all the same takes a free one).
+The README's example
 (tests/test_readme_example.py runs it and checks it matches this one)::
 
     import trio
@@ -29,8 +31,12 @@ Everything runs in the caller's trio run and is cancelled when the block ends.
 
 from __future__ import annotations
 
+import random
+import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -39,25 +45,14 @@ import trio
 
 from llmgw import config as cfg
 from llmgw import server, units
+from llmgw.agent.adapters import SimAdapter
+from llmgw.agent.agent import Agent, NodeSettings
 from llmgw.agent.discovery import fake_gpus
 from llmgw.catalog import Catalog
 from llmgw.control.controller import Controller
-from llmgw.control.fleet import EngineInfo, NodeInfo, ShardState
-from llmgw.errors import first_line
+from llmgw.control.fleet import Gpu
 from llmgw.router.core import Router
-from llmgw.router.scrape import parse_metrics
-from llmgw.sim.server import SimConfig
-from llmgw.sim.server import serve as serve_sim
-from llmgw.transport.base import ConnectFailed, ConnectionClosed
-from llmgw.transport.messages import (
-    DrainShard,
-    Heartbeat,
-    Register,
-    Registered,
-    ShardStatus,
-    StartShard,
-    StopShard,
-)
+from llmgw.testing_launcher import InProcessLauncher
 from llmgw.transport.stub import StubNetwork
 
 #: A deployment profile that runs the simulator on one (pretended) GPU.
@@ -71,164 +66,50 @@ async def until(predicate: Callable[[], bool], interval: float = 0.05) -> None:
         await trio.sleep(interval)
 
 
-@attrs.define
-class _Shard:
-    command: StartShard
-    scope: trio.CancelScope
-    status: ShardStatus
+async def run_agent(
+    network: StubNetwork,
+    node_id: str,
+    *,
+    gpus: str = "4x80GB",
+    fabrics: Sequence[str] = (),
+    labels: Mapping[str, str] | None = None,
+    address: str = "127.0.0.1",
+    reconnect_delay: float = 0.2,
+    task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a real :class:`~llmgw.agent.agent.Agent` for `node_id` on `network`, with
+    pretended `gpus` ("" for none) and simulated engines in this process
+    (:class:`~llmgw.testing_launcher.InProcessLauncher`), until cancelled; `task_status`
+    gets the agent once it runs. `reconnect_delay` bounds its backoff between connect
+    attempts. Its state directory is a temporary one, removed when it stops."""
+    found = fake_gpus(gpus, node_id=node_id) if gpus else ()
 
+    async def discover() -> tuple[Gpu, ...]:
+        return found
 
-class FakeAgent:
-    """An agent that pretends to have GPUs and runs simulators in-process.
-
-    It speaks the real protocol over a transport: registers (with the shards it
-    still runs), heartbeats, starts and stops shards, and reconnects when cut off.
-    Unlike a real agent it serves each engine on a port of its own choosing (port 0 on
-    its `address`), not the one the command assigns: its status still names the
-    assigned port, and its endpoint URL the port it got.
-    """
-
-    def __init__(
-        self,
-        network: StubNetwork,
-        node_id: str,
-        *,
-        gpus: str = "4x80GB",
-        fabrics: Sequence[str] = (),
-        labels: Mapping[str, str] | None = None,
-        address: str = "127.0.0.1",
-        reconnect_delay: float = 0.2,
-    ) -> None:
-        self.network = network
-        self.node = NodeInfo(
-            node_id=node_id,
-            hostname=node_id,
-            address=address,
-            agent_version="fake",
-            labels=dict(labels or {}),
-            fabrics=tuple(fabrics),
-            gpus=fake_gpus(gpus, node_id=node_id) if gpus else (),
-            engines=(EngineInfo("sim", "fake"),),
+    launcher = InProcessLauncher()
+    with tempfile.TemporaryDirectory(prefix="llmgw-agent-") as state_dir:
+        agent = Agent(
+            network.connector(node_id),
+            NodeSettings(
+                node_id=node_id,
+                address=address,
+                hostname=node_id,
+                labels=dict(labels or {}),
+                fabrics=tuple(fabrics),
+            ),
+            state_dir=Path(state_dir),
+            adapters={"sim": SimAdapter()},
+            base_backoff=min(0.05, reconnect_delay),
+            max_backoff=reconnect_delay,
+            health_interval=0.1,
+            discover_gpus=discover,
+            launcher=launcher,
         )
-        self.reconnect_delay = reconnect_delay
-        self.shards: dict[tuple[str, int], _Shard] = {}
-        self.connections = 0
-        self._heartbeat = 1.0
-        self._send: trio.MemorySendChannel[Any] | None = None
-
-    @property
-    def node_id(self) -> str:
-        return self.node.node_id
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Connect, serve, and reconnect forever; shards outlive connections."""
-        async with trio.open_nursery() as shards:
-            task_status.started()
-            while True:
-                try:
-                    await self._session(shards)
-                except* (ConnectionClosed, ConnectFailed):
-                    pass  # cut off: reconnect after a pause
-                self._send = None
-                await trio.sleep(self.reconnect_delay)
-
-    async def _session(self, shards: trio.Nursery) -> None:
-        async with self.network.connector(self.node_id).connect() as conn:
-            self.connections += 1
-            await conn.send(Register(self.node, tuple(s.status for s in self.shards.values())))
-            first = await conn.receive()
-            if isinstance(first, Registered):
-                self._heartbeat = first.heartbeat_interval
-            send, receive = trio.open_memory_channel[Any](256)
-            self._send = send
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._heartbeats)
-
-                async def sender() -> None:
-                    async for message in receive:
-                        await conn.send(message)
-
-                nursery.start_soon(sender)
-                while True:
-                    command = await conn.receive()
-                    if isinstance(command, StartShard):
-                        shards.start_soon(self._run_shard, command)
-                    elif isinstance(command, StopShard | DrainShard):
-                        shard = self.shards.get((command.replica_id, command.rank))
-                        if shard is not None and shard.command.epoch == command.epoch:
-                            if isinstance(command, DrainShard):
-                                shards.start_soon(self._drain, shard, command.deadline)
-                            else:
-                                shard.scope.cancel()
-
-    async def _drain(self, shard: _Shard, deadline: float) -> None:
-        """Stop once the engine has nothing running or waiting (or at the deadline)."""
-        url = shard.status.endpoint_url
-        with trio.move_on_after(deadline):
-            async with httpx.AsyncClient() as client:
-                while url is not None:
-                    with suppress(httpx.HTTPError):
-                        sample = parse_metrics((await client.get(f"{url}/metrics")).content)
-                        if not (sample.running or 0) and not (sample.waiting or 0):
-                            break
-                    await trio.sleep(0.05)
-        shard.scope.cancel()
-
-    async def _heartbeats(self) -> None:
-        seq = 0
-        while True:
-            await trio.sleep(self._heartbeat)
-            seq += 1
-            self._report(Heartbeat(seq, self.node.gpus))
-
-    def _report(self, message: Any) -> None:
-        if self._send is not None:
-            # When it cannot be sent, the next registration carries the state anyway.
-            with suppress(trio.WouldBlock, trio.ClosedResourceError):
-                self._send.send_nowait(message)
-
-    def _status(self, command: StartShard, state: ShardState, **extra: Any) -> ShardStatus:
-        return ShardStatus(
-            replica_id=command.replica_id,
-            rank=command.rank,
-            epoch=command.epoch,
-            state=state,
-            model=command.model,
-            profile=command.profile.name,
-            node_count=command.node_count,
-            gpu_indices=command.gpu_indices,
-            port=command.port,
-            **extra,
-        )
-
-    async def _run_shard(self, command: StartShard) -> None:
-        key = (command.replica_id, command.rank)
-        scope = trio.CancelScope()
-        shard = _Shard(command, scope, self._status(command, ShardState.STARTING))
-        self.shards[key] = shard
-        self._report(shard.status)
-        # Port 0: nothing else can hold the port between choosing and binding it.
-        config = SimConfig(host=self.node.address, port=0, models=(command.model,))
-        try:
-            with scope:
-                if command.rank == 0:
-                    async with trio.open_nursery() as nursery:
-                        (url, *_) = await nursery.start(serve_sim, config)
-                        shard.status = self._status(command, ShardState.READY, endpoint_url=url)
-                        self._report(shard.status)
-                        await trio.sleep_forever()
-                else:
-                    shard.status = self._status(command, ShardState.READY)
-                    self._report(shard.status)
-                    await trio.sleep_forever()
-        except (OSError, ExceptionGroup) as exc:
-            shard.status = self._status(command, ShardState.FAILED, message=first_line(exc))
-            self._report(shard.status)
-            del self.shards[key]
-            return
-        shard.status = self._status(command, ShardState.STOPPED)
-        self._report(shard.status)
-        del self.shards[key]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(launcher.run)
+            await nursery.start(agent.run)
+            task_status.started(agent)
 
 
 @attrs.define
@@ -239,10 +120,12 @@ class Fleet:
     router: Router
     controller: Controller
     network: StubNetwork
-    agents: list[FakeAgent]
+    agents: list[Agent]
     client: httpx.AsyncClient
     admin: httpx.AsyncClient
     nursery: trio.Nursery
+    #: The first three parts of this fleet's node addresses (see :func:`fleet`).
+    loopback: str = "127.0.0"
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Swap the models for the router and the controller at once."""
@@ -257,9 +140,11 @@ class Fleet:
         `trio.fail_after`)."""
         await until(lambda: self.ready(model) == count)
 
-    async def add_agent(self, node_id: str, **kwargs: Any) -> FakeAgent:
-        agent = FakeAgent(self.network, node_id, **kwargs)
-        await self.nursery.start(agent.run)
+    async def add_agent(self, node_id: str, **kwargs: Any) -> Agent:
+        """Start another agent (:func:`run_agent`'s keywords); its address is the next
+        one of the fleet's unless `address` says otherwise."""
+        kwargs.setdefault("address", f"{self.loopback}.{10 + len(self.agents)}")
+        agent: Agent = await self.nursery.start(partial(run_agent, self.network, node_id, **kwargs))
         self.agents.append(agent)
         return agent
 
@@ -274,14 +159,17 @@ async def fleet(
     config: Mapping[str, Any] | None = None,
     heartbeat_interval: float = 0.2,
 ) -> AsyncIterator[Fleet]:
-    """Router, controller and `nodes` fake agents with `gpus` each, serving `models`.
+    """Router, controller and `nodes` agents with `gpus` each, serving `models`.
 
     Timings default to fractions of a second so tests run quickly; `config` overlays
     any key (a nested dict in the configuration's shape). There is no store unless
     `config` names one (``{"store": {"url": ...}}``): a harness leaves no files behind.
     The client and admin listeners are sockets bound on port 0 before the server starts,
     at the host `listen` and `admin_listen` name (127.0.0.1 by default; their ports in
-    `config` are ignored); ``Fleet.config`` names the addresses they got.
+    `config` are ignored); ``Fleet.config`` names the addresses they got. Node ``i``
+    has the address ``<Fleet.loopback>.<10 + i>``, in a block of 127/8 picked at random
+    per fleet: an agent refuses a shard whose port is taken on its address, and fleets
+    of other test runs on the machine are given the same ports.
     """
     data: dict[str, Any] = {
         "listen": "127.0.0.1:0",
@@ -295,8 +183,9 @@ async def fleet(
             "max_backoff": "2s",
             "unreachable_after": "1s",
             "lost_after": "3s",
-            # Bookkeeping only: the fake agents serve their engines on port 0.
             "port_range": [20000, 20200],
+            # The nodes' addresses are on loopback: the interface multi-node shards use.
+            "mgmt_interface": "lo",
         },
     }
     conf = cfg.load(data=cfg._merge(data, dict(config or {})), environ={})
@@ -332,6 +221,8 @@ async def _serving(
     heartbeat_interval: float,
 ) -> AsyncIterator[Fleet]:
     network = StubNetwork()
+    # All of 127/8 is local on Linux; 127.0.x.x is left to everything else.
+    loopback = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"
     router = Router(conf)
     controller = Controller(
         conf.control,
@@ -355,19 +246,18 @@ async def _serving(
                 task_status=task_status,
             )
         )
-        agents = []
+        agents: list[Agent] = []
         for i in range(nodes):
-            # Every node gets its own loopback address (all of 127/8 is local on
-            # Linux), as real nodes have addresses of their own.
-            agent = FakeAgent(
+            # Every node gets its own address, as real nodes have.
+            run = partial(
+                run_agent,
                 network,
                 f"node-{i}",
                 gpus=gpus,
                 fabrics=(fabric,) if fabric else (),
-                address=f"127.0.0.{10 + i}",
+                address=f"{loopback}.{10 + i}",
             )
-            await nursery.start(agent.run)
-            agents.append(agent)
+            agents.append(await nursery.start(run))
         listen = units.parse_address(conf.listen)
         admin = units.parse_address(conf.admin_listen)
         async with (
@@ -376,6 +266,8 @@ async def _serving(
                 base_url=f"http://{admin.host}:{admin.port}", timeout=30
             ) as admin_client,
         ):
-            yield Fleet(conf, router, controller, network, agents, client, admin_client, nursery)
+            yield Fleet(
+                conf, router, controller, network, agents, client, admin_client, nursery, loopback
+            )
         stop.set()
         nursery.cancel_scope.cancel()

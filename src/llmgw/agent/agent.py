@@ -44,6 +44,7 @@ import trio
 from llmgw import __version__
 from llmgw.agent.adapters import EngineAdapter, default_adapters
 from llmgw.agent.discovery import DiscoveryError, discover
+from llmgw.agent.launcher import Launcher
 from llmgw.agent.supervisor import Shard, Supervisor
 from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo
 from llmgw.errors import first_line
@@ -105,6 +106,7 @@ class Agent:
         health_interval: float = 0.5,
         discover_gpus: Callable[[], Awaitable[tuple[Gpu, ...]]] | None = None,
         rng: random.Random | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
         self.connector = connector
         self.settings = settings
@@ -120,6 +122,7 @@ class Agent:
             self._report,
             shutdown_grace=shutdown_grace,
             health_interval=health_interval,
+            launcher=launcher,
         )
         self._discover = discover_gpus or self._discover_default
         self._rng = rng or random.Random()

@@ -1,6 +1,7 @@
 """Engine processes: launch, keep the output, wait for health, stop, drain.
 
-Every shard is a child process in a session (and so a process group) of its own,
+Every shard is an engine started through a :class:`~llmgw.agent.launcher.Launcher`
+(by default a child process in a session, and so a process group, of its own),
 watched by one task of the supervisor's nursery. Rules:
 
 * **Output**: stdout and stderr, merged, go line by line into a ring of the last
@@ -41,7 +42,6 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -53,6 +53,7 @@ import httpx
 import trio
 
 from llmgw.agent.adapters.base import LaunchSpec
+from llmgw.agent.launcher import LaunchedEngine, Launcher, ProcessLauncher, signal_group
 from llmgw.control.fleet import ShardState
 from llmgw.router.scrape import parse_metrics
 from llmgw.transport.messages import ShardStatus, StartShard
@@ -95,7 +96,7 @@ class Shard:
     tail: deque[str]
     requests_tx: trio.MemorySendChannel[_Stop | _Drain]
     requests_rx: trio.MemoryReceiveChannel[_Stop | _Drain]
-    process: trio.Process | None = None
+    engine: LaunchedEngine | None = None
     log_path: Path | None = None
     stop_requested: bool = False
     stop_reason: str = ""
@@ -120,7 +121,7 @@ class Shard:
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
+        return self.engine.pid if self.engine is not None else None
 
 
 class Supervisor:
@@ -138,6 +139,7 @@ class Supervisor:
         tail_lines: int = 200,
         log_max_bytes: int = 64 * 1024 * 1024,
         base_env: dict[str, str] | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.report = report
@@ -147,8 +149,9 @@ class Supervisor:
         self.tail_lines = tail_lines
         self.log_max_bytes = log_max_bytes
         self.base_env = base_env
+        self.launcher: Launcher = launcher or ProcessLauncher()
         self.shards: dict[Key, Shard] = {}
-        self.launched = 0  # processes started over the supervisor's life
+        self.launched = 0  # engines started over the supervisor's life
         self._nursery: trio.Nursery | None = None
         self._http: httpx.AsyncClient | None = None
 
@@ -292,19 +295,19 @@ class Supervisor:
 
     async def _shutdown(self, shard: Shard) -> None:
         """The shard's task is over (or cancelled): the engine must not outlive it."""
-        process = shard.process
-        if process is not None and process.returncode is None:
+        engine = shard.engine
+        if engine is not None and engine.returncode is None:
             shard.stop_requested = True
             shard.stop_reason = shard.stop_reason or "the agent is shutting down"
-            _signal_group(process.pid, signal.SIGTERM)
+            engine.signal(signal.SIGTERM)
             with trio.move_on_after(self.shutdown_grace):
-                await process.wait()
-            if process.returncode is None:
-                _signal_group(process.pid, signal.SIGKILL)
+                await engine.wait()
+            if engine.returncode is None:
+                engine.signal(signal.SIGKILL)
                 shard.killed = True
-                await process.wait()
-        if process is not None:
-            _signal_group(process.pid, signal.SIGKILL)  # whatever of its group is left
+                await engine.wait()
+        if engine is not None:
+            engine.signal(signal.SIGKILL)  # whatever of its group is left
             _forget_pid(self.state_dir / "run", shard_name(shard.command))
         if shard.live:  # cancelled before it could say how it ended
             shard.stop_reason = shard.stop_reason or "the agent is shutting down"
@@ -312,7 +315,7 @@ class Supervisor:
                 shard,
                 ShardState.STOPPED,
                 message=self._stopped_message(shard),
-                exit_code=process.returncode if process is not None else None,
+                exit_code=engine.returncode if engine is not None else None,
             )
         shard.done.set()
 
@@ -328,14 +331,7 @@ class Supervisor:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
             await logf.write(f"--- {stamp} llmgw-agent: {shlex.join(spec.argv)}\n".encode())
             try:
-                process = await trio.lowlevel.open_process(
-                    list(spec.argv),
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+                engine = await self.launcher.launch(spec, env)
             except OSError as exc:
                 self._set(
                     shard,
@@ -344,29 +340,32 @@ class Supervisor:
                 )
                 return
             self.launched += 1
-            shard.process = process
-            _record_pid(self.state_dir / "run", name, process.pid, spec.argv)
+            shard.engine = engine
+            # Where it serves: what the health check, drain and READY status use.
+            shard.spec = spec = engine.spec
+            if engine.pid is not None:
+                _record_pid(self.state_dir / "run", name, engine.pid, spec.argv)
             self._set(shard, ShardState.STARTING)  # now with its pid
             async with trio.open_nursery() as outer:
-                outer.start_soon(self._pump, shard, process, logf)
+                outer.start_soon(self._pump, shard, engine.output, logf)
                 async with trio.open_nursery() as inner:
                     inner.start_soon(self._control, shard)
                     if spec.health_url is not None:
                         inner.start_soon(self._watch_health, shard, spec.health_url)
                     else:
                         self._set(shard, ShardState.READY)
-                    await process.wait()
+                    await engine.wait()
                     shard.exited.set()
                     inner.cancel_scope.cancel()
                 # Workers the engine forked may live on (and hold GPUs and our pipe).
-                _signal_group(process.pid, signal.SIGKILL)
+                engine.signal(signal.SIGKILL)
                 with trio.move_on_after(2.0):
                     await shard.pump_done.wait()
                 outer.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await logf.aclose()
-        code = process.returncode
+        code = engine.returncode
         if shard.stop_requested:
             message = self._stopped_message(shard)
             self._set(shard, ShardState.STOPPED, message=message, exit_code=code)
@@ -386,10 +385,8 @@ class Supervisor:
             message += "; killed (did not exit within its grace period after SIGTERM)"
         return message
 
-    async def _pump(self, shard: Shard, process: trio.Process, logf: _LogFile) -> None:
+    async def _pump(self, shard: Shard, stream: trio.abc.ReceiveStream, logf: _LogFile) -> None:
         """Engine output -> the tail and the log file."""
-        stream = process.stdout
-        assert stream is not None
         partial = b""
         try:
             while True:
@@ -457,8 +454,8 @@ class Supervisor:
                     nursery.start_soon(self._terminate, shard, DEFAULT_GRACE)
 
     async def _terminate(self, shard: Shard, grace: float) -> None:
-        process = shard.process
-        assert process is not None
+        engine = shard.engine
+        assert engine is not None
         deadline = trio.current_time() + grace
         if shard.terminating:
             if shard.kill_scope is not None:  # an earlier SIGKILL, if asked
@@ -466,13 +463,13 @@ class Supervisor:
             return
         shard.terminating = True
         shard.stop_reason = shard.stop_reason or "stopped"
-        _signal_group(process.pid, signal.SIGTERM)
+        engine.signal(signal.SIGTERM)
         with trio.move_on_at(deadline) as scope:
             shard.kill_scope = scope
             await shard.exited.wait()
         if not shard.exited.is_set():
             shard.killed = True
-            _signal_group(process.pid, signal.SIGKILL)
+            engine.signal(signal.SIGKILL)
 
     async def _drain(self, shard: Shard, deadline: float, scope: trio.CancelScope) -> None:
         assert shard.spec is not None
@@ -564,12 +561,6 @@ def _last_line(tail: Iterable[str]) -> str:
     return f": {lines[-1].strip()}" if lines else ""
 
 
-def _signal_group(pgid: int, sig: int) -> None:
-    """Signal a whole process group; a group that is gone already is fine."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
 # -- pid records and orphans ---------------------------------------------------------------
 
 
@@ -613,12 +604,12 @@ async def sweep_orphans(run_dir: Path, *, grace: float = 10.0) -> list[int]:
     orphans = _read_orphans(run_dir)
     for _record, pid in orphans:
         log.warning("stopping engine pid %d left running by a previous agent", pid)
-        _signal_group(pid, signal.SIGTERM)
+        signal_group(pid, signal.SIGTERM)
     with trio.move_on_after(grace):
         while any(_alive(pid) for _record, pid in orphans):  # noqa: ASYNC110 (not our children)
             await trio.sleep(0.1)
     for record, pid in orphans:
-        _signal_group(pid, signal.SIGKILL)
+        signal_group(pid, signal.SIGKILL)
         record.unlink(missing_ok=True)
     return [pid for _record, pid in orphans]
 

@@ -234,18 +234,22 @@ class SimApp:
 async def serve(
     config: SimConfig,
     *,
+    shutdown: trio.Event | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until SIGINT or SIGTERM; `task_status` gets the bound URLs."""
+    """Serve until SIGINT or SIGTERM, or, when `shutdown` is given, until it is set
+    (then signals are left to the caller: an engine embedded in a process does not
+    take over its Ctrl-C); `task_status` gets the bound URLs."""
     app = SimApp(config)
     http_config = HttpServerConfig(header_timeout=None, graceful_timeout=2.0)
-    shutdown = trio.Event()
+    own_signals = shutdown is None
+    stop = trio.Event() if shutdown is None else shutdown
 
     async def watch_signals(task_status: trio.TaskStatus[None]) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             task_status.started()
             async for _ in signals:
-                shutdown.set()
+                stop.set()
                 return
 
     async with trio.open_nursery() as nursery:
@@ -255,12 +259,13 @@ async def serve(
                 cast(Any, app),  # its Scope/Receive/Send are stricter than ASGI's
                 Address(config.host, config.port),
                 http_config,
-                shutdown_trigger=shutdown.wait,
+                shutdown_trigger=stop.wait,
                 task_status=task_status,
             )
             nursery.cancel_scope.cancel()  # the engine driver never returns by itself
 
-        await nursery.start(watch_signals)
+        if own_signals:
+            await nursery.start(watch_signals)
         nursery.start_soon(app.driver.run)
         task_status.started(await nursery.start(http))
 
