@@ -115,6 +115,7 @@ class Router:
         fleet: Fleet | None = None,
         sleep_idle: bool = True,
         on_woke: Callable[[EndpointState], None] | None = None,
+        rendezvous: bool = False,
     ) -> None:
         """`schedulers` replaces the schedulers of routing profiles by name (a profile
         a model can select is one ``[router.profiles]`` names): compositions of
@@ -123,7 +124,9 @@ class Router:
         is the control plane requests for an autoscaled model at zero wait for (None:
         they are refused at once). With `sleep_idle` False idle engines are not put to
         sleep here (a worker: the control process decides), only woken, and
-        `on_woke` hears of each wake."""
+        `on_woke` hears of each wake. With `rendezvous` a session or prompt this
+        router has not routed goes to the home its key hashes to (routers that share
+        no tables agree: scheduling.plugins.Rendezvous)."""
         r = config.router
         self.config = config
         self.catalog = catalog or catalog_for(config)
@@ -173,6 +176,7 @@ class Router:
         if config.auth.key_metrics:  # opt-in: series per key (cardinality)
             self.usage_sinks.append(KeyMetrics(self.metrics.registry))
         self.rng = rng or random.Random()
+        self.rendezvous = rendezvous
         # Keys come from the store, when there is one (see server.serve).
         self.auth = auth or Authenticator(
             None, None, required=config.auth.required, cache_ttl=config.auth.cache_ttl
@@ -266,6 +270,9 @@ class Router:
         cached: dict[str, float] = {}
         if self.prefixes is not None and prefix:
             matches, cached = self.prefixes.lookup(prefix, now)
+        home_key = None
+        if self.rendezvous:
+            home_key = hash(("session", session_key)) if session_key else (prefix or (None,))[0]
         decision = self.scheduler_for(model).pick(
             candidates,
             session_endpoint=sticky,
@@ -273,6 +280,7 @@ class Router:
             rng=self.rng,
             prompt_tokens=prompt_tokens,
             cached_tokens=cached,
+            home_key=home_key,
         )
         if decision is not None:
             # Remembered at once, not when the answer is complete: a burst of requests

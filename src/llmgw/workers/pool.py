@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import secrets
 import socket
 import sys
 from collections.abc import Sequence
@@ -135,6 +136,10 @@ class WorkerPool:
         self._woken: dict[str, float] = {}  # model -> when a worker last asked
         self._asleep_sent: list[str] = []
         self._metrics_seq = 0
+        # One hash seed for every worker: Python's hash() then agrees across them, which
+        # the prefix table's chains and rendezvous homes rely on (a fresh one per start:
+        # hash flooding stays as hard as with a random seed per process).
+        self.hash_seed = secrets.randbelow(2**32 - 1) + 1
         self._metrics_answered = trio.Event()
 
     # -- the control plane's endpoint sink and the catalog's listener ---------------------
@@ -293,6 +298,7 @@ class WorkerPool:
             process = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "llmgw.workers.worker", "--fd", str(child.fileno())],
                 pass_fds=(child.fileno(),),
+                env={**os.environ, "PYTHONHASHSEED": str(self.hash_seed)},
             )
         except BaseException:
             parent.close()

@@ -105,6 +105,7 @@ class Worker:
             usage_sinks=[self.usage],
             fleet=self.fleet,
             sleep_idle=False,
+            rendezvous=True,
             on_woke=lambda state: self.post(wire.Woke(state.endpoint.id)),
         )
         for endpoint in hello.endpoints:
