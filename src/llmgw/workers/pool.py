@@ -15,13 +15,15 @@ import os
 import secrets
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import attrs
 import trio
 from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from llmgw import config as cfg
 from llmgw.catalog import Catalog
@@ -78,6 +80,27 @@ class _Slot:
     report: wire.Report | None = None
     addresses: list[str] = attrs.field(factory=list)
     metrics: dict[int, list[wire.Family]] = attrs.field(factory=dict)
+
+
+class _PoolCollector(Collector):
+    def __init__(self, pool: WorkerPool) -> None:
+        self._pool = pool
+
+    def describe(self) -> list[Metric]:
+        return []  # computed at collection
+
+    def collect(self) -> Iterator[Metric]:
+        workers = GaugeMetricFamily(
+            "llmgw_workers",
+            "Worker processes serving the client port now (llmgw-server --workers).",
+        )
+        workers.add_metric([], len(self._pool.slots))
+        restarts = CounterMetricFamily(
+            "llmgw_worker_restarts",
+            "Worker processes started again after they ended unasked.",
+        )
+        restarts.add_metric([], self._pool.restarts)
+        yield from (workers, restarts)
 
 
 class _Merged:
@@ -140,6 +163,7 @@ class WorkerPool:
         # the prefix table's chains and rendezvous homes rely on (a fresh one per start:
         # hash flooding stays as hard as with a random seed per process).
         self.hash_seed = secrets.randbelow(2**32 - 1) + 1
+        router.metrics.registry.register(_PoolCollector(self))
         self._metrics_answered = trio.Event()
 
     # -- the control plane's endpoint sink and the catalog's listener ---------------------
