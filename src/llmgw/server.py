@@ -31,6 +31,7 @@ from llmgw.http.server import HttpServerConfig, serve_listeners
 from llmgw.models import ModelRegistry
 from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router
+from llmgw.router.limits import SharedLimits
 from llmgw.store import open_store
 from llmgw.store.base import Store
 from llmgw.store.usage import UsageBatcher
@@ -197,6 +198,13 @@ async def admin_hosts(config: Config, bound: Sequence[str], loopback: bool) -> f
     return allowed_hosts(config.admin_hosts, config.admin_listen, bound, machine)
 
 
+def shared_limits(config: Config, workers: Workers | None) -> bool:
+    """Whether keys' rate limits are counted in the store (llmgw.router.limits): when
+    other processes serve the same keys (workers; instances on one PostgreSQL), not
+    when this process is alone on its SQLite file (counted here: exact, no I/O)."""
+    return workers is not None or config.store.url.startswith(("postgres://", "postgresql://"))
+
+
 def _all_loopback(addresses: Sequence[str]) -> bool:
     return all(ipaddress.ip_address(units.parse_address(a).host).is_loopback for a in addresses)
 
@@ -266,6 +274,7 @@ async def _serve(
             store.count_keys,
             required=config.auth.required,
             cache_ttl=config.auth.cache_ttl,
+            limits=SharedLimits(store) if shared_limits(config, workers) else None,
         )
         batcher = UsageBatcher(store)
         sinks.append(batcher)

@@ -226,6 +226,7 @@ class Router:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.scraper.run)
                 await nursery.start(self.admission.run)
+                await nursery.start(self.auth.limits.run)
                 if self.sleep_idle:
                     await nursery.start(self.sleeper.run)
                 task_status.started()

@@ -35,6 +35,7 @@ from llmgw.http.hyper import ReloadableTls, TlsFiles, serve_hypercorn
 from llmgw.http.server import serve_listeners
 from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router
+from llmgw.router.limits import SharedLimits
 from llmgw.router.usage import UsageRecord
 from llmgw.server import client_listener_config
 from llmgw.store import open_store
@@ -95,6 +96,8 @@ class Worker:
                 store.count_keys,
                 required=self.config.auth.required,
                 cache_ttl=self.config.auth.cache_ttl,
+                # Every worker serves the same keys: they count in the store.
+                limits=SharedLimits(store),
             )
         self.fleet = _RemoteFleet(self)
         self.usage = _UsageOut()
