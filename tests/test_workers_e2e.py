@@ -193,3 +193,29 @@ def test_sigterm_drains_a_stream_in_flight() -> None:
         assert chunks[-1].choices[0].finish_reason == "length"  # type: ignore[attr-defined]
         assert srv.proc.popen.wait(30) == 0
         assert workers_of(srv) == []
+
+
+def test_a_keys_rpm_holds_across_workers(tmp_path: Path) -> None:
+    """Each worker admits from the same minute (the store's grants), not one each."""
+    config = f'[store]\nurl = "sqlite:///{tmp_path / "llmgw.db"}"\n'
+    with (
+        sim(model="m") as (_, engine),
+        server(f"--endpoint=e={engine}=m", "--workers", "2", config=config) as srv,
+    ):
+        srv.wait_scraped()
+        made = httpx.post(f"{srv.admin}/api/v1/keys", json={"name": "k", "rpm": 40}, timeout=5)
+        assert made.status_code == 201, made.text
+        secret = made.json()["secret"]
+        codes: Counter[int] = Counter()
+        for _ in range(100):
+            client = openai.OpenAI(
+                base_url=f"{srv.base}/v1", api_key=secret, max_retries=0, timeout=30
+            )
+            try:
+                client.completions.create(model="m", prompt="x", max_tokens=1)
+                codes[200] += 1
+            except openai.RateLimitError:
+                codes[429] += 1
+        # 40 a minute between both workers (less at most a lease each: 1 of 40 here).
+        assert 38 <= codes[200] <= 40, codes
+        assert codes[200] + codes[429] == 100
