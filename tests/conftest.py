@@ -60,6 +60,21 @@ def _scratch_working_directory(tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _one_worker() -> Iterator[None]:
+    """llmgw-server runs one process per core by default; the programs the tests start
+    serve from one (tests/test_workers_e2e.py starts several on purpose)."""
+    saved = os.environ.get("LLMGW_WORKERS")
+    os.environ["LLMGW_WORKERS"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("LLMGW_WORKERS", None)
+        else:
+            os.environ["LLMGW_WORKERS"] = saved
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _private_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The session's own system temp dir, and a check that llmgw leaves nothing in it.
 

@@ -91,33 +91,33 @@ def test_models_a_key_may_use() -> None:
     assert info.value.status == 403 and "allowed: llama3" in str(info.value)
 
 
-def test_requests_per_minute() -> None:
+async def test_requests_per_minute() -> None:
     clock = Clock()
     auth = Authenticator(None, None, clock=clock)
     k = key(rpm=2)
-    auth.admit(k, 10)
+    await auth.admit(k, 10)
     clock.now = 10.0
-    auth.admit(k, 10)
+    await auth.admit(k, 10)
     with pytest.raises(AuthError) as info:
-        auth.admit(k, 10)
+        await auth.admit(k, 10)
     assert info.value.status == 429 and "2 requests per minute" in str(info.value)
     assert info.value.retry_after == 50.0  # the first request leaves the window at 60 s
     clock.now = 60.5
-    auth.admit(k, 10)
+    await auth.admit(k, 10)
 
 
-def test_tokens_per_minute_count_what_requests_used() -> None:
+async def test_tokens_per_minute_count_what_requests_used() -> None:
     clock = Clock()
     auth = Authenticator(None, None, clock=clock)
     k = key(tpm=1000)
-    auth.admit(k, 900)  # the first request always goes: nothing used yet
+    await auth.admit(k, 900)  # the first request always goes: nothing used yet
     auth.used("k1", 900)
     with pytest.raises(AuthError) as info:
-        auth.admit(k, 200)
+        await auth.admit(k, 200)
     assert info.value.code == "tpm_exceeded" and "1000 tokens per minute" in str(info.value)
-    auth.admit(k, 50)
+    await auth.admit(k, 50)
     clock.now = 61.0
-    auth.admit(k, 900)
+    await auth.admit(k, 900)
 
 
 async def test_a_valid_key_counts_even_before_keys_are_enforced() -> None:

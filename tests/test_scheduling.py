@@ -651,3 +651,56 @@ def test_a_custom_scorer_and_picker() -> None:
     d = last.pick([cand("a"), cand("b", running=5)], session_endpoint=None, prefix_matches={},
                   rng=random.Random(0))  # fmt: skip
     assert d is not None and d.endpoint_id == "b"
+
+
+# -- rendezvous homes (routers that share no tables: the workers) ---------------------
+
+
+def home(cands: list[Candidate], key: int, prompt: float = PROMPT) -> tuple[str, str]:
+    d = SCORER.pick(cands, session_endpoint=None, prefix_matches={}, rng=random.Random(0),
+                    prompt_tokens=prompt, home_key=key)  # fmt: skip
+    assert d is not None
+    return d.endpoint_id, d.tier
+
+
+@settings(max_examples=examples(200))
+@given(st.integers(), st.integers(2, 8), st.randoms(use_true_random=False))
+def test_a_key_has_one_home_in_any_order_and_moves_only_when_its_home_leaves(
+    key: int, n: int, rnd: random.Random
+) -> None:
+    fleet = [cand(f"e{i}") for i in range(n)]
+    ep, tier = home(fleet, key)
+    assert tier == "home"
+    shuffled = list(fleet)
+    rnd.shuffle(shuffled)
+    assert home(shuffled, key)[0] == ep  # another router, another order: the same home
+    others = [c for c in fleet if c.endpoint_id != ep]
+    gone = rnd.choice(others)
+    assert home([c for c in fleet if c is not gone], key)[0] == ep  # a peer leaving
+    assert home(others, key)[0] != ep  # the home leaving
+
+
+def test_homes_spread_by_weight() -> None:
+    fleet = [cand("a"), cand("b"), cand("c", weight=2.0)]
+    counts = Counter(home(fleet, key)[0] for key in range(4000))
+    assert 0.4 < counts["c"] / 4000 < 0.6  # half, by its weight
+    assert abs(counts["a"] - counts["b"]) < 400
+
+
+def test_a_busy_home_spills_to_the_scorers() -> None:
+    fleet = [cand("a"), cand("b")]
+    key = next(k for k in range(100) if home(fleet, k)[0] == "a")
+    # More prefill ahead of it than a miss elsewhere costs (2 x the prompt): scored.
+    busy = [cand("a", prefill=2 * PROMPT + 1), cand("b")]
+    assert home(busy, key) == ("b", "score")
+    near = [cand("a", prefill=2 * PROMPT - 1), cand("b")]
+    assert home(near, key) == ("a", "home")
+
+
+def test_affinity_the_router_knows_comes_before_the_home() -> None:
+    fleet = [cand("a"), cand("b")]
+    key = next(k for k in range(100) if home(fleet, k)[0] == "a")
+    d = SCORER.pick(fleet, session_endpoint=None, prefix_matches={"b": 1.0},
+                    rng=random.Random(0), prompt_tokens=PROMPT,
+                    cached_tokens={"b": PROMPT}, home_key=key)  # fmt: skip
+    assert d is not None and (d.endpoint_id, d.tier) == ("b", "prefix")

@@ -206,13 +206,14 @@ async def test_a_newer_schema_is_refused_with_a_clear_error(url: str) -> None:
     await execute(
         s,
         "INSERT INTO schema_version (version, description, applied_at) VALUES (?, ?, ?)",
-        (5, "from the future", time.time()),
+        (LATEST + 1, "from the future", time.time()),
     )
     await s.aclose()
     with pytest.raises(SchemaTooNew) as info:
         await open_store(url)
     assert str(info.value) == (
-        f"database schema version 5 is newer than this llmgw (knows up to {LATEST}): upgrade llmgw"
+        f"database schema version {LATEST + 1} is newer than this llmgw (knows up to {LATEST}):"
+        " upgrade llmgw"
     )
 
 

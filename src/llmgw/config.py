@@ -446,6 +446,9 @@ class LogConfig:
 class Config:
     # The client API (HOST:PORT, :PORT for every interface; port 0 picks one).
     listen: str = ":8080"
+    # Processes serving the client API, sharing its port (SO_REUSEPORT) behind the one
+    # that runs everything else (docs/operations.md, "Every core"); 0: one per core.
+    workers: int = 0
     # Metrics, health, the admin API and the dashboard; off loopback, admin keys.
     admin_listen: str = "127.0.0.1:9090"
     # Where agents connect (gRPC), with the control plane only.
@@ -830,6 +833,8 @@ def check(config: Config) -> list[str]:
     from llmgw import catalog  # the catalog owns the rules about models
 
     problems: list[str] = []
+    if config.workers < 0:
+        problems.append(f"workers: must be 0 (one per core) or more, got {config.workers}")
     for key in ("listen", "admin_listen", "agent_listen"):
         try:
             units.parse_address(getattr(config, key))

@@ -73,6 +73,7 @@ async def run_demo(
     on_listening: Callable[[server.Listening], None] | None = None,
     client_listeners: Sequence[trio.SocketListener] | None = None,
     admin_listeners: Sequence[trio.SocketListener] | None = None,
+    workers: server.Workers | None = None,
 ) -> None:
     """Serve `config` (which includes a demo overlay) with one in-process demo agent
     (`fake_gpus` None: a CPU node); `on_listening`, `client_listeners` and
@@ -90,6 +91,7 @@ async def run_demo(
             Path(state),
             on_listening,
             (client_listeners, admin_listeners),
+            workers,
         )
 
 
@@ -103,6 +105,7 @@ async def _run(
         None,
         None,
     ),
+    workers: server.Workers | None = None,
 ) -> None:
     router = Router(config)
     # Nothing survives from a previous run to adopt: place at once.
@@ -120,6 +123,7 @@ async def _run(
             listener=listener,
             client_listeners=sockets[0],
             admin_listeners=sockets[1],
+            workers=workers,
             on_listening=on_listening,
             task_status=task_status,
         )

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
+import shutil
 import signal
+import socket
 import ssl
+import tempfile
 from collections.abc import Callable, Sequence
 from functools import partial
 
+import attrs
 import trio
 
 from llmgw import units
@@ -26,10 +31,12 @@ from llmgw.http.server import HttpServerConfig, serve_listeners
 from llmgw.models import ModelRegistry
 from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router
+from llmgw.router.limits import SharedLimits
 from llmgw.store import open_store
 from llmgw.store.base import Store
 from llmgw.store.usage import UsageBatcher
 from llmgw.transport.base import AgentListener
+from llmgw.workers.pool import WorkerPool, trust_forwarded_client
 
 log = logging.getLogger("llmgw.server")
 # httpx logs every request at INFO: far too much on a proxy's hot path.
@@ -89,6 +96,18 @@ def connection_cap(configured: int) -> int:
 Listening = dict[str, list[str]]
 
 
+@attrs.frozen
+class Workers:
+    """The client API served by `count` worker processes (llmgw.workers) on the
+    `reserved` client sockets (bound, not listening: llmgw.workers.sockets.reserve);
+    their logs as the control process's."""
+
+    count: int
+    reserved: Sequence[socket.socket]
+    log_level: str = "info"
+    log_format: str = "text"
+
+
 async def serve(
     config: Config,
     *,
@@ -98,6 +117,7 @@ async def serve(
     store: Store | None = None,
     client_listeners: Sequence[trio.SocketListener] | None = None,
     admin_listeners: Sequence[trio.SocketListener] | None = None,
+    workers: Workers | None = None,
     on_listening: Callable[[Listening], None] | None = None,
     shutdown: trio.Event | None = None,
     handle_signals: bool = True,
@@ -114,14 +134,17 @@ async def serve(
     router. With deployable models (or a `controller` given) the control plane runs
     too, accepting agents on `listener` (default: gRPC on `agent_listen`). With
     `store.url` (or a `store` given) API keys, usage records and runtime models
-    persist there."""
+    persist there. With `workers` the client API is served by worker processes
+    instead, and this process runs the rest (llmgw.workers)."""
+    if workers is not None and client_listeners is not None:
+        raise ValueError("workers bind the client port themselves: no client_listeners")
     owned = store is None and bool(config.store.url)
     if owned:
         store = await open_store(config.store.url)
     try:
         bound: list[trio.SocketListener] = []
         try:
-            client = await _listeners(config.listen, client_listeners, bound)
+            client = [] if workers else await _listeners(config.listen, client_listeners, bound)
             admin = await _listeners(config.admin_listen, admin_listeners, bound)
             await _serve(
                 config,
@@ -130,6 +153,7 @@ async def serve(
                 listener,
                 store,
                 (client, admin),
+                workers,
                 on_listening,
                 shutdown,
                 handle_signals,
@@ -174,6 +198,13 @@ async def admin_hosts(config: Config, bound: Sequence[str], loopback: bool) -> f
     return allowed_hosts(config.admin_hosts, config.admin_listen, bound, machine)
 
 
+def shared_limits(config: Config, workers: Workers | None) -> bool:
+    """Whether keys' rate limits are counted in the store (llmgw.router.limits): when
+    other processes serve the same keys (workers; instances on one PostgreSQL), not
+    when this process is alone on its SQLite file (counted here: exact, no I/O)."""
+    return workers is not None or config.store.url.startswith(("postgres://", "postgresql://"))
+
+
 def _all_loopback(addresses: Sequence[str]) -> bool:
     return all(ipaddress.ip_address(units.parse_address(a).host).is_loopback for a in addresses)
 
@@ -185,6 +216,7 @@ async def _serve(
     listener: AgentListener | None,
     store: Store | None,
     sockets: tuple[list[trio.SocketListener], list[trio.SocketListener]],
+    workers: Workers | None,
     on_listening: Callable[[Listening], None] | None,
     shutdown: trio.Event | None,
     handle_signals: bool,
@@ -197,6 +229,21 @@ async def _serve(
     }
     router = router or Router(config)
     stop = shutdown if shutdown is not None else trio.Event()
+    # With workers this process's router serves no client: it scrapes the engines for
+    # the views and puts idle ones to sleep; the pool stands in for it as the control
+    # plane's endpoint sink and the catalog's listener.
+    pool = (
+        WorkerPool(
+            config,
+            workers.count,
+            router,
+            log_level=workers.log_level,
+            log_format=workers.log_format,
+        )
+        if workers is not None
+        else None
+    )
+    sink: Router | WorkerPool = pool or router
     configured = {m.name for m in config.models}
     registry = ModelRegistry(
         config.models,
@@ -205,37 +252,46 @@ async def _serve(
         extra=[m for m in router.catalog.models if m.name not in configured],
     )
     await registry.load()  # runtime models from the store; invalid ones are skipped, logged
-    router.catalog = registry.catalog
-    registry.listeners.append(router.set_catalog)
+    sink.set_catalog(registry.catalog)
+    registry.listeners.append(sink.set_catalog)
     if controller is None and any(m.profiles for m in registry.catalog.models):
         heartbeat, settle = control_timings(config.control)
         controller = Controller(
             config.control,
             registry.catalog,
-            router,
+            sink,
             heartbeat_interval=heartbeat,
             settle=settle,
             store=store,
         )
     batcher = None
+    # What every request's usage record goes to besides the router's own (access log,
+    # per-key metrics): from this router, or from the workers through the pool.
+    sinks = pool.sinks if pool is not None else router.usage_sinks
     if store is not None:
         router.auth = Authenticator(
             store.lookup_key,
             store.count_keys,
             required=config.auth.required,
             cache_ttl=config.auth.cache_ttl,
+            limits=SharedLimits(store) if shared_limits(config, workers) else None,
         )
         batcher = UsageBatcher(store)
-        router.usage_sinks.append(batcher)
+        sinks.append(batcher)
     if controller is not None:
         controller.set_catalog(registry.catalog)
         registry.listeners.append(controller.set_catalog)
-        router.usage_sinks.append(controller.activity)
+        sinks.append(controller.activity)
         if controller.demand is None:  # autoscaled models follow this router's demand
-            controller.demand = router_demand(router)
+            controller.demand = pool.demand if pool is not None else router_demand(router)
         # Requests for an autoscaled model with no replica wait for this controller.
-        router.cold.fleet = controller
-        controller.on_pass.append(router.cold.check)
+        if pool is not None:
+            controller.sink = pool  # a caller's controller was given the router
+            pool.fleet = controller
+            controller.on_pass.append(pool.after_pass)
+        else:
+            router.cold.fleet = controller
+            controller.on_pass.append(router.cold.check)
         register_fleet_metrics(router.metrics.registry, controller, controller.clock)
         if listener is None:
             from llmgw.transport.grpc import GrpcListener
@@ -253,11 +309,12 @@ async def _serve(
         # The whole body, not each chunk: the login is on the public client port.
         body_timeout=config.router.timeouts.client_body,
         hosts=await admin_hosts(config, admin_bound, loopback),
+        traffic=pool,
     )
     # The dashboard (DESIGN §8): on the admin listener beside the API, and on the client
     # port under /admin behind a login; both see the last 15 minutes of traffic.
     traffic = TrafficRing()
-    router.usage_sinks.append(traffic)
+    sinks.append(traffic)
     admin_app = asgi(
         build_app(
             admin,
@@ -282,25 +339,7 @@ async def _serve(
         router.app,
     )
     drain = config.router.drain_timeout
-
     timeouts = config.router.timeouts
-    cap = connection_cap(config.router.max_connections)
-
-    def listener_config(name: str) -> HttpServerConfig:
-        # Streams last minutes: a response may take as long as the proxy's phases let
-        # it; but a client that takes none of it for `idle` is cut, like an engine
-        # that sends nothing for that long.
-        timed_out = router.metrics.client_timeouts
-        return HttpServerConfig(
-            header_timeout=timeouts.client_header,
-            body_timeout=timeouts.client_body,
-            body_timeout_key="router.timeouts.client_body",
-            send_timeout=timeouts.idle,
-            max_connections=cap,
-            graceful_timeout=drain,
-            on_header_timeout=timed_out.labels(name, "header").inc,
-            on_body_timeout=timed_out.labels(name, "body").inc,
-        )
 
     async def trigger() -> None:
         await stop.wait()
@@ -309,7 +348,7 @@ async def _serve(
         if handle_signals:
             background.start_soon(_watch_signals, stop)
         await background.start(router.run)
-        await background.start(traffic.run, router.admission_view)
+        await background.start(traffic.run, (pool or router).admission_view)
         if batcher is not None:
             await background.start(batcher.run)
         if controller is not None and listener is not None:
@@ -332,11 +371,35 @@ async def _serve(
                 # Even with nothing to reload: SIGHUP's default action would end the
                 # process, and service managers send it to reload (systemd's ExecReload
                 # in deploy/systemd).
-                background.start_soon(_reload_on_sighup, tls)
-            for app, socks, name in (
-                (client_app, client_sockets, "client"),
-                (admin_app, admin_sockets, "admin"),
-            ):
+                background.start_soon(_reload_on_sighup, tls, pool)
+            served = [(admin_app, admin_sockets, "admin")]
+            if pool is not None and workers is not None:
+                # The workers serve the client port; its /admin pages come here over a
+                # private unix socket (llmgw.workers.forward).
+                private = background_dir(background)
+                uds = await _unix_listener(os.path.join(private, "admin.sock"))
+                await listeners.start(
+                    partial(
+                        serve_hypercorn,
+                        trust_forwarded_client(client_app),
+                        [uds],
+                        keep_alive_timeout=timeouts.client_header,
+                        read_timeout=timeouts.client_header,
+                        graceful_timeout=drain,
+                        shutdown_trigger=trigger,
+                    )
+                )
+                listening["listen"] = await listeners.start(
+                    partial(
+                        pool.run,
+                        list(workers.reserved),
+                        shutdown=stop,
+                        dashboard=os.path.join(private, "admin.sock"),
+                    )
+                )
+            else:
+                served.insert(0, (client_app, client_sockets, "client"))
+            for app, socks, name in served:
                 # The operator surface, and any TLS listener, on hypercorn; the plain
                 # client port on llmgw's own server (the hot path).
                 if name == "admin" or name in tls:
@@ -361,7 +424,7 @@ async def _serve(
                         serve_listeners,
                         app,
                         socks,
-                        listener_config(name),
+                        client_listener_config(config, router, name),
                         shutdown_trigger=trigger,
                     )
                 )
@@ -381,11 +444,60 @@ async def _serve(
         background.cancel_scope.cancel()
 
 
-async def _reload_on_sighup(contexts: dict[str, ReloadableTls]) -> None:
+def client_listener_config(config: Config, router: Router, name: str) -> HttpServerConfig:
+    """llmgw's own HTTP server's settings for the listener `name` of `router`."""
+    timeouts = config.router.timeouts
+    # Streams last minutes: a response may take as long as the proxy's phases let it;
+    # but a client that takes none of it for `idle` is cut, like an engine that sends
+    # nothing for that long.
+    timed_out = router.metrics.client_timeouts
+    return HttpServerConfig(
+        header_timeout=timeouts.client_header,
+        body_timeout=timeouts.client_body,
+        body_timeout_key="router.timeouts.client_body",
+        send_timeout=timeouts.idle,
+        max_connections=connection_cap(config.router.max_connections),
+        graceful_timeout=config.router.drain_timeout,
+        on_header_timeout=timed_out.labels(name, "header").inc,
+        on_body_timeout=timed_out.labels(name, "body").inc,
+    )
+
+
+def background_dir(nursery: trio.Nursery) -> str:
+    """A private directory (mode 0700) removed when `nursery`'s scope ends."""
+    path = tempfile.mkdtemp(prefix="llmgw-")
+
+    async def remove() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    nursery.start_soon(remove)
+    return path
+
+
+async def _unix_listener(path: str) -> trio.SocketListener:
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        await sock.bind(path)
+        sock.listen()
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketListener(sock)
+
+
+async def _reload_on_sighup(
+    contexts: dict[str, ReloadableTls], pool: WorkerPool | None = None
+) -> None:
     """SIGHUP: read every listener's certificate and key again (renewed certificates
-    without a restart); a file that does not load keeps the old one, logged."""
+    without a restart); a file that does not load keeps the old one, logged. Workers
+    are told to do the same."""
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
         async for _ in signals:
+            if pool is not None:
+                pool.reload()
             if not contexts:
                 log.info("SIGHUP: no TLS listener, nothing to reload")
             for name, tls in contexts.items():

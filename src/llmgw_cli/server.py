@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
@@ -12,6 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
+import attrs
 import trio
 
 from llmgw import config as cfg
@@ -19,6 +21,8 @@ from llmgw import server, units
 from llmgw.agent.adapters.llamacpp import BUILD_HINT, find_llama_server
 from llmgw.demo import DEMO_GPUS, DEMO_OVERLAY, llamacpp_overlay, run_demo
 from llmgw.store.base import StoreError
+from llmgw.workers import sockets
+from llmgw.workers.pool import worker_count
 from llmgw_cli._common import (
     EXIT_OK,
     EXIT_RUNTIME,
@@ -61,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--admin-listen", metavar="ADDR", help="metrics/admin address (default 127.0.0.1:9090)"
     )
     p.add_argument("--agent-listen", metavar="ADDR", help="agent address (default :7443)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="processes serving the client API on its one port (default: the config's "
+        "`workers`; 0: one per core)",
+    )
     p.add_argument("--ready-file", metavar="PATH", help=READY_FILE_HELP)
     p.add_argument(
         "--endpoint",
@@ -87,7 +98,7 @@ def load_config(
     args: argparse.Namespace, demo: bool = False, overlay: dict[str, Any] | None = None
 ) -> cfg.Config:
     overrides: dict[str, Any] = {}
-    for flag in ("listen", "admin_listen", "agent_listen"):
+    for flag in ("listen", "admin_listen", "agent_listen", "workers"):
         if getattr(args, flag) is not None:
             overrides[flag] = getattr(args, flag)
     base = cfg.read_toml(args.config) if args.config else {}
@@ -154,38 +165,63 @@ async def _bind(address: str) -> list[trio.SocketListener]:
         raise CliError(f"cannot listen on {address}: {os_reason(exc)}", EXIT_RUNTIME) from None
 
 
-Bound = tuple[list[trio.SocketListener], list[trio.SocketListener]]
+@attrs.frozen
+class Bound:
+    """The admin listeners, and either the client listeners (one process) or the
+    client sockets reserved for workers."""
+
+    admin: list[trio.SocketListener]
+    client: list[trio.SocketListener] | None
+    workers: server.Workers | None
 
 
 @contextlib.asynccontextmanager
-async def _bind_both(config: cfg.Config) -> AsyncIterator[Bound]:
-    """The client and admin listeners, closed on the way out (server.serve closes them
+async def _bind_both(config: cfg.Config, args: argparse.Namespace) -> AsyncIterator[Bound]:
+    """The client and admin sockets, closed on the way out (server.serve closes them
     too, but not when it fails before it takes them, say opening the store)."""
-    sockets: list[trio.SocketListener] = []
+    listeners: list[trio.SocketListener] = []
+    reserved: list[socket.socket] = []
     try:
-        client = await _bind(config.listen)
-        sockets += client
+        count = worker_count(config)
+        client: list[trio.SocketListener] | None = None
+        workers = None
+        if count > 1:
+            try:
+                reserved = sockets.reserve(config.listen)
+            except OSError as exc:
+                raise CliError(
+                    f"cannot listen on {config.listen}: {os_reason(exc)}", EXIT_RUNTIME
+                ) from None
+            workers = server.Workers(count, reserved, args.log_level, args.log_format)
+        else:
+            client = await _bind(config.listen)
+            listeners += client
         admin = await _bind(config.admin_listen)
-        sockets += admin
-        yield client, admin
+        listeners += admin
+        yield Bound(admin, client, workers)
     finally:
-        for listener in sockets:
+        for listener in listeners:
             listener.socket.close()
+        for sock in reserved:
+            sock.close()
 
 
-async def _serve(config: cfg.Config, ready: str | None) -> None:
-    async with _bind_both(config) as (client, admin):
+async def _serve(config: cfg.Config, args: argparse.Namespace) -> None:
+    ready = args.ready_file
+    async with _bind_both(config, args) as bound:
         await server.serve(
             config,
-            client_listeners=client,
-            admin_listeners=admin,
+            client_listeners=bound.client,
+            admin_listeners=bound.admin,
+            workers=bound.workers,
             on_listening=partial(write_ready_file, ready) if ready else None,
         )
 
 
 async def _run_demo(
-    config: cfg.Config, fake_gpus: str | None = DEMO_GPUS, ready: str | None = None
+    config: cfg.Config, args: argparse.Namespace, fake_gpus: str | None = DEMO_GPUS
 ) -> None:
+    ready = args.ready_file
     listening: server.Listening = {}
 
     def on_listening(bound: server.Listening) -> None:
@@ -209,14 +245,15 @@ async def _run_demo(
             flush=True,
         )
 
-    async with _bind_both(config) as (client, admin):
+    async with _bind_both(config, args) as bound:
         await run_demo(
             config,
             announce=announce,
             fake_gpus=fake_gpus,
             on_listening=on_listening,
-            client_listeners=client,
-            admin_listeners=admin,
+            client_listeners=bound.client,
+            admin_listeners=bound.admin,
+            workers=bound.workers,
         )
 
 
@@ -260,9 +297,9 @@ def _main(args: argparse.Namespace, weights: Path | None) -> None:
         with ready_file(args.ready_file):
             if args.demo:
                 gpus = None if weights is not None else DEMO_GPUS
-                trio.run(_run_demo, config, gpus, args.ready_file)
+                trio.run(_run_demo, config, args, gpus)
             else:
-                trio.run(_serve, config, args.ready_file)
+                trio.run(_serve, config, args)
     except cfg.ConfigError as exc:
         _config_error(exc)
     except CliError as exc:

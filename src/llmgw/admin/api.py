@@ -32,10 +32,10 @@ import json
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Blueprint, Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import MethodNotAllowed, NotFound
@@ -100,6 +100,17 @@ _ERROR_TEXT = {
 }
 
 
+class Traffic(Protocol):
+    """What the admin API reads of the traffic served: a Router, or the workers of
+    one control process merged (llmgw.workers.pool.WorkerPool)."""
+
+    def admission_view(self) -> dict[str, Any]: ...
+
+    def cold_waiting(self, model: str) -> int: ...
+
+    async def metrics_text(self) -> bytes: ...
+
+
 class AdminApp:
     """The admin ASGI app. `controller` is None in router-only mode; `store` and
     `models` are None when no store is configured or the caller wires none."""
@@ -117,10 +128,13 @@ class AdminApp:
         body_timeout: float | None = None,
         hosts: frozenset[str] | None = None,
         max_profile_seconds: int = debug.MAX_PROFILE_SECONDS,
+        traffic: Traffic | None = None,
     ) -> None:
         if admin_auth and store is None:
             raise ValueError(NO_AUTH_STORE)
         self.router = router
+        # The traffic views: the router's, or its workers' merged (llmgw.workers).
+        self.traffic: Traffic = traffic or router
         self.controller = controller
         self.store = store
         self.models = models
@@ -674,7 +688,7 @@ class AdminApp:
     # -- health and routing ---------------------------------------------------------------
 
     async def metrics(self) -> Response:
-        body = generate_latest(self.router.metrics.registry)
+        body = await self.traffic.metrics_text()
         return Response(body, 200, content_type=CONTENT_TYPE_LATEST)
 
     async def healthz(self) -> Response:
@@ -702,7 +716,7 @@ class AdminApp:
 
     async def admission(self) -> Response:
         """Live queues per pool and band, and each pool's saturation."""
-        view = from_dict(self.router.admission_view(), AdmissionView)
+        view = from_dict(self.traffic.admission_view(), AdmissionView)
         return json_reply(200, unstructure(view))
 
     # -- the control plane ------------------------------------------------------------

@@ -110,7 +110,7 @@ def model_json(app: AdminApp, model: ModelConfig, counts: dict[str, views.ModelC
         routing=RoutingView(
             endpoints=tuple(s.endpoint.id for s in serving),
             available=sum(1 for s in serving if s.breaker.allows(now)),
-            waiting=app.router.cold.waiting(model.name),
+            waiting=app.traffic.cold_waiting(model.name),
         ),
     )
     data.update(unstructure(live))

@@ -625,7 +625,7 @@ class ClientApp:
         if key is not None:
             try:
                 router.auth.check_model(key, call.body.model, call.chain[0].name)
-                router.auth.admit(key, expected)
+                await router.auth.admit(key, expected)
             except AuthError as exc:
                 raise _auth_error(exc) from None
             tenant = key.id

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
-import attrs
-
+from llmgw.router.limits import LimitExceeded, Limits, LocalLimits
 from llmgw.store.base import KeyRecord, StoreError
 
 log = logging.getLogger("llmgw.auth")
@@ -46,22 +44,6 @@ class AuthError(Exception):
         self.retry_after = retry_after
 
 
-@attrs.define
-class _Window:
-    """A key's requests and tokens over the last minute."""
-
-    requests: deque[float] = attrs.field(factory=deque)
-    tokens: deque[tuple[float, int]] = attrs.field(factory=deque)
-    token_sum: int = 0
-
-    def trim(self, now: float) -> None:
-        cutoff = now - 60.0
-        while self.requests and self.requests[0] <= cutoff:
-            self.requests.popleft()
-        while self.tokens and self.tokens[0][0] <= cutoff:
-            self.token_sum -= self.tokens.popleft()[1]
-
-
 class Authenticator:
     def __init__(
         self,
@@ -72,7 +54,9 @@ class Authenticator:
         cache_ttl: float = 1.0,
         cache_size: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
+        limits: Limits | None = None,
     ) -> None:
+        """`limits` counts the keys' rpm and tpm (default: in this process alone)."""
         self._lookup = lookup
         self._count = count
         self.required = required
@@ -81,7 +65,7 @@ class Authenticator:
         self.clock = clock
         self._cache: OrderedDict[str, tuple[float, KeyRecord | None]] = OrderedDict()
         self._keys_exist: tuple[float, bool] | None = None
-        self._windows: dict[str, _Window] = {}
+        self.limits: Limits = limits or LocalLimits(clock)
 
     async def enforced(self) -> bool:
         """Whether requests need a key: required, or any key exists (checked at most
@@ -161,34 +145,16 @@ class Authenticator:
                 "model_not_allowed",
             )
 
-    def admit(self, key: KeyRecord, expected_tokens: int) -> None:
-        """Count a request against the key's limits; 429 naming the limit when over."""
+    async def admit(self, key: KeyRecord, expected_tokens: int) -> None:
+        """Count a request against the key's limits; 429 naming the limit when over
+        (503 when shared limits cannot reach the store)."""
         if key.rpm is None and key.tpm is None:
             return
-        now = self.clock()
-        window = self._windows.setdefault(key.id, _Window())
-        window.trim(now)
-        if key.rpm is not None and len(window.requests) >= key.rpm:
-            wait = window.requests[0] + 60.0 - now
-            raise AuthError(
-                429,
-                f"rate limit of {key.rpm} requests per minute reached for this API key",
-                "rpm_exceeded",
-                retry_after=max(1.0, math.ceil(wait)),
-            )
-        if key.tpm is not None and window.token_sum + expected_tokens > key.tpm and window.tokens:
-            wait = window.tokens[0][0] + 60.0 - now
-            raise AuthError(
-                429,
-                f"rate limit of {key.tpm} tokens per minute reached for this API key",
-                "tpm_exceeded",
-                retry_after=max(1.0, math.ceil(wait)),
-            )
-        window.requests.append(now)
+        try:
+            await self.limits.admit(key, expected_tokens)
+        except LimitExceeded as exc:
+            raise AuthError(exc.status, str(exc), exc.code, retry_after=exc.retry_after) from None
 
     def used(self, key_id: str, tokens: int) -> None:
         """Tokens a finished request of the key used (for its tokens-per-minute limit)."""
-        window = self._windows.get(key_id)
-        if window is not None and tokens > 0:
-            window.tokens.append((self.clock(), tokens))
-            window.token_sum += tokens
+        self.limits.used(key_id, tokens)

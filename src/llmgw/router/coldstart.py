@@ -53,8 +53,8 @@ class ColdWait:
 
 
 class ColdStarts:
-    def __init__(self) -> None:
-        self.fleet: Fleet | None = None
+    def __init__(self, fleet: Fleet | None = None) -> None:
+        self.fleet = fleet
         self._waits: dict[str, set[ColdWait]] = {}
 
     def model_for(self, chain: Sequence[ModelConfig]) -> ModelConfig | None:

@@ -9,11 +9,12 @@ an ASGI app (:attr:`Router.app`); :meth:`Router.run` drives its background work.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import httpx
 import trio
+from prometheus_client import generate_latest
 
 from llmgw.catalog import Catalog
 from llmgw.config import Config, EndpointConfig, ModelConfig
@@ -28,7 +29,7 @@ from llmgw.router.affinity import (
 from llmgw.router.app import ClientApp
 from llmgw.router.auth import Authenticator
 from llmgw.router.breaker import Outcome, Ticket
-from llmgw.router.coldstart import ColdStarts
+from llmgw.router.coldstart import ColdStarts, Fleet
 from llmgw.router.endpoints import Endpoint, EndpointRegistry, EndpointState
 from llmgw.router.metrics import KeyMetrics, RouterMetrics
 from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
@@ -110,10 +111,22 @@ class Router:
         rng: random.Random | None = None,
         upstream: httpx.AsyncClient | None = None,
         schedulers: Mapping[str, Scheduler] | None = None,
+        auth: Authenticator | None = None,
+        fleet: Fleet | None = None,
+        sleep_idle: bool = True,
+        on_woke: Callable[[EndpointState], None] | None = None,
+        rendezvous: bool = False,
     ) -> None:
         """`schedulers` replaces the schedulers of routing profiles by name (a profile
         a model can select is one ``[router.profiles]`` names): compositions of
-        filters, scorers and a picker (llmgw.router.scheduling; docs/scheduling.md)."""
+        filters, scorers and a picker (llmgw.router.scheduling; docs/scheduling.md).
+        `auth` checks API keys (default: none exist unless `auth.required`); `fleet`
+        is the control plane requests for an autoscaled model at zero wait for (None:
+        they are refused at once). With `sleep_idle` False idle engines are not put to
+        sleep here (a worker: the control process decides), only woken, and
+        `on_woke` hears of each wake. With `rendezvous` a session or prompt this
+        router has not routed goes to the home its key hashes to (routers that share
+        no tables agree: scheduling.plugins.Rendezvous)."""
         r = config.router
         self.config = config
         self.catalog = catalog or catalog_for(config)
@@ -163,8 +176,9 @@ class Router:
         if config.auth.key_metrics:  # opt-in: series per key (cardinality)
             self.usage_sinks.append(KeyMetrics(self.metrics.registry))
         self.rng = rng or random.Random()
+        self.rendezvous = rendezvous
         # Keys come from the store, when there is one (see server.serve).
-        self.auth = Authenticator(
+        self.auth = auth or Authenticator(
             None, None, required=config.auth.required, cache_ttl=config.auth.cache_ttl
         )
         self.admission = AdmissionController(
@@ -172,10 +186,11 @@ class Router:
         )
         self.scraper.on_pass = self.admission.poke_all
         # Idle engines with sleep_after go to sleep; an attempt wakes them.
-        self.sleeper = Sleeper(self.endpoints, self.metrics)
+        self.sleeper = Sleeper(self.endpoints, self.metrics, on_woke=on_woke)
+        self.sleep_idle = sleep_idle
         # Requests waiting for an autoscaled model's first replica (its `fleet` is the
-        # control plane in the same process, when there is one).
-        self.cold = ColdStarts()
+        # control plane, when there is one).
+        self.cold = ColdStarts(fleet)
         # Off (None) unless configured: then a request pays one `is None` check.
         self.tracing = Tracing(config.tracing) if config.tracing.endpoint else None
         self.metrics.watch_admission(self.admission.stats, self.pool_saturation)
@@ -211,7 +226,9 @@ class Router:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.scraper.run)
                 await nursery.start(self.admission.run)
-                await nursery.start(self.sleeper.run)
+                await nursery.start(self.auth.limits.run)
+                if self.sleep_idle:
+                    await nursery.start(self.sleeper.run)
                 task_status.started()
         finally:
             with trio.CancelScope(shield=True):
@@ -254,6 +271,9 @@ class Router:
         cached: dict[str, float] = {}
         if self.prefixes is not None and prefix:
             matches, cached = self.prefixes.lookup(prefix, now)
+        home_key = None
+        if self.rendezvous:
+            home_key = hash(("session", session_key)) if session_key else (prefix or (None,))[0]
         decision = self.scheduler_for(model).pick(
             candidates,
             session_endpoint=sticky,
@@ -261,6 +281,7 @@ class Router:
             rng=self.rng,
             prompt_tokens=prompt_tokens,
             cached_tokens=cached,
+            home_key=home_key,
         )
         if decision is not None:
             # Remembered at once, not when the answer is complete: a burst of requests
@@ -386,10 +407,18 @@ class Router:
             for sink in self.usage_sinks:
                 sink.record(record)
 
-    # -- views --------------------------------------------------------------------
+    # -- views (llmgw.admin.api.Traffic) -------------------------------------------
 
     def admission_view(self) -> dict[str, Any]:
         return self.admission.snapshot()
+
+    def cold_waiting(self, model: str) -> int:
+        """Requests waiting for a first replica of `model` (wake on request)."""
+        return self.cold.waiting(model)
+
+    async def metrics_text(self) -> bytes:
+        """The Prometheus exposition of this router's registry."""
+        return generate_latest(self.metrics.registry)
 
     def endpoint_views(self) -> list[dict[str, Any]]:
         """Every endpoint with its live numbers and scores, for the admin API."""

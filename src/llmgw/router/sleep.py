@@ -22,6 +22,7 @@ the router has nothing to do for it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import httpx
 import trio
@@ -51,10 +52,12 @@ class Sleeper:
         metrics: RouterMetrics,
         *,
         client: httpx.AsyncClient | None = None,
+        on_woke: Callable[[EndpointState], None] | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.metrics = metrics
         self.client = client or httpx.AsyncClient(timeout=SLEEP_TIMEOUT)
+        self.on_woke = on_woke
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Put idle endpoints to sleep until cancelled."""
@@ -138,6 +141,8 @@ class Sleeper:
                     status=r.status_code,
                 )
             state.asleep = False
+            if self.on_woke is not None:
+                self.on_woke(state)
             self.metrics.sleeps.labels(model, "wake").inc()
             self.metrics.wake.labels(model).observe(trio.current_time() - started)
             log.info("endpoint %s woke in %.2fs", state.endpoint.id, trio.current_time() - started)

@@ -63,6 +63,11 @@ class DB(Protocol):
         """SQL for ``floor(ts / ?) * ?`` (two placeholders, both the bucket size)."""
         ...
 
+    def lock_rate(self, key_id: str) -> None:
+        """Serialise rate grants of `key_id` with other transactions until this one
+        ends."""
+        ...
+
 
 def one(db: DB, sql: str, params: Sequence[Any] = ()) -> Row | None:
     found = db.rows(sql, params)
@@ -328,6 +333,55 @@ def list_models(db: DB) -> list[StoredModel]:
     ]
 
 
+# -- shared rate limits ----------------------------------------------------------------
+
+#: The window every rate limit counts over (seconds).
+RATE_WINDOW = 60.0
+
+
+def take_rate(
+    db: DB, key_id: str, kind: str, limit: int, amount: int, now: float
+) -> tuple[int, float | None]:
+    """Grant up to `amount` of `key_id`'s `kind` (requests) within `limit` per
+    RATE_WINDOW, counting every grant of the window whoever took it; returns what was
+    granted and when the oldest grant in the window was taken (None: none)."""
+    db.lock_rate(key_id)
+    used, oldest = one(
+        db,
+        "SELECT COALESCE(SUM(amount), 0), MIN(at) FROM rate_grants"
+        " WHERE key_id = ? AND kind = ? AND at > ?",
+        (key_id, kind, now - RATE_WINDOW),
+    ) or (0, None)
+    granted = max(0, min(amount, limit - int(used)))
+    if granted:
+        db.run(
+            "INSERT INTO rate_grants (key_id, kind, at, amount) VALUES (?, ?, ?, ?)",
+            (key_id, kind, now, granted),
+        )
+    return granted, None if oldest is None else float(oldest)
+
+
+def add_rate(db: DB, rows: Sequence[tuple[str, str, float, int]]) -> None:
+    """Record what was used (tokens), as (key id, kind, at, amount) rows."""
+    db.many("INSERT INTO rate_grants (key_id, kind, at, amount) VALUES (?, ?, ?, ?)", rows)
+
+
+def used_rate(db: DB, key_id: str, kind: str, now: float) -> tuple[int, float | None]:
+    """What the window holds of `key_id`'s `kind`, and its oldest entry's time."""
+    used, oldest = one(
+        db,
+        "SELECT COALESCE(SUM(amount), 0), MIN(at) FROM rate_grants"
+        " WHERE key_id = ? AND kind = ? AND at > ?",
+        (key_id, kind, now - RATE_WINDOW),
+    ) or (0, None)
+    return int(used), None if oldest is None else float(oldest)
+
+
+def prune_rate(db: DB, now: float) -> int:
+    """Forget grants older than the window (kept twice as long: clocks differ a little)."""
+    return db.run("DELETE FROM rate_grants WHERE at < ?", (now - 2 * RATE_WINDOW,))
+
+
 # -- node cordons -----------------------------------------------------------------------
 
 
@@ -548,6 +602,30 @@ class ThreadedStore:
 
     async def list_cordons(self) -> list[StoredCordon]:
         return await self._read(list_cordons)
+
+    # shared rate limits
+
+    async def take_rate(
+        self, key_id: str, kind: str, limit: int, amount: int
+    ) -> tuple[int, float | None]:
+        return await self._write(
+            partial(
+                take_rate, key_id=key_id, kind=kind, limit=limit, amount=amount, now=self._clock()
+            )
+        )
+
+    async def add_rate(self, rows: Sequence[tuple[str, str, float, int]]) -> None:
+        await self._write(partial(add_rate, rows=rows))
+
+    async def used_rate(self, key_id: str, kind: str) -> tuple[int, float | None]:
+        return await self._read(partial(used_rate, key_id=key_id, kind=kind, now=self._clock()))
+
+    async def prune_rate(self) -> int:
+        return await self._write(partial(prune_rate, now=self._clock()))
+
+    def wall_clock(self) -> float:
+        """The clock grants are timed by (Unix seconds)."""
+        return self._clock()
 
     # sessions
 

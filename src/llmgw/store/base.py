@@ -292,3 +292,24 @@ class Store(Protocol):
 
     async def list_cordons(self) -> list[StoredCordon]:
         """Every cordoned node, by id."""
+
+    # -- shared rate limits (llmgw.router.limits) --
+
+    async def take_rate(
+        self, key_id: str, kind: str, limit: int, amount: int
+    ) -> tuple[int, float | None]:
+        """Grant up to `amount` of `key_id`'s `kind` within `limit` per minute, counting
+        every process's and instance's grants; what was granted, and when the oldest
+        grant of the window was taken (Unix seconds; None: none)."""
+
+    async def add_rate(self, rows: Sequence[tuple[str, str, float, int]]) -> None:
+        """Record what was used: (key id, kind, Unix seconds, amount) rows."""
+
+    async def used_rate(self, key_id: str, kind: str) -> tuple[int, float | None]:
+        """What the last minute holds of `key_id`'s `kind`, and its oldest entry's time."""
+
+    async def prune_rate(self) -> int:
+        """Forget grants no window counts any more; how many."""
+
+    def wall_clock(self) -> float:
+        """The clock grants are timed by (Unix seconds)."""

@@ -40,6 +40,8 @@ T = TypeVar("T")
 
 # pg_advisory_xact_lock key of the migration runner ("llmgw-mg").
 _MIGRATION_LOCK = 0x6C6C6D67772D6D67
+# The class id of the rate-limit locks (pg_advisory_xact_lock(int, int)): "rate".
+_RATE_LOCKS = 0x72617465
 _COPY_USAGE = f"COPY usage_records ({', '.join(USAGE_COLUMNS)}) FROM STDIN"
 _CANCEL_TIMEOUT = 5.0
 
@@ -73,6 +75,10 @@ class _PostgresDB:
 
     def lock_for_migration(self) -> None:
         self.conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+
+    def lock_rate(self, key_id: str) -> None:
+        # The two-key form: its own space, apart from the migration lock's bigint.
+        self.conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_RATE_LOCKS, key_id))
 
     def bucket_expr(self) -> str:
         return "floor(ts / ?) * ?"

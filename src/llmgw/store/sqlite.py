@@ -85,6 +85,9 @@ class _SQLiteDB:
     def lock_for_migration(self) -> None:
         pass  # BEGIN IMMEDIATE already holds the database's write lock
 
+    def lock_rate(self, key_id: str) -> None:
+        pass  # likewise: one writer at a time, in every process
+
     def bucket_expr(self) -> str:
         # Timestamps are positive, so truncation is floor.
         return "CAST(ts / ? AS INTEGER) * ?"

@@ -71,6 +71,9 @@ class Context:
     # endpoint holds in its prefix cache (from the prefix table; absent: none).
     prompt_tokens: float = 0.0
     cached_tokens: Mapping[str, float] = attrs.field(factory=dict)
+    # The request's affinity key (its session's, else its prompt's first block), when
+    # routers that do not share their tables must agree on its home (Rendezvous).
+    home_key: int | None = None
     # Set by the affinity filter that decided, if any.
     tier: str | None = None
 
@@ -129,6 +132,7 @@ class Scheduler:
         rng: random.Random | None = None,
         prompt_tokens: float = 0.0,
         cached_tokens: Mapping[str, float] | None = None,
+        home_key: int | None = None,
     ) -> Context:
         sat = self.saturation
         prior = sat.prior(candidates)
@@ -145,6 +149,7 @@ class Scheduler:
             saturation=sat,
             prompt_tokens=prompt_tokens,
             cached_tokens=cached_tokens or {},
+            home_key=home_key,
         )
 
     def cost(self, ctx: Context, i: int) -> float:
@@ -171,6 +176,7 @@ class Scheduler:
         rng: random.Random,
         prompt_tokens: float = 0.0,
         cached_tokens: Mapping[str, float] | None = None,
+        home_key: int | None = None,
     ) -> Decision | None:
         """Choose an endpoint (see the module docstring); None when there are no candidates."""
         if not candidates:
@@ -182,6 +188,7 @@ class Scheduler:
             rng=rng,
             prompt_tokens=prompt_tokens,
             cached_tokens=cached_tokens,
+            home_key=home_key,
         )
         n = len(candidates)
         survived = [0] * n  # how many filters each candidate passed

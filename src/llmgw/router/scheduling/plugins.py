@@ -2,7 +2,7 @@
 
 :func:`default_scheduler` is what every ``[router.profiles.*]`` entry runs::
 
-    filters:  Fresh -> SessionAffinity -> Room -> PrefixAffinity
+    filters:  Fresh -> SessionAffinity -> Room -> PrefixAffinity -> Rendezvous
     scorers:  Queue*queue + Load*inflight + Prefill*prefill + KvCache*kv
               + Staleness*staleness + Unknown + Stale + Throttle + PrefixBonus*prefix
               (weights: the profile)
@@ -45,6 +45,15 @@ Filters
 
   When every replica is saturated, affinity still decides among them.
 
+  - :class:`Rendezvous`: only where routers do not share their tables (the workers
+    of one server, llmgw.workers) and so must agree without talking: a request that
+    neither affinity decided (a session or a prompt this router has not routed)
+    goes to the home its key hashes to, by weighted rendezvous hashing over the
+    survivors (the same home in every worker, and a key moves only when its home
+    leaves), unless that home has more prefill ahead than a miss elsewhere costs
+    (the same load guard as the prefix rule). The key is the session's, else the
+    prompt's first block (a prompt shorter than a block has none).
+
 Scorers (cost, lower is better; a replica at its targets scores about 1 per term)
 ------------------------------------------------------------------------------------
 ``Queue``: ``w / target_waiting / weight``; ``Load``: ``load / LOAD_UNIT / weight``
@@ -59,13 +68,21 @@ peers); ``Unknown``: :data:`UNKNOWN_PENALTY` per unknown metric; ``Stale``:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import attrs
 
 from llmgw.config import RoutingProfile, ScoringConfig
-from llmgw.router.scheduling.pipeline import Context, Filter, Picker, Scheduler, Scorer
-from llmgw.router.scheduling.state import Saturation
+from llmgw.router.scheduling.pipeline import (
+    MISS_WEIGHT,
+    Context,
+    Filter,
+    Picker,
+    Scheduler,
+    Scorer,
+)
+from llmgw.router.scheduling.state import Candidate, Saturation
 
 __all__ = [
     "LOAD_UNIT",
@@ -83,6 +100,7 @@ __all__ = [
     "PrefixAffinity",
     "PrefixBonus",
     "Queue",
+    "Rendezvous",
     "Room",
     "SessionAffinity",
     "Stale",
@@ -164,6 +182,41 @@ class PrefixAffinity:
         least = min(work)
         ctx.tier = "prefix"
         return [i for i, w in zip(survivors, work, strict=True) if w <= least + WORK_TIE]
+
+
+@attrs.frozen
+class Rendezvous:
+    def filter(self, ctx: Context, survivors: list[int]) -> list[int]:
+        if ctx.tier is not None or ctx.home_key is None or len(survivors) < 2:
+            return survivors
+        cands = ctx.candidates
+        home = max(survivors, key=lambda i: _rendezvous(ctx.home_key, cands[i]))
+        # A miss's cost elsewhere, as PrefixAffinity weighs it: a busy home spills.
+        least = min(cands[i].prefill / cands[i].weight for i in survivors)
+        if cands[home].prefill / cands[home].weight > least + MISS_WEIGHT * ctx.prompt_tokens:
+            return survivors
+        ctx.tier = "home"
+        return [home]
+
+
+def _rendezvous(key: int | None, c: Candidate) -> float:
+    """Weighted rendezvous (highest random weight) score of `c` for `key`: -w / ln(u),
+    u uniform in (0, 1) from the hash of the pair (hash() agrees across processes
+    started with one PYTHONHASHSEED: llmgw.workers gives its workers one)."""
+    u = ((_mix(hash((key, c.endpoint_id))) >> 11) + 0.5) / (1 << 53)
+    return -c.weight / math.log(u)
+
+
+_M64 = (1 << 64) - 1
+
+
+def _mix(h: int) -> int:
+    """SplitMix64's finalizer: tuple hashes of nearby keys differ in few bits, and
+    rendezvous needs every bit of the pair's hash to look independent."""
+    z = (h + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
 
 
 # -- scorers ----------------------------------------------------------------------------
@@ -278,7 +331,7 @@ def default_scheduler(
     built-in ones, `scorers` add to the built-in terms, `picker` replaces LowestCost."""
     return Scheduler(
         saturation=Saturation(scoring, stale_after),
-        filters=(Fresh(), SessionAffinity(), Room(), PrefixAffinity(), *filters),
+        filters=(Fresh(), SessionAffinity(), Room(), PrefixAffinity(), Rendezvous(), *filters),
         scorers=(
             (Queue(scoring.target_waiting), profile.queue),
             (Load(), profile.inflight),

@@ -100,4 +100,19 @@ MIGRATIONS: tuple[Migration, ...] = (
         "usage records keep the request id (x-request-id, the client's or llmgw's)",
         ("ALTER TABLE usage_records ADD COLUMN request_id TEXT",),
     ),
+    Migration(
+        5,
+        "rate-limit grants shared by every process and instance (llmgw.router.limits)",
+        (
+            """
+            CREATE TABLE rate_grants (
+                key_id TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                at REAL NOT NULL,
+                amount INTEGER NOT NULL
+            )
+            """,
+            "CREATE INDEX rate_grants_key ON rate_grants (key_id, kind, at)",
+        ),
+    ),
 )
