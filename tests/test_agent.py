@@ -362,6 +362,11 @@ async def test_repeated_stale_and_unknown_commands(
             again, stale, old, gone, gone2 = [
                 await server.result(c) for c in ("again", "stale", "old", "gone", "gone2")
             ]
+            # A shard it knows nothing of is reported stopped: the server, which asks
+            # again while it heard nothing of the end (the report may have been
+            # lost), hears it has ended.
+            ended = await server.status(ShardState.STOPPED, replica="nothing")
+            assert (ended.rank, ended.epoch) == (0, 1)
     assert (again.ok, again.message) == (True, "already running")
     assert (stale.ok, stale.message) == (False, "stale: this node runs epoch 2 of m-r1")
     assert (old.ok, old.message) == (False, "this node runs epoch 2, not 1")

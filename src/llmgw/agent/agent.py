@@ -46,7 +46,7 @@ from llmgw.agent.adapters import EngineAdapter, default_adapters
 from llmgw.agent.discovery import DiscoveryError, discover
 from llmgw.agent.launcher import Launcher
 from llmgw.agent.supervisor import Shard, Supervisor
-from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo
+from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo, ShardState
 from llmgw.errors import first_line
 from llmgw.transport.base import AgentConnector, ServerConnection, TransportError
 from llmgw.transport.messages import (
@@ -313,24 +313,32 @@ class Agent:
         elif isinstance(message, StopShard):
             key = (message.replica_id, message.rank)
             why = self.supervisor.stop(key, message.epoch, message.grace, reason="stopped")
-            self._answer(message.command_id, key, why, "stopping")
+            self._answer(message.command_id, key, message.epoch, why, "stopping")
         elif isinstance(message, DrainShard):
             key = (message.replica_id, message.rank)
             why = self.supervisor.drain(key, message.epoch, message.deadline)
-            self._answer(message.command_id, key, why, "draining")
+            self._answer(message.command_id, key, message.epoch, why, "draining")
         else:
             log.warning("ignoring unexpected %s from the server", type(message).__name__)
 
-    def _answer(self, command_id: str, key: tuple[str, int], why: str | None, doing: str) -> None:
+    def _answer(
+        self, command_id: str, key: tuple[str, int], epoch: int, why: str | None, doing: str
+    ) -> None:
         if why is None:
             self._result(command_id, True, doing)
             return
         shard = self.supervisor.shards.get(key)
         if shard is None or not shard.live:
-            # Nothing of it runs here: what the server wanted is already true.
+            # Nothing of it runs here: what the server wanted is already true. Say so as
+            # a status too: the report of how it ended may have been lost (the server
+            # asks again while it has heard nothing of the end), and a shard this agent
+            # has forgotten is as good as stopped.
             self._result(command_id, True, why)
             if shard is not None:
                 self._report(shard.status)  # say again how it ended
+            else:
+                replica_id, rank = key
+                self._report(ShardStatus(replica_id, rank, epoch, ShardState.STOPPED, message=why))
         else:
             self._result(command_id, False, why)
 
