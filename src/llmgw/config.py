@@ -272,6 +272,14 @@ class ControlConfig:
     port_range: tuple[int, int] = (20000, 20999)
     # The network interface multi-node engines bootstrap over (NCCL, Gloo).
     mgmt_interface: str = "eth0"
+    # Instances on one PostgreSQL store: how long the leader's lease on the control
+    # plane lasts unrenewed (it renews every third of it); a follower takes over
+    # within about this long after the leader is gone (docs/operations.md).
+    lease: Seconds = Seconds(10.0)
+    # Where agents reach this instance's agent port (HOST:PORT), told to agents by
+    # the instances that do not lead; default: the agent listener's address (the host
+    # name when it listens on every interface).
+    advertise: str = ""
     # Which of the nodes that fit a replica gets it: "binpack", the fullest (whole
     # nodes stay free for big models), or "spread", the emptiest (load and failures
     # spread over the nodes).
@@ -928,8 +936,14 @@ def check(config: Config) -> list[str]:
         "unreachable_after",
         "lost_after",
         "start_timeout",
+        "lease",
     ):
         _positive(problems, f"control.{key}", getattr(c, key))
+    if c.advertise:
+        try:
+            units.parse_address(c.advertise)
+        except ValueError as exc:
+            problems.append(f"control.advertise: {exc}")
     if c.base_backoff > c.max_backoff:
         problems.append(
             f"control.base_backoff: must not exceed control.max_backoff "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -23,6 +24,8 @@ from llmgw.admin.web import asgi, build_app, mount
 from llmgw.config import Config, ControlConfig
 from llmgw.control.controller import Controller
 from llmgw.control.fleet_metrics import register_fleet_metrics
+from llmgw.control.instances import SharedDemand, SharedEndpoints
+from llmgw.control.leadership import Leadership
 from llmgw.control.scaler import router_demand
 from llmgw.dashboard import DashboardApp, TrafficRing
 from llmgw.http.asgi import split, under
@@ -198,11 +201,23 @@ async def admin_hosts(config: Config, bound: Sequence[str], loopback: bool) -> f
     return allowed_hosts(config.admin_hosts, config.admin_listen, bound, machine)
 
 
+def _postgres(config: Config) -> bool:
+    return config.store.url.startswith(("postgres://", "postgresql://"))
+
+
+def _advertised(address: str) -> str:
+    """`address` as other hosts reach it: the host name for every interface."""
+    parsed = units.parse_address(address)
+    if parsed.host in ("", "0.0.0.0", "::"):
+        return str(units.Address(socket.getfqdn(), parsed.port))
+    return address
+
+
 def shared_limits(config: Config, workers: Workers | None) -> bool:
     """Whether keys' rate limits are counted in the store (llmgw.router.limits): when
     other processes serve the same keys (workers; instances on one PostgreSQL), not
     when this process is alone on its SQLite file (counted here: exact, no I/O)."""
-    return workers is not None or config.store.url.startswith(("postgres://", "postgresql://"))
+    return workers is not None or _postgres(config)
 
 
 def _all_loopback(addresses: Sequence[str]) -> bool:
@@ -254,16 +269,44 @@ async def _serve(
     await registry.load()  # runtime models from the store; invalid ones are skipped, logged
     sink.set_catalog(registry.catalog)
     registry.listeners.append(sink.set_catalog)
+    # Instances on one PostgreSQL store lead the control plane in turn, and the data
+    # plane routes to what the leader publishes (llmgw.control.leadership, .instances).
+    shared: tuple[Leadership, SharedEndpoints, SharedDemand] | None = None
     if controller is None and any(m.profiles for m in registry.catalog.models):
         heartbeat, settle = control_timings(config.control)
-        controller = Controller(
+        leadership = None
+        controller_sink: Router | WorkerPool | SharedEndpoints = sink
+        if store is not None and _postgres(config):
+            leadership = Leadership(
+                store,
+                instance=f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}",
+                agent_address="",  # once the agent listener is bound (below)
+                admin_address="",
+                ttl=config.control.lease,
+            )
+            controller_sink = SharedEndpoints(store, sink, leadership, lambda: made.settled)
+        controller = made = Controller(
             config.control,
             registry.catalog,
-            sink,
+            controller_sink,
             heartbeat_interval=heartbeat,
             settle=settle,
             store=store,
+            leadership=leadership,
         )
+        if leadership is not None and isinstance(controller_sink, SharedEndpoints):
+            assert store is not None
+            local = pool.demand if pool is not None else router_demand(router)
+            demand = SharedDemand(
+                store,
+                leadership.instance,
+                local,
+                lambda name: made.activity.get(name).last_request,
+                lambda: registry.catalog,
+            )
+            controller.demand = demand.feed
+            controller.last_request = demand.last_request
+            shared = (leadership, controller_sink, demand)
     batcher = None
     # What every request's usage record goes to besides the router's own (access log,
     # per-key metrics): from this router, or from the workers through the pool.
@@ -358,6 +401,15 @@ async def _serve(
             if agent_addresses is not None:
                 listening["agent_listen"] = list(agent_addresses)
                 log.info("control plane: listening for agents on %s", ", ".join(agent_addresses))
+            if shared is not None:
+                leadership, endpoints, demand = shared
+                leadership.agent_address = config.control.advertise or _advertised(
+                    listening.get("agent_listen", [config.agent_listen])[0]
+                )
+                leadership.admin_address = _advertised(listening["admin_listen"][0])
+                await background.start(leadership.run)
+                await background.start(endpoints.run)
+                await background.start(demand.run)
         # The listeners return once `stop` is set and their streams have drained
         # (`router.drain_timeout`); then the background work is cancelled (the
         # usage batcher flushes what it holds on the way out).

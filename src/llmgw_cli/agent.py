@@ -17,7 +17,8 @@ import attrs
 import trio
 
 from llmgw import logs, units
-from llmgw.agent.config import FLAGS, AgentConfig, check, load_file, overlay
+from llmgw.agent.config import FLAGS, AgentConfig, check, load_file, overlay, servers
+from llmgw.agent.servers import Servers
 from llmgw.config import ConfigError, TlsConfig
 from llmgw.errors import first_line
 from llmgw_cli._common import (
@@ -48,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     # prints the whole usage instead of one line.
     p.add_argument(
         "--server",
-        metavar="HOST:PORT",
-        help="control plane address (required, here or in --config)",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="control plane address (required, here or in --config); several, separated "
+        "by commas, for servers sharing one store: the agent finds the one that leads",
     )
     p.add_argument("--node-id", metavar="ID", help="node identity (default: hostname)")
     p.add_argument("--label", action="append", default=[], metavar="K=V", help="node label")
@@ -193,7 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         fail(PROG, str(e), EXIT_USAGE)
     assert config.server is not None  # resolve requires it
-    server = units.parse_address(config.server)
+    addresses = [str(units.parse_address(a)) for a in servers(config.server)]
+    server = units.parse_address(addresses[0])
     node_id = config.node_id or socket.gethostname()
     tls = (
         TlsConfig(cert=config.tls.cert, key=config.tls.key, client_ca=config.tls.ca)
@@ -230,9 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         fabrics=config.fabrics,
         fake_gpus=config.fake_gpus,
     )
-    connector = GrpcConnector(str(server), tls=tls, node_id=node_id)
     agent = Agent(
-        connector,
+        Servers(addresses, lambda address: GrpcConnector(address, tls=tls, node_id=node_id)),
         settings,
         state_dir=state_dir,
         heartbeat_interval=config.heartbeat,

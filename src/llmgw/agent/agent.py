@@ -45,6 +45,7 @@ from llmgw import __version__
 from llmgw.agent.adapters import EngineAdapter, default_adapters
 from llmgw.agent.discovery import DiscoveryError, discover
 from llmgw.agent.launcher import Launcher
+from llmgw.agent.servers import Servers
 from llmgw.agent.supervisor import Shard, Supervisor
 from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo, ShardState
 from llmgw.errors import first_line
@@ -68,6 +69,8 @@ __all__ = ["Agent", "NodeSettings", "backoff_delay"]
 log = logging.getLogger(__name__)
 
 OUTBOX_SIZE = 1024
+#: Heartbeat intervals a leading server may stay silent before the agent leaves it.
+SILENT_HEARTBEATS = 3
 
 
 def backoff_delay(failures: int, base: float, cap: float, rng: random.Random) -> float:
@@ -133,6 +136,10 @@ class Agent:
         self.failures = 0  # connect attempts since the last Registered
         self.refusal: str | None = None  # the server's reason, when it refused us
         self.server_epoch: str | None = None
+        # The highest fencing token a leading server has shown (0: one server): no
+        # command is taken from a server below it (a deposed leader).
+        self.leader_token = 0
+        self._redirected = False  # the last session ended on a leader's address
         self._outbox: trio.MemorySendChannel[_Outgoing] | None = None
         self._seq = 0
         self._discovery_error: str | None = None
@@ -209,7 +216,9 @@ class Agent:
             self._discovery_error = error
 
     async def _connect_forever(self) -> None:
+        servers = self.connector if isinstance(self.connector, Servers) else None
         while True:
+            self._redirected = False
             try:
                 async with self.connector.connect() as conn:
                     self.connections += 1
@@ -219,6 +228,10 @@ class Agent:
                     log.warning("connection to the server: %s", first_line(exc))
                 else:
                     log.exception("agent session failed; reconnecting")
+                if servers is not None:
+                    servers.failed()
+            if self._redirected:
+                continue  # straight to the leader it was sent to
             delay = backoff_delay(self.failures, self.base_backoff, self.max_backoff, self._rng)
             self.failures += 1
             log.info("reconnecting in %.2fs (attempt %d)", delay, self.failures)
@@ -236,12 +249,25 @@ class Agent:
             with trio.fail_after(self.register_timeout):
                 first = await conn.receive()
             if isinstance(first, Refused):
+                servers = self.connector if isinstance(self.connector, Servers) else None
+                if first.leader and servers is not None:
+                    # Not the leader: it says which one is.
+                    log.info("the server does not lead; the leader is %s", first.leader)
+                    self._redirected = servers.prefer(first.leader)
+                    if self._redirected:
+                        return
+                if servers is not None and len(servers.addresses) > 1:
+                    # Not the leader, and none known yet (an election under way).
+                    log.info("%s does not lead: trying the next server", servers.current)
+                    servers.failed()
+                    return
                 # Not a network problem: say so loudly; reconnecting keeps the backoff.
                 log.error("the server refused this agent: %s", first.reason)
                 self.refusal = first.reason
                 return
             if isinstance(first, Registered):
-                self._registered(first)
+                if not self._registered(first):
+                    raise TransportError("a deposed leader: leaving it")
             else:
                 log.warning("expected Registered first, got %s", type(first).__name__)
                 self._handle(first)
@@ -249,12 +275,41 @@ class Agent:
                 nursery.start_soon(self._send_all, conn, receive)
                 nursery.start_soon(self._heartbeats)
                 while True:
-                    self._handle(await conn.receive())
+                    if self.leader_token:
+                        # A leading server says Registered every heartbeat interval:
+                        # one that falls silent (paused, cut off) is left for another.
+                        silence = SILENT_HEARTBEATS * self.heartbeat_interval
+                        try:
+                            with trio.fail_after(silence):
+                                message = await conn.receive()
+                        except trio.TooSlowError:
+                            raise TransportError(
+                                f"the server said nothing for {silence:g}s"
+                            ) from None
+                    else:
+                        message = await conn.receive()
+                    if isinstance(message, Registered):
+                        if not self._registered(message, again=True):
+                            raise TransportError("a deposed leader: leaving it")
+                        continue
+                    self._handle(message)
         finally:
             self._outbox = None
             send.close()
 
-    def _registered(self, message: Registered) -> None:
+    def _registered(self, message: Registered, *, again: bool = False) -> bool:
+        """Take the server's Registered; False (and nothing taken) from a leader whose
+        fencing token is below one seen before: it was deposed."""
+        if message.leader_token < self.leader_token:
+            log.warning(
+                "refusing a deposed leader: its token %d is below %d",
+                message.leader_token,
+                self.leader_token,
+            )
+            return False
+        self.leader_token = message.leader_token
+        if again:
+            return True
         self.registrations += 1
         self.failures = 0
         if message.heartbeat_interval > 0:
@@ -267,6 +322,7 @@ class Agent:
             self.heartbeat_interval,
             len(self.supervisor.shards),
         )
+        return True
 
     async def _send_all(
         self, conn: ServerConnection, receive: trio.MemoryReceiveChannel[_Outgoing]

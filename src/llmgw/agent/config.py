@@ -113,17 +113,25 @@ FLAGS = {
 # -- rules: each returns what is wrong with one value, or None ----------------------------
 
 
+def servers(value: str) -> list[str]:
+    """The addresses of a `server` value: one, or several separated by commas."""
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
 def _server(value: str | None) -> str | None:
     if value is None:
         return None
-    try:
-        address = units.parse_address(value)
-    except ValueError as exc:
-        return str(exc)
-    if not address.port:
-        return f"a port is needed, got {value!r}"
-    if not address.host:
-        return f"a host is needed (e.g. 127.0.0.1:7443), got {value!r}"
+    if not servers(value):
+        return f"a server address is needed (e.g. 127.0.0.1:7443), got {value!r}"
+    for part in servers(value):
+        try:
+            address = units.parse_address(part)
+        except ValueError as exc:
+            return str(exc)
+        if not address.port:
+            return f"a port is needed, got {part!r}"
+        if not address.host:
+            return f"a host is needed (e.g. 127.0.0.1:7443), got {part!r}"
     return None
 
 

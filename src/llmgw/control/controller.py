@@ -13,10 +13,18 @@ still run replicas can reconnect and have them adopted instead of duplicated.
 The operator's cordons (and drains) are kept in the `store` when one is given: read
 back before the first agent is accepted, so a node cordoned before a restart is
 cordoned when its agent reconnects. Without a store they live in memory only.
+
+With a :class:`~llmgw.control.leadership.Leadership` (several instances on one store)
+it acts only while this instance leads: each term starts from nothing (a fresh
+inventory and reconciler whose epochs carry the term's fencing token), adopts what
+agents report as after a restart, and ends when the lease is lost, closing every
+agent connection; meanwhile agents are refused with the leader's address, and no
+command leaves once this instance's lease may have expired.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import secrets
@@ -43,6 +51,7 @@ from llmgw.control.inventory import (
     UnknownNode,
     placement_from_reports,
 )
+from llmgw.control.leadership import Leadership, epoch_floor
 from llmgw.control.placement import NodeCapacity
 from llmgw.control.reconciler import Actions, NodeView, Publish, Reconciler, Unpublish
 from llmgw.control.scaler import DemandFeed, Scaler
@@ -178,6 +187,7 @@ class Controller:
         clock: Callable[[], float] = trio.current_time,
         store: CordonStore | None = None,
         demand: DemandFeed | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
         self.control = control
         self.store = store
@@ -189,14 +199,25 @@ class Controller:
         self.clock = clock
         self.inventory = Inventory(control)
         self.activity = ActivityTracker(clock=clock)
-        # Autoscaled models' counts follow the router's demand (llmgw.control.autoscale).
+        # Autoscaled models' counts follow the router's demand (llmgw.control.autoscale),
+        # and idleness the last request for each (the fleet's, when instances share a
+        # store: llmgw.control.instances).
         self.demand = demand
+        self.last_request: Callable[[str], float | None] = lambda name: (
+            self.activity.get(name).last_request
+        )
         self.scaler = Scaler()
         # Epochs start from the wall clock, so a restarted server's new placements can
         # never be mistaken for its predecessor's (agents may report those late).
         self.reconciler = Reconciler(control, first_epoch=int(time.time() * 1000))
         self._unknown_since: dict[tuple[str, int], float] = {}
         self.epoch = secrets.token_hex(4)  # tells agents the server restarted
+        self.leadership = leadership
+        # This term's fencing token (0: one server, no terms) and whether agents are
+        # accepted (from the start of a term, once cordons are read back).
+        self.token = 0
+        self._accepting = leadership is None
+        self._term_connections: set[trio.CancelScope] = set()
         self._outboxes: dict[str, trio.MemorySendChannel[ServerMessage]] = {}
         self._wake = trio.Event()
         self._settled = False
@@ -354,6 +375,12 @@ class Controller:
 
     # -- running -------------------------------------------------------------------
 
+    @property
+    def settled(self) -> bool:
+        """Whether the settle period after the start (or the term's) is over: what
+        agents run has been adopted and placement has begun."""
+        return self._settled
+
     def poke(self) -> None:
         """Reconcile soon (an event happened)."""
         self._wake.set()
@@ -383,15 +410,63 @@ class Controller:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         self.started_at = self.clock()
-        if self.store is not None:
+        if self.leadership is None and self.store is not None:
             await self._restore_cordons()  # before any agent registers
         async with trio.open_nursery() as nursery:
             if self.store is not None:
                 nursery.start_soon(self._persist_loop)
             await nursery.start(listener.serve, self._serve_agent)
-            nursery.start_soon(self._expiry_loop)
-            nursery.start_soon(self._reconcile_loop)
             task_status.started()
+            if self.leadership is None:
+                nursery.start_soon(self._expiry_loop)
+                nursery.start_soon(self._reconcile_loop)
+                return
+            while True:
+                await self._term(await self.leadership.wait_leading())
+
+    async def _term(self, token: int) -> None:
+        """Lead from a fresh start until the lease is lost (module docstring)."""
+        assert self.leadership is not None
+        self.token = token
+        self.started_at = self.clock()
+        self.inventory = Inventory(self.control)
+        self.scaler = Scaler()
+        self.reconciler = Reconciler(
+            self.control, first_epoch=max(int(time.time() * 1000), epoch_floor(token))
+        )
+        self._unknown_since = {}
+        self._settled = False
+        self.epoch = secrets.token_hex(4)
+        if self.store is not None:
+            await self._restore_cordons()
+        self._accepting = True
+        try:
+            async with trio.open_nursery() as term:
+                term.start_soon(self._expiry_loop)
+                term.start_soon(self._reconcile_loop)
+                term.start_soon(self._keepalive)
+                await self.leadership.wait_not_leading()
+                term.cancel_scope.cancel()
+        finally:
+            self._accepting = False
+            for scope in list(self._term_connections):
+                scope.cancel()  # agents go to the next leader
+            self._term_connections.clear()
+            # What this term knew is the next leader's to find out: a follower shows
+            # no fleet of its own.
+            self.inventory = Inventory(self.control)
+            self.reconciler = Reconciler(self.control, first_epoch=epoch_floor(token + 1))
+            self._settled = False
+
+    async def _keepalive(self) -> None:
+        """Registered again every heartbeat interval: agents of a leader that falls
+        silent (paused, cut off) hear nothing and go elsewhere."""
+        while True:
+            await trio.sleep(self.heartbeat_interval)
+            registered = Registered(self.heartbeat_interval, self.epoch, self.token)
+            for outbox in list(self._outboxes.values()):
+                with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
+                    outbox.send_nowait(registered)
 
     async def _reconcile_loop(self) -> None:
         with trio.move_on_after(self.settle):
@@ -446,7 +521,7 @@ class Controller:
             models,
             now,
             demand=self.demand,
-            last_request=lambda name: self.activity.get(name).last_request,
+            last_request=self.last_request,
             replicas=replicas,
         )
 
@@ -523,6 +598,19 @@ class Controller:
         first = await conn.receive()
         if not isinstance(first, Register):
             raise ProtocolViolation(f"expected register first, got {type(first).__name__}")
+        if not self._accepting:
+            leader = self.leadership.leader if self.leadership is not None else None
+            hint = leader.agent_address if leader is not None and leader.token else ""
+            await conn.send(Refused("this server does not lead the control plane", hint))
+            return
+        with trio.CancelScope() as scope:
+            self._term_connections.add(scope)
+            try:
+                await self._serve_registered(conn, first)
+            finally:
+                self._term_connections.discard(scope)
+
+    async def _serve_registered(self, conn: AgentConnection, first: Register) -> None:
         node_id = first.node.node_id
         now = self.clock()
         try:
@@ -544,7 +632,7 @@ class Controller:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_send_all, conn, pending)
-                outbox.send_nowait(Registered(self.heartbeat_interval, self.epoch))
+                outbox.send_nowait(Registered(self.heartbeat_interval, self.epoch, self.token))
                 if self._settled:
                     self._report_shards(node_id, first.shards, now)
                 self.poke()
@@ -585,6 +673,12 @@ class Controller:
             raise ProtocolViolation(f"unexpected {type(message).__name__} from {node_id}")
 
     def _apply(self, actions: Actions) -> None:
+        if self.leadership is not None and not self.leadership.leading():
+            # The lease may have expired: another instance may lead now. Nothing
+            # leaves; the next leader decides anew from what agents report.
+            if actions.commands or actions.router:
+                log.warning("not leading any more: %d commands not sent", len(actions.commands))
+            return
         for change in actions.router:
             if isinstance(change, Publish):
                 log.info(

@@ -124,6 +124,31 @@ class FleetCollector(Collector):
         yield from self._decisions()
         yield from self._failures(counts)
         yield from self._scaling()
+        yield from self._leadership()
+
+    def _leadership(self) -> tuple[Metric, ...]:
+        """Instances on one store: whether this one leads, and the lease's token."""
+        leadership = self._controller.leadership
+        leading = GaugeMetricFamily(
+            "llmgw_fleet_leading",
+            "1 while this instance leads the control plane (always 1 for a server alone "
+            "on its store; instances on one PostgreSQL take turns).",
+        )
+        leading.add_metric([], 1.0 if leadership is None or leadership.leading() else 0.0)
+        terms = CounterMetricFamily(
+            "llmgw_fleet_leader_terms",
+            "Times this instance became the leader (a takeover counts one).",
+        )
+        terms.add_metric([], 0 if leadership is None else leadership.terms)
+        out: list[Metric] = [leading, terms]
+        if leadership is not None and leadership.leader is not None:
+            token = GaugeMetricFamily(
+                "llmgw_fleet_leader_token",
+                "The fencing token of the lease on the control plane, as last read.",
+            )
+            token.add_metric([], leadership.leader.token)
+            out.append(token)
+        return tuple(out)
 
     def _scaling(self) -> tuple[Metric, ...]:
         """Replica start durations (cold starts among them) and autoscaler changes."""

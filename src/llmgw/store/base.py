@@ -313,3 +313,43 @@ class Store(Protocol):
 
     def wall_clock(self) -> float:
         """The clock grants are timed by (Unix seconds)."""
+
+    # -- several instances on one store (llmgw.control.leadership) --
+
+    async def claim_leadership(
+        self, name: str, holder: str, agents: str, admin: str, ttl: float
+    ) -> int | None:
+        """Take the lease `name` for `ttl` seconds when nobody holds it (or its holder's
+        has expired), advertising the agent and admin addresses: the new fencing token,
+        else None."""
+
+    async def renew_leadership(self, name: str, holder: str, token: int, ttl: float) -> bool:
+        """Extend the lease while `holder` still holds it with `token`."""
+
+    async def resign_leadership(self, name: str, holder: str, token: int) -> bool:
+        """Let the lease go at once."""
+
+    async def read_leadership(self, name: str) -> tuple[Any, ...] | None:
+        """(holder, agent address, admin address, token, expires at), if anyone led."""
+
+    async def publish_endpoints(
+        self,
+        name: str,
+        token: int,
+        changes: Sequence[tuple[str, str | None, bool]],
+        *,
+        full: bool = False,
+    ) -> bool:
+        """The leader's endpoint changes, (id, JSON body or None to remove, draining);
+        False (nothing written) unless `token` still holds the lease `name`."""
+
+    async def published_endpoints(self) -> list[tuple[str, str, bool]]:
+        """Every endpoint the leader publishes: (id, JSON body, draining)."""
+
+    async def put_demand(
+        self, instance: str, rows: Sequence[tuple[str, int, int, float, int, float | None]]
+    ) -> None:
+        """This instance's demand per model (replacing its previous rows)."""
+
+    async def read_demand(self, since: float) -> list[tuple[Any, ...]]:
+        """Every instance's demand rows written after `since` (Unix seconds)."""

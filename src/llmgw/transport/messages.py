@@ -72,6 +72,9 @@ AgentMessage = Register | Heartbeat | ShardStatus | CommandResult
 class Registered:
     heartbeat_interval: float  # seconds
     server_epoch: str  # changes when the server restarts
+    # The leader's fencing token when servers share a store (0: one server); then
+    # Registered comes again every heartbeat interval (llmgw.control.leadership).
+    leader_token: int = 0
 
 
 @attrs.frozen
@@ -114,6 +117,7 @@ class Refused:
     server closes the stream after this, so the agent can say why."""
 
     reason: str
+    leader: str = ""  # the leading server (HOST:PORT), when this one does not lead
 
 
 ServerMessage = Registered | StartShard | StopShard | DrainShard | Refused

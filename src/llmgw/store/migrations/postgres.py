@@ -115,4 +115,42 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX rate_grants_key ON rate_grants (key_id, kind, at)",
         ),
     ),
+    Migration(
+        6,
+        "several instances on one store: who leads the control plane, the endpoints it "
+        "publishes, and every instance's demand (llmgw.control.leadership)",
+        (
+            """
+            CREATE TABLE leadership (
+                name TEXT PRIMARY KEY,
+                holder TEXT NOT NULL,
+                agent_address TEXT NOT NULL,
+                admin_address TEXT NOT NULL,
+                token BIGINT NOT NULL,
+                expires_at DOUBLE PRECISION NOT NULL
+            )
+            """,
+            """
+            CREATE TABLE published_endpoints (
+                id TEXT PRIMARY KEY,
+                body TEXT NOT NULL,
+                draining BOOLEAN NOT NULL,
+                token BIGINT NOT NULL
+            )
+            """,
+            """
+            CREATE TABLE instance_demand (
+                instance TEXT NOT NULL,
+                model TEXT NOT NULL,
+                inflight INTEGER NOT NULL,
+                queued INTEGER NOT NULL,
+                saturation DOUBLE PRECISION NOT NULL,
+                serving INTEGER NOT NULL,
+                idle_for DOUBLE PRECISION,
+                at DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (instance, model)
+            )
+            """,
+        ),
+    ),
 )

@@ -115,4 +115,42 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX rate_grants_key ON rate_grants (key_id, kind, at)",
         ),
     ),
+    Migration(
+        6,
+        "several instances on one store: who leads the control plane, the endpoints it "
+        "publishes, and every instance's demand (llmgw.control.leadership)",
+        (
+            """
+            CREATE TABLE leadership (
+                name TEXT PRIMARY KEY,
+                holder TEXT NOT NULL,
+                agent_address TEXT NOT NULL,
+                admin_address TEXT NOT NULL,
+                token INTEGER NOT NULL,
+                expires_at REAL NOT NULL
+            )
+            """,
+            """
+            CREATE TABLE published_endpoints (
+                id TEXT PRIMARY KEY,
+                body TEXT NOT NULL,
+                draining INTEGER NOT NULL,
+                token INTEGER NOT NULL
+            )
+            """,
+            """
+            CREATE TABLE instance_demand (
+                instance TEXT NOT NULL,
+                model TEXT NOT NULL,
+                inflight INTEGER NOT NULL,
+                queued INTEGER NOT NULL,
+                saturation REAL NOT NULL,
+                serving INTEGER NOT NULL,
+                idle_for REAL,
+                at REAL NOT NULL,
+                PRIMARY KEY (instance, model)
+            )
+            """,
+        ),
+    ),
 )

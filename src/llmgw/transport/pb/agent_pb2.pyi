@@ -171,18 +171,22 @@ class ConnectResponse(_message.Message):
     def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., start_shard: _Optional[_Union[StartShard, _Mapping]] = ..., stop_shard: _Optional[_Union[StopShard, _Mapping]] = ..., drain_shard: _Optional[_Union[DrainShard, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ...) -> None: ...
 
 class Refused(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "leader")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    leader: str
+    def __init__(self, reason: _Optional[str] = ..., leader: _Optional[str] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("heartbeat_interval", "server_epoch")
+    __slots__ = ("heartbeat_interval", "server_epoch", "leader_token")
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     SERVER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval: _duration_pb2.Duration
     server_epoch: str
-    def __init__(self, heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., server_epoch: _Optional[str] = ...) -> None: ...
+    leader_token: int
+    def __init__(self, heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., server_epoch: _Optional[str] = ..., leader_token: _Optional[int] = ...) -> None: ...
 
 class DeploymentProfile(_message.Message):
     __slots__ = ("name", "engine", "weights", "tensor_parallel", "pipeline_parallel", "gpus_per_node", "min_gpu_memory", "gpu_name", "args", "env", "sleep_after")

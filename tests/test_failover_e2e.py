@@ -1,0 +1,177 @@
+"""Several instances on one PostgreSQL, through real processes (issue #20): three
+llmgw-server processes on one database, two llmgw-agent processes given all three
+servers, simulators, and clients through the instances that do not lead.
+
+One instance leads the control plane; killed with SIGKILL, another leads within 15 s,
+the agents follow it, no engine restarts, and every request through the surviving
+instances succeeds throughout; the old leader comes back as a follower. A leader
+paused with SIGSTOP that wakes after losing its lease has its agents gone and sends
+nothing they accept.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+
+import httpx
+import pytest
+
+from tests.pg_cluster import TempCluster
+from tests.procs import AgentProc, FleetPorts, FleetServer, agent, fleet_server, wait_for
+from tests.test_fleet_e2e import control_config
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "killpg"), reason="POSIX process groups")
+
+MODEL = """
+[[models]]
+name = "m"
+replicas = 2
+
+[[models.profiles]]
+name = "sim"
+engine = "sim"
+weights = "sim"
+"""
+
+
+def config(url: str) -> str:
+    extra = f'[store]\nurl = "{url}"\n'
+    # A short lease: the takeover bound below is the issue's, 15 s.
+    return control_config([MODEL], extra=extra).replace("[control]\n", '[control]\nlease = "4s"\n')
+
+
+def leading(srv: FleetServer) -> bool:
+    try:
+        return srv.metric("llmgw_fleet_leading") == 1
+    except (httpx.HTTPError, OSError):
+        return False
+
+
+class Load:
+    """Requests through `servers` in turn, one at a time, until stopped (bounded:
+    2,000 requests or 120 s); every answer recorded."""
+
+    def __init__(self, servers: list[FleetServer]) -> None:
+        self.servers = servers
+        self.ok = 0
+        self.failed: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 120
+        i = 0
+        while not self._stop.is_set() and time.monotonic() < deadline and i < 2000:
+            srv = self.servers[i % len(self.servers)]
+            i += 1
+            try:
+                r = httpx.post(
+                    f"{srv.base}/v1/completions",
+                    json={"model": "m", "prompt": "hi", "max_tokens": 2},
+                    timeout=10,
+                )
+                if r.status_code == 200:
+                    self.ok += 1
+                else:
+                    self.failed.append(f"{srv.base}: {r.status_code} {r.text[:200]}")
+            except httpx.HTTPError as exc:
+                self.failed.append(f"{srv.base}: {type(exc).__name__}: {exc}")
+            time.sleep(0.02)
+
+
+@pytest.fixture
+def ha(pg_cluster: TempCluster) -> Iterator[tuple[list[FleetServer], list[AgentProc], str]]:
+    url = pg_cluster.new_database()
+    with ExitStack() as stack:
+        servers = [stack.enter_context(fleet_server(config(url))) for _ in range(3)]
+        every = ",".join(s.agent_address for s in servers)
+        agents = [
+            stack.enter_context(agent(every, f"n{i}", address=f"127.0.0.{81 + i}", gpus="2x80GB"))
+            for i in range(2)
+        ]
+        leader = wait_for(lambda: [s for s in servers if leading(s)], "a leader")[0]
+        leader.wait(
+            lambda: leader.ready_replicas("m", 2), "two replicas", logs=[a.proc for a in agents]
+        )
+        # Every instance routes to them (the followers from what the leader published).
+        for s in servers:
+            wait_for(lambda s=s: len(s.endpoints()) == 2, f"{s.base} routes to both replicas")
+        yield servers, agents, url
+
+
+def engines(agents: list[AgentProc]) -> dict[str, int]:
+    return {name: pid for a in agents for name, pid in a.engines().items()}
+
+
+def test_a_killed_leader_is_replaced_and_nothing_is_lost(
+    ha: tuple[list[FleetServer], list[AgentProc], str],
+) -> None:
+    servers, agents, url = ha
+    leader = next(s for s in servers if leading(s))
+    followers = [s for s in servers if s is not leader]
+    before = engines(agents)
+    assert len(before) == 2
+    ports = FleetPorts.of(leader.proc.ready)
+    with Load(followers) as load:
+        wait_for(lambda: load.ok >= 20, "requests flowing")
+        leader.proc.kill(signal.SIGKILL)
+        killed = time.monotonic()
+        new = wait_for(lambda: [s for s in followers if leading(s)], "a new leader", timeout=20)[0]
+        took = time.monotonic() - killed
+        assert took < 15, f"a new leader after {took:.1f}s"
+        # The agents follow it, and it adopts what they run: no engine restarts.
+        new.wait(lambda: {n["state"] for n in new.nodes().values()} == {"ready"}, "agents moved")
+        new.wait(lambda: new.ready_replicas("m", 2), "the replicas adopted")
+        served = load.ok
+        wait_for(lambda: load.ok >= served + 20, "requests still flowing")
+    assert load.failed == []
+    assert engines(agents) == before
+    # The old leader comes back (same ports) as a follower, and serves.
+    with fleet_server(config(url), ports=ports) as back:
+        wait_for(lambda: len(back.endpoints()) == 2, "the returned instance routes")
+        r = httpx.post(
+            f"{back.base}/v1/completions",
+            json={"model": "m", "prompt": "hi", "max_tokens": 2},
+            timeout=10,
+        )
+        assert r.status_code == 200, r.text
+        assert not leading(back) and leading(new)
+    assert engines(agents) == before
+
+
+def test_a_paused_leader_that_wakes_commands_nothing(
+    ha: tuple[list[FleetServer], list[AgentProc], str],
+) -> None:
+    servers, agents, _ = ha
+    leader = next(s for s in servers if leading(s))
+    followers = [s for s in servers if s is not leader]
+    before = engines(agents)
+    commands = leader.metric("llmgw_fleet_commands_total")
+    os.killpg(leader.proc.pid, signal.SIGSTOP)
+    try:
+        new = wait_for(lambda: [s for s in followers if leading(s)], "a new leader", timeout=20)[0]
+        new.wait(lambda: {n["state"] for n in new.nodes().values()} == {"ready"}, "agents moved")
+        new.wait(lambda: new.ready_replicas("m", 2), "the replicas adopted")
+    finally:
+        os.killpg(leader.proc.pid, signal.SIGCONT)
+    # Awake, it knows its lease is gone before it acts: it steps down, issues no
+    # command, and no agent registers with it again.
+    wait_for(lambda: not leading(leader), "the woken leader steps down")
+    assert "no longer leading the control plane" in leader.proc.output()
+    assert leader.metric("llmgw_fleet_commands_total") == commands
+    assert leader.nodes() == {}
+    assert engines(agents) == before
+    assert leading(new)
