@@ -424,6 +424,7 @@ def test_metric_names_follow_prometheus_conventions() -> None:
         "llmgw_fleet_scale_events",
         "llmgw_fleet_replica_moves",
         "llmgw_fleet_commands_resent",
+        "llmgw_fleet_leader_terms",
     }
     histograms = {"llmgw_fleet_replica_start_seconds"}
     assert counters | histograms <= {family.name for family in families}
