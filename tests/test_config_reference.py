@@ -98,4 +98,4 @@ def test_the_defaults_shown_are_the_configurations() -> None:
                 table.update(shown)
     assert data["router"]["timeouts"]["total"] == "30m"  # written as durations
     assert data["router"]["max_body_bytes"] == "32MiB"  # and sizes
-    assert cfg.load(data=data) == cfg.Config()
+    assert cfg.load(data=data, environ={}) == cfg.Config()

@@ -82,7 +82,7 @@ replicas = {replicas}
 name = "cpu"
 engine = "llamacpp"
 weights = {json.dumps(str(weights))}
-args = ["-np", "2", "-c", "2048", "-t", "1"]
+args = ["-np", "2", "-c", "8192", "-t", "1"]
 """
         for name, weights, replicas in models
     )
@@ -312,7 +312,9 @@ def test_killing_the_engine_mid_stream_sends_an_error_event_and_the_next_request
     # One session for both requests: the second one's first choice is then the replica
     # the first was on, the one killed, so its retry is not left to chance.
     session = {"x-session-id": "killed-mid-stream"}
-    body = chat_body("a long answer please", 1000, stream=True)
+    # 4,000 tokens take the tiny model about 9 s here (1,000 took 0.8 s, and under load
+    # a stream that short could end before the kill): the kill lands mid-stream.
+    body = chat_body("a long answer please", 4000, stream=True)
     paused: int | None = None
     try:
         with httpx.stream("POST", url, json=body, headers=session, timeout=30) as r:
