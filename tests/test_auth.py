@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from llmgw.router.auth import Authenticator, AuthError
-from llmgw.store.base import KeyRecord
+from llmgw.router.auth import STALE_IF_ERROR, Authenticator, AuthError
+from llmgw.store.base import KeyRecord, StoreError
 
 
 def key(**kw: object) -> KeyRecord:
@@ -128,3 +128,38 @@ async def test_a_valid_key_counts_even_before_keys_are_enforced() -> None:
     found = await auth.authenticate(b"Bearer fresh")
     assert found is not None and found.id == "k1"
     assert await auth.authenticate(b"Bearer wrong") is None  # still open, not refused
+
+
+class FailingKeys(Keys):
+    """Keys whose store can be made to fail."""
+
+    failing = False
+
+    async def lookup(self, secret: str) -> KeyRecord | None:
+        if self.failing:
+            raise StoreError("the store is restarting")
+        return await super().lookup(secret)
+
+    async def count(self) -> int:
+        if self.failing:
+            raise StoreError("the store is restarting")
+        return await super().count()
+
+
+async def test_a_key_seen_before_is_served_while_the_store_is_away() -> None:
+    keys, clock = FailingKeys({"s3cret": key()}), Clock()
+    auth = Authenticator(keys.lookup, keys.count, clock=clock)
+    assert await auth.authenticate(b"Bearer s3cret") is not None
+    keys.failing = True
+    clock.now = 10.0  # past cache_ttl: the store is asked, and fails
+    found = await auth.authenticate(b"Bearer s3cret")
+    assert found is not None and found.id == "k1"  # as it was
+    with pytest.raises(AuthError) as info:  # never seen: nothing to go by
+        await auth.authenticate(b"Bearer other")
+    assert info.value.status == 503 and info.value.code == "store_unavailable"
+    clock.now = 10.0 + STALE_IF_ERROR + 1  # too long ago to go by
+    with pytest.raises(AuthError) as info:
+        await auth.authenticate(b"Bearer s3cret")
+    assert info.value.status == 503
+    keys.failing = False  # back: asked again
+    assert await auth.authenticate(b"Bearer s3cret") is not None

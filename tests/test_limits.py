@@ -13,7 +13,7 @@ import trio
 from llmgw.router.limits import LimitExceeded, SharedLimits, lease_size
 from llmgw.store import open_store
 from llmgw.store._common import ThreadedStore
-from llmgw.store.base import KeyRecord
+from llmgw.store.base import KeyRecord, Store, StoreError
 from tests.test_store import WallClock, backend, url  # noqa: F401 - fixtures
 from tests.waiting import wait_until
 
@@ -130,3 +130,27 @@ async def test_the_flush_loop_writes_what_was_used(
 
         await wait_until(written, "the tokens in the store")
         nursery.cancel_scope.cancel()
+
+
+class Gone:
+    """A store that cannot be reached."""
+
+    def wall_clock(self) -> float:
+        return 0.0
+
+    async def take_rate(self, *args: object) -> tuple[int, float | None]:
+        raise StoreError("the store is restarting")
+
+    async def used_rate(self, *args: object) -> tuple[int, float | None]:
+        raise StoreError("the store is restarting")
+
+
+async def test_while_the_store_is_away_a_process_counts_on_its_own() -> None:
+    mono = Mono()
+    limits = SharedLimits(cast(Store, Gone()), clock=mono)
+    k = key(rpm=5)
+    for _ in range(5):
+        await limits.admit(k, 0)
+    with pytest.raises(LimitExceeded) as info:
+        await limits.admit(k, 0)
+    assert info.value.status == 429 and info.value.code == "rpm_exceeded"

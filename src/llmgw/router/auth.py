@@ -7,7 +7,9 @@ to some models, and may carry requests-per-minute and tokens-per-minute limits.
 
 Key lookups are cached for `auth.cache_ttl` (1 s by default): the store is one
 thread hop and a query away, and a revoked key must stop working within a second,
-not at the next restart.
+not at the next restart. While the store cannot be asked (restarting, failing over),
+a key looked up within STALE_IF_ERROR is taken as it was then, so clients keep
+being served through a store restart; a key never seen gets 503.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ Count = Callable[[], Awaitable[int]]
 
 #: Seconds a client is told to wait (Retry-After) when the store fails.
 STORE_RETRY_AFTER = 1.0
+#: Seconds a key looked up before is still taken as it was while the store fails.
+STALE_IF_ERROR = 300.0
 
 
 class AuthError(Exception):
@@ -76,7 +80,12 @@ class Authenticator:
             return False
         now = self.clock()
         if self._keys_exist is None or now - self._keys_exist[0] > self.cache_ttl:
-            self._keys_exist = (now, await self._count() > 0)
+            try:
+                self._keys_exist = (now, await self._count() > 0)
+            except StoreError:
+                if self._keys_exist is None or now - self._keys_exist[0] > STALE_IF_ERROR:
+                    raise
+                return self._keys_exist[1]  # as it was: the store is away
         return self._keys_exist[1]
 
     async def authenticate(self, authorization: bytes | None) -> KeyRecord | None:
@@ -125,7 +134,12 @@ class Authenticator:
         if hit is not None and now - hit[0] <= self.cache_ttl:
             key = hit[1]
         else:
-            key = await self._lookup(secret) if self._lookup is not None else None
+            try:
+                key = await self._lookup(secret) if self._lookup is not None else None
+            except StoreError:
+                if hit is None or now - hit[0] > STALE_IF_ERROR:
+                    raise
+                return hit[1] if hit[1] is not None and hit[1].usable(time.time()) else None
             self._cache[digest] = (now, key)
             self._cache.move_to_end(digest)
             while len(self._cache) > self.cache_size:

@@ -16,7 +16,9 @@ tokens used, in any 60 seconds.
   (1% of the limit per process). Tokens are known only once a request ends: each
   process adds what its requests used to the store every FLUSH_EVERY seconds and
   reads the window's total at most once per TOKENS_FRESH seconds, so the tpm limit
-  holds to within what all processes use in about a second.
+  holds to within what all processes use in about a second. While the store cannot
+  be reached (a restart, a failover) each process counts on its own, as
+  LocalLimits does, until it is back: a key's limit then holds per process.
 """
 
 from __future__ import annotations
@@ -175,6 +177,8 @@ class SharedLimits:
         self._locks: dict[str, trio.Lock] = {}
         self._tokens: dict[str, _Tokens] = {}
         self._unflushed: list[tuple[str, str, float, int]] = []
+        self._local = LocalLimits(clock)  # while the store is away
+        self._degraded = False
 
     async def admit(self, key: KeyRecord, expected_tokens: int) -> None:
         try:
@@ -183,10 +187,16 @@ class SharedLimits:
             if key.tpm is not None:
                 await self._check_tokens(key, expected_tokens)
         except StoreError as exc:
-            log.warning("rate limits: the store failed: %s", exc)
-            raise LimitExceeded(
-                503, "the key store is unavailable; retry shortly", "store_unavailable", 1.0
-            ) from None
+            # The store is away (a restart, a failover): counted here meanwhile, so
+            # each process holds a key to its limit on its own until it is back.
+            if not self._degraded:
+                log.warning("rate limits: the store failed, counting locally: %s", exc)
+            self._degraded = True
+            self._local.admit_now(key, expected_tokens)
+            return
+        if self._degraded:
+            log.info("rate limits: counted in the store again")
+            self._degraded = False
 
     async def _take_request(self, key: KeyRecord) -> None:
         assert key.rpm is not None
@@ -221,6 +231,7 @@ class SharedLimits:
     def used(self, key_id: str, tokens: int) -> None:
         if tokens <= 0:
             return
+        self._local.used(key_id, tokens)
         self._unflushed.append((key_id, "tokens", self.store.wall_clock(), tokens))
         state = self._tokens.get(key_id)
         if state is not None:
