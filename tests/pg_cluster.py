@@ -30,7 +30,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -139,15 +139,7 @@ class TempCluster:
                 *(["--no-sync"] if self.fast else []),
             ]
         )
-        # No TCP: the socket's directory is the cluster's own, so its name
-        # (.s.PGSQL.5432) cannot clash with another cluster's.
-        options = [
-            f"-k {self.base}",
-            "-c listen_addresses=''",
-            "-c max_connections=200",
-        ]
-        if self.fast:
-            options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+        options = self._options()
         self._run(
             [
                 str(self.bindir / "pg_ctl"),
@@ -165,6 +157,32 @@ class TempCluster:
         )
         self._started = True
         return self
+
+    def _options(self) -> list[str]:
+        # No TCP: the socket's directory is the cluster's own, so its name
+        # (.s.PGSQL.5432) cannot clash with another cluster's.
+        options = [
+            f"-k {self.base}",
+            "-c listen_addresses=''",
+            "-c max_connections=200",
+        ]
+        if self.fast:
+            options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+        return options
+
+    def restart(self, while_down: Callable[[], object] = lambda: None) -> None:
+        """Stop the server (fast: every session is cut), call `while_down`, start it
+        again with the same options; it takes connections when this returns."""
+        pg_ctl = str(self.bindir / "pg_ctl")
+        self._run([pg_ctl, "-D", str(self.data), "-m", "fast", "-w", "stop"], timeout=60)
+        try:
+            while_down()
+        finally:
+            self._run(
+                [pg_ctl, "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "-o",
+                 " ".join(self._options()), "start"],
+                timeout=120,
+            )  # fmt: skip
 
     def url(self, database: str = "postgres") -> str:
         """A libpq URL of `database`, through the cluster's unix socket."""
