@@ -243,3 +243,35 @@ def test_a_postgresql_restart_under_load_loses_no_request() -> None:
             wait_for(lambda: stored() == load.ok, "every request's usage in the store")
     finally:
         cluster.stop()
+
+
+def test_any_instance_answers_for_the_fleet_and_takes_runtime_models(
+    ha: tuple[list[FleetServer], list[AgentProc], str],
+) -> None:
+    servers, _, _ = ha
+    leader = next(s for s in servers if leading(s))
+    follower = next(s for s in servers if s is not leader)
+    # The fleet, as the leader knows it, from any instance.
+    assert set(follower.nodes()) == set(leader.nodes()) == {"n0", "n1"}
+    assert {r["id"] for r in follower.replicas("m")} == {r["id"] for r in leader.replicas("m")}
+    # A model added through a follower is the leader's to place, and every
+    # instance routes to it.
+    body = {
+        "name": "added",
+        "replicas": 1,
+        "profiles": [{"name": "sim", "engine": "sim", "weights": "sim"}],
+    }
+    r = httpx.post(f"{follower.admin}/api/v1/models", json=body, timeout=10)
+    assert r.status_code == 201, r.text
+    leader.wait(lambda: leader.ready_replicas("added", 1), "the added model placed")
+    for s in servers:
+        wait_for(
+            lambda s=s: any("added" in e["models"] for e in s.endpoints().values()),
+            f"{s.base} routes to it",
+        )
+        done = httpx.post(
+            f"{s.base}/v1/completions",
+            json={"model": "added", "prompt": "hi", "max_tokens": 1},
+            timeout=10,
+        )
+        assert done.status_code == 200, done.text

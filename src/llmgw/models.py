@@ -101,6 +101,32 @@ class ModelRegistry:
         """
         if self.store is None:
             return []
+        runtime, skipped, warnings = await self._read()
+        for warning in warnings:
+            log.warning("%s", warning)
+        self.skipped = skipped
+        self._publish(runtime)
+        return warnings
+
+    async def refresh(self) -> bool:
+        """Read the stored runtime models again (another instance on the same store may
+        have changed them); publish the catalog only when they differ. Whether they
+        did. Raises StoreError."""
+        if self.store is None:
+            return False
+        runtime, skipped, warnings = await self._read()
+        for warning in warnings:
+            name = warning.split("'")[1] if "'" in warning else ""
+            if name not in self.skipped:  # said once, not every refresh
+                log.warning("%s", warning)
+        self.skipped = skipped
+        if runtime == self.runtime:
+            return False
+        self._publish(runtime)
+        return True
+
+    async def _read(self) -> tuple[dict[str, ModelConfig], dict[str, str], list[str]]:
+        assert self.store is not None
         warnings: list[str] = []
         runtime: dict[str, ModelConfig] = {}
         skipped: dict[str, str] = {}
@@ -128,11 +154,7 @@ class ModelRegistry:
                 warnings.append(_skipped(name, skipped[name]))
                 continue
             runtime[model.name] = model
-        for warning in warnings:
-            log.warning("%s", warning)
-        self.skipped = skipped
-        self._publish(runtime)
-        return warnings
+        return runtime, skipped, warnings
 
     def _require_store(self) -> Store:
         if self.store is None:

@@ -20,6 +20,7 @@ import trio
 from llmgw import units
 from llmgw.admin.api import AdminApp
 from llmgw.admin.hosts import allowed_hosts, machine_names, wildcard
+from llmgw.admin.leader import ToLeader
 from llmgw.admin.web import asgi, build_app, mount
 from llmgw.config import Config, ControlConfig
 from llmgw.control.controller import Controller
@@ -36,7 +37,7 @@ from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router
 from llmgw.router.limits import SharedLimits
 from llmgw.store import open_store
-from llmgw.store.base import Store
+from llmgw.store.base import Store, StoreError
 from llmgw.store.usage import UsageBatcher
 from llmgw.transport.base import AgentListener
 from llmgw.workers.pool import WorkerPool, trust_forwarded_client
@@ -199,6 +200,20 @@ async def admin_hosts(config: Config, bound: Sequence[str], loopback: bool) -> f
     if not loopback:
         machine = await machine_names(any(wildcard(a) for a in bound))
     return allowed_hosts(config.admin_hosts, config.admin_listen, bound, machine)
+
+
+async def _refresh_models(registry: ModelRegistry) -> None:
+    """Runtime models changed through another instance: read every MODELS_EVERY."""
+    while True:
+        await trio.sleep(MODELS_EVERY)
+        try:
+            await registry.refresh()
+        except StoreError as exc:
+            log.warning("runtime models not read again: %s", exc)
+
+
+#: Seconds between reads of the runtime models when instances share a store.
+MODELS_EVERY = 2.0
 
 
 def _postgres(config: Config) -> bool:
@@ -369,6 +384,8 @@ async def _serve(
             ),
         )
     )
+    if shared is not None:
+        admin_app = ToLeader(admin_app, shared[0])  # a follower's fleet is the leader's
     client_dashboard = DashboardApp(
         admin,
         prefix="/admin",
@@ -410,6 +427,7 @@ async def _serve(
                 await background.start(leadership.run)
                 await background.start(endpoints.run)
                 await background.start(demand.run)
+                background.start_soon(_refresh_models, registry)
         # The listeners return once `stop` is set and their streams have drained
         # (`router.drain_timeout`); then the background work is cancelled (the
         # usage batcher flushes what it holds on the way out).
@@ -427,7 +445,7 @@ async def _serve(
             served = [(admin_app, admin_sockets, "admin")]
             if pool is not None and workers is not None:
                 # The workers serve the client port; its /admin pages come here over a
-                # private unix socket (llmgw.workers.forward).
+                # private unix socket (llmgw.http.forward).
                 private = background_dir(background)
                 uds = await _unix_listener(os.path.join(private, "admin.sock"))
                 await listeners.start(

@@ -30,11 +30,11 @@ from llmgw.catalog import Catalog
 from llmgw.config import Config
 from llmgw.control.autoscale import Sample
 from llmgw.http.asgi import App, Receive, Scope, Send
+from llmgw.http.forward import CLIENT_HEADER
 from llmgw.router.core import Router
 from llmgw.router.endpoints import Endpoint
 from llmgw.router.usage import UsageSink
 from llmgw.workers import merge, sockets, wire
-from llmgw.workers.forward import CLIENT_HEADER
 
 __all__ = ["Wakeable", "WorkerPool", "trust_forwarded_client", "worker_count"]
 
@@ -116,7 +116,7 @@ class _Merged:
 
 def trust_forwarded_client(app: App) -> App:
     """The control process's /admin app on its unix socket: the client address a
-    worker forwarded (:data:`~llmgw.workers.forward.CLIENT_HEADER`) becomes the
+    worker forwarded (:data:`~llmgw.http.forward.CLIENT_HEADER`) becomes the
     request's."""
 
     async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:

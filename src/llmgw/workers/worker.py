@@ -10,7 +10,7 @@ SIGTERM/SIGINT; then requests in flight get `router.drain_timeout`.
 It sends its usage records in batches (at most every USAGE_EVERY seconds), a report
 every REPORT_EVERY seconds, and its metrics when asked; it applies the endpoint,
 catalog, sleep and cold-start messages as they come. The /admin pages on the client
-port are forwarded to the control process's unix socket (:mod:`llmgw.workers.forward`).
+port are forwarded to the control process's unix socket (:mod:`llmgw.http.forward`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from llmgw import logs
 from llmgw.catalog import Catalog
 from llmgw.config import ModelConfig
 from llmgw.http.asgi import App, split, under
+from llmgw.http.forward import Forward
 from llmgw.http.hyper import ReloadableTls, TlsFiles, serve_hypercorn
 from llmgw.http.server import serve_listeners
 from llmgw.router.auth import Authenticator
@@ -41,7 +42,6 @@ from llmgw.server import client_listener_config
 from llmgw.store import open_store
 from llmgw.store.base import Store
 from llmgw.workers import sockets, wire
-from llmgw.workers.forward import Forward
 from llmgw.workers.merge import families
 
 log = logging.getLogger("llmgw.workers")
@@ -134,7 +134,7 @@ class Worker:
             self.tls = ReloadableTls(TlsFiles(files.cert, files.key, files.client_ca))
         app: App = self.router.app
         if self.hello.dashboard is not None:
-            app = split(under("/admin"), Forward(self.hello.dashboard), app)
+            app = split(under("/admin"), Forward(uds=self.hello.dashboard), app)
         drain = config.router.drain_timeout
         timeouts = config.router.timeouts
 

@@ -1,11 +1,12 @@
-"""A worker's /admin pages: forwarded to the control process over a unix socket.
+"""Passing a request on, whole, to another llmgw process and its answer back.
 
-The dashboard behind a login on the client port needs the control plane and the
-store, which live in the control process; a worker passes those requests through,
-whole, to the control process's unix socket, and the answer back. The socket is the
-control process's own (mode 0600 in a private directory), so the header naming the
+Off the hot path, for the operator surface: a worker's /admin pages go to its
+control process over a unix socket (llmgw.workers), and a follower instance's
+control-plane API goes to the leader's admin listener (llmgw.control.leadership).
+Bodies are small (a login, a JSON change) and read whole. The header naming the
 client's address (:data:`CLIENT_HEADER`, which the login's rate limit is kept by) is
-believed there, and any copy of it a client sends is dropped here.
+added here and any copy of it a client sent is dropped; only a unix socket's peer
+believes it (llmgw.workers.pool.trust_forwarded_client).
 """
 
 from __future__ import annotations
@@ -38,14 +39,21 @@ _HOP = frozenset(
 
 
 class Forward:
-    """An ASGI app passing each request to the HTTP server on unix socket `path`."""
+    """An ASGI app passing each request to the HTTP server at `base_url`, or on the
+    unix socket `uds`; `host` replaces the request's Host (the target's own name, for
+    a target that checks it)."""
 
-    def __init__(self, path: str, *, timeout: float = 30.0) -> None:
-        self.client = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=path),
-            base_url="http://control",
-            timeout=timeout,
-        )
+    def __init__(
+        self,
+        base_url: str = "http://control",
+        *,
+        uds: str | None = None,
+        host: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        transport = httpx.AsyncHTTPTransport(uds=uds) if uds is not None else None
+        self.host = host
+        self.client = httpx.AsyncClient(transport=transport, base_url=base_url, timeout=timeout)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -57,6 +65,8 @@ class Forward:
             return
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
         host = next((v for k, v in scope["headers"] if k == b"host"), None)
+        if self.host is not None:
+            host = self.host.encode()
         if host is not None:
             headers.append((b"host", host))
         client = scope.get("client")
@@ -70,7 +80,7 @@ class Forward:
                 scope["method"], target.decode("latin-1"), headers=headers, content=body
             )
         except httpx.HTTPError:
-            await _plain(send, 502, b"the control process did not answer")
+            await _plain(send, 502, b"the llmgw process this is passed on to did not answer")
             return
         out = [
             (k.lower(), v)
