@@ -1,0 +1,113 @@
+"""The control process's merge of its workers' metrics and admission views, and the
+frames between them (llmgw.workers.merge, .wire): pure, in one process."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+import trio
+import trio.testing
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmgw.router.endpoints import Endpoint
+from llmgw.router.usage import Usage, UsageRecord
+from llmgw.workers import merge, wire
+
+
+def registry_with(requests: float, breaker: float, cpu: float) -> CollectorRegistry:
+    r = CollectorRegistry()
+    Counter("llmgw_requests", "requests", ["model"], registry=r).labels("m").inc(requests)
+    Gauge("llmgw_breaker_state", "breaker", ["endpoint", "state"], registry=r).labels(
+        "e", "open"
+    ).set(breaker)
+    Gauge("process_cpu_seconds", "cpu", registry=r).set(cpu)
+    return r
+
+
+def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text.decode())
+        for s in f.samples
+    }
+
+
+def test_counters_add_up_levels_take_the_highest_and_the_process_is_the_controls() -> None:
+    control = registry_with(0, 0, cpu=7)
+    workers = [
+        merge.families(registry_with(3, 1, cpu=100).collect()),
+        merge.families(registry_with(4, 0, cpu=200).collect()),
+    ]
+    merged = list(merge.metrics(control.collect(), workers))
+
+    class View:
+        def collect(self) -> list[object]:
+            return merged
+
+    out = samples(generate_latest(View()))  # type: ignore[arg-type]
+    assert out[("llmgw_requests_total", (("model", "m"),))] == 7  # 0 + 3 + 4
+    assert out[("llmgw_breaker_state", (("endpoint", "e"), ("state", "open")))] == 1  # max
+    assert out[("process_cpu_seconds", ())] == 7  # the control process's own, alone
+
+
+def band(name: str, **numbers: object) -> dict[str, object]:
+    base: dict[str, object] = dict.fromkeys(merge._COUNTS, 0)
+    base.update(band=name, priority=1, saturation_ceiling=0.5)
+    base.update(numbers)
+    return base
+
+
+def snapshot(saturation: float, depth: int, oldest: float | None, open_: bool) -> dict[str, object]:
+    return {
+        "enabled": True,
+        "default_band": "gold",
+        "queue_ttl_seconds": 30.0,
+        "queue_capacity_per_band": 100,
+        "bands": [],
+        "pools": [
+            {
+                "pool": "m",
+                "saturation": saturation,
+                "waiting": depth,
+                "admitting": ["gold"] if open_ else [],
+                "bands": [band("gold", depth=depth, open=open_, oldest_wait_seconds=oldest)],
+            }
+        ],
+    }
+
+
+def test_admission_views_add_queues_and_keep_the_fullest_saturation() -> None:
+    a = snapshot(0.4, 2, 1.5, open_=False)
+    b = snapshot(0.9, 3, None, open_=True)
+    out = merge.admission([a, b])
+    assert out is not None
+    (pool,) = out["pools"]
+    assert pool["saturation"] == 0.9 and pool["waiting"] == 5
+    (gold,) = pool["bands"]
+    assert gold["depth"] == 5 and gold["open"] is True and gold["oldest_wait_seconds"] == 1.5
+    assert gold["priority"] == 1 and gold["saturation_ceiling"] == 0.5  # not added up
+    assert pool["admitting"] == ["gold"]
+    assert merge.admission([]) is None
+
+
+async def test_frames_carry_each_message_and_refuse_an_oversized_one() -> None:
+    left, right = trio.testing.memory_stream_pair()
+    to_worker = wire.Channel(left, wire.FromWorker)
+    at_worker = wire.Channel(right, wire.ToWorker)
+    endpoint = Endpoint("e", "http://127.0.0.1:1", ("m",), headers=((b"authorization", b"x"),))
+    await to_worker.send(wire.Upsert(endpoint))
+    got = await at_worker.receive()
+    assert got == wire.Upsert(endpoint) and got.endpoint.headers == endpoint.headers
+    record = UsageRecord("m", "e", 200, Usage(1, 2), 0.1, key_id="k")
+    await at_worker.send(wire.Usage([record]))
+    assert await to_worker.receive() == wire.Usage([record])
+    # A frame claiming more than MAX_FRAME is refused before it is read.
+    await right.send_all((wire.MAX_FRAME + 1).to_bytes(4, "big"))
+    with pytest.raises(wire.WireError, match="over the limit"):
+        await to_worker.receive()
+    # Bytes that decode as no message of the protocol: refused.
+    junk = msgspec.msgpack.encode({"type": "Nonsense"})
+    await left.send_all(len(junk).to_bytes(4, "big") + junk)
+    with pytest.raises(wire.WireError, match="undecodable"):
+        await at_worker.receive()
