@@ -388,6 +388,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+def rss_bytes_tree(pid: int) -> int:
+    """rss_bytes of `pid` plus those of its live direct children (llmgw's workers)."""
+    total = rss_bytes(pid)
+    for child in children_of(pid):
+        with contextlib.suppress(OSError, RuntimeError):
+            total += rss_bytes(child)
+    return total
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

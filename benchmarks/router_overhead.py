@@ -47,8 +47,10 @@ of the 32-token streams, per extra event, is the marginal CPU per relayed event.
 
 Reported: throughput and its ratio to direct; latency distributions side by side
 (never subtracted; added latency is a difference of means with a ~95% interval, and
-the added TTFT p50 the targets ask for); each router process's CPU (utime+stime from
-/proc/<pid>/stat around its turns, all threads) per request and per relayed event;
+the added TTFT p50 the targets ask for); each router's CPU (utime+stime from
+/proc/<pid>/stat around its turns, all threads, with its child processes: llmgw's
+default runs one worker per core behind a control process) per request and per
+relayed event;
 llmgw's admission queueing; RSS after the 128-stream phase. The load generator, the
 engines and the routers share this machine's cores, so throughput ratios include CPU
 contention; CPU per request is the steadier number. Nothing is asserted: the issue's
@@ -441,12 +443,12 @@ class Meter:
             self.mark["split"] = r.split()
             if r.kind == "llmgw":
                 self.mark["counters"] = c.scrape(r.metrics_url, LLMGW_HIST)
-            self.mark["cpu"] = c.cpu_seconds(r.pid)
+            self.mark["cpu"] = c.cpu_seconds_tree(r.pid)
 
     def after(self, name: str) -> None:
         r = self.routers.get(name)
         if r is not None:
-            self.cpu[name] = self.cpu.get(name, 0.0) + c.cpu_seconds(r.pid) - self.mark["cpu"]
+            self.cpu[name] = self.cpu.get(name, 0.0) + c.cpu_seconds_tree(r.pid) - self.mark["cpu"]
             frac = c.busy_fraction(self.mark["machine"], c.machine_cpu())
             split = r.split()
             acc = self.split.setdefault(name, {})
@@ -1077,7 +1079,7 @@ async def main_async(
             r.events = {
                 n: count_events(r.base, pattern.model, n) for n in {p.output_tokens for p in phases}
             }
-            r.rss_start = c.rss_bytes(r.pid)
+            r.rss_start = c.rss_bytes_tree(r.pid)
             router_info.setdefault(r.name, {"kind": r.kind, "settings": r.settings})
             router_info[r.name].setdefault("events_per_stream", {})[pname] = r.events
             kids = c.children_of(r.pid)
@@ -1096,7 +1098,7 @@ async def main_async(
                 out = await run_stream_phase(phase, settings, pattern, bases, routers)
             if not phase.wrk and phase.concurrency == 128:
                 for r in routers:
-                    r.rss_after_128 = c.rss_bytes(r.pid)
+                    r.rss_after_128 = c.rss_bytes_tree(r.pid)
             rows += analyse(pattern, phase, out, by_name)
         rss_after_128[pname] = {
             r.name: r.rss_after_128 for r in routers if r.rss_after_128 is not None
