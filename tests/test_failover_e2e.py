@@ -41,8 +41,9 @@ weights = "sim"
 
 def config(url: str) -> str:
     extra = f'[store]\nurl = "{url}"\n'
-    # A short lease: the takeover bound below is the issue's, 15 s.
-    return control_config([MODEL], extra=extra).replace("[control]\n", '[control]\nlease = "4s"\n')
+    # A short lease (the takeover bound below is the issue's, 15 s), long enough that a
+    # loaded machine (three servers, PostgreSQL, agents, engines on two cores) renews it.
+    return control_config([MODEL], extra=extra).replace("[control]\n", '[control]\nlease = "6s"\n')
 
 
 def leading(srv: FleetServer) -> bool:
@@ -174,7 +175,9 @@ def test_a_paused_leader_that_wakes_commands_nothing(
     wait_for(lambda: not leading(leader), "the woken leader steps down")
     assert "no longer leading the control plane" in leader.proc.output()
     assert leader.metric("llmgw_fleet_commands_total") == commands
-    assert leader.nodes() == {}
+    # Its own account (its admin API's fleet routes are the leader's now): no node.
+    assert leader.metric("llmgw_fleet_nodes_connected") == 0
+    assert set(leader.nodes()) == {"n0", "n1"}  # passed on to the new leader
     assert engines(agents) == before
     assert leading(new)
 
@@ -275,3 +278,28 @@ def test_any_instance_answers_for_the_fleet_and_takes_runtime_models(
             timeout=10,
         )
         assert done.status_code == 200, done.text
+
+
+def test_instances_with_workers_route_to_what_the_leader_published(
+    pg_cluster: TempCluster,
+) -> None:
+    """Each instance with two workers (llmgw.workers): the followers' workers route too
+    (the leader publishes through its workers' pool, the followers feed theirs)."""
+    url = pg_cluster.new_database()
+    with ExitStack() as stack:
+        servers = [
+            stack.enter_context(fleet_server(config(url), "--workers", "2")) for _ in range(2)
+        ]
+        every = ",".join(s.agent_address for s in servers)
+        node = stack.enter_context(agent(every, "n0", address="127.0.0.95", gpus="2x80GB"))
+        leader = wait_for(lambda: [s for s in servers if leading(s)], "a leader")[0]
+        leader.wait(lambda: leader.ready_replicas("m", 2), "two replicas", logs=[node.proc])
+        for s in servers:
+            wait_for(lambda s=s: len(s.endpoints()) == 2, f"{s.base} routes to both replicas")
+            for _ in range(6):  # new connections: the kernel picks the worker
+                r = httpx.post(
+                    f"{s.base}/v1/completions",
+                    json={"model": "m", "prompt": "hi", "max_tokens": 1},
+                    timeout=10,
+                )
+                assert r.status_code == 200, r.text

@@ -299,7 +299,14 @@ async def _serve(
                 admin_address="",
                 ttl=config.control.lease,
             )
-            controller_sink = SharedEndpoints(store, sink, leadership, lambda: made.settled)
+            controller_sink = SharedEndpoints(
+                store,
+                sink,
+                leadership,
+                lambda: made.settled,
+                knows=lambda name: registry.catalog.resolve(name) is not None,
+                refresh_models=registry.refresh,
+            )
         controller = made = Controller(
             config.control,
             registry.catalog,
@@ -344,7 +351,8 @@ async def _serve(
             controller.demand = pool.demand if pool is not None else router_demand(router)
         # Requests for an autoscaled model with no replica wait for this controller.
         if pool is not None:
-            controller.sink = pool  # a caller's controller was given the router
+            if controller.sink is router:  # a caller's controller, made for the router
+                controller.sink = pool
             pool.fleet = controller
             controller.on_pass.append(pool.after_pass)
         else:

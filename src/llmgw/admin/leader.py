@@ -39,7 +39,7 @@ class ToLeader:
         if scope["type"] != "http" or not _control(scope["path"]) or self.leadership.leading():
             await self.app(scope, receive, send)
             return
-        leader = self.leadership.leader
+        leader = self.leadership.current_leader()
         if leader is None or not leader.admin_address:
             body = json.dumps(
                 {

@@ -71,6 +71,9 @@ log = logging.getLogger(__name__)
 OUTBOX_SIZE = 1024
 #: Heartbeat intervals a leading server may stay silent before the agent leaves it.
 SILENT_HEARTBEATS = 3
+#: The longest pause between attempts while looking for the leader among several
+#: servers (seconds); the controller settles at least TAKEOVER_SETTLE after a takeover.
+SEARCH_BACKOFF = 2.0
 
 
 def backoff_delay(failures: int, base: float, cap: float, rng: random.Random) -> float:
@@ -232,7 +235,13 @@ class Agent:
                     servers.failed()
             if self._redirected:
                 continue  # straight to the leader it was sent to
-            delay = backoff_delay(self.failures, self.base_backoff, self.max_backoff, self._rng)
+            # With several servers the agent is looking for the one that leads: a long
+            # pause would bring it back after the new leader settled (its replicas then
+            # placed again); the attempts are spread over the servers anyway.
+            cap = self.max_backoff
+            if servers is not None and len(servers.addresses) > 1:
+                cap = min(cap, SEARCH_BACKOFF)
+            delay = backoff_delay(self.failures, self.base_backoff, cap, self._rng)
             self.failures += 1
             log.info("reconnecting in %.2fs (attempt %d)", delay, self.failures)
             await trio.sleep(delay)

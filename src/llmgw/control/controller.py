@@ -76,6 +76,9 @@ log = logging.getLogger("llmgw.control")
 
 #: Of the output tail an agent reports with a failed engine, the lines logged.
 LOGGED_TAIL = 20
+#: The least settle period of a term (seconds): agents looking for a new leader retry
+#: at least every 2 s (llmgw.agent.agent.SEARCH_BACKOFF), twice over and some.
+TAKEOVER_SETTLE = 5.0
 
 
 def _log_expired(event: Event) -> None:
@@ -469,7 +472,10 @@ class Controller:
                     outbox.send_nowait(registered)
 
     async def _reconcile_loop(self) -> None:
-        with trio.move_on_after(self.settle):
+        # A term after a takeover waits for agents still looking for the new leader
+        # (they retry every agent.SEARCH_BACKOFF at most): adopted, not placed again.
+        settle = self.settle if self.leadership is None else max(self.settle, TAKEOVER_SETTLE)
+        with trio.move_on_after(settle):
             while True:  # adopt as agents arrive, but place nothing yet
                 await self._wake.wait()
                 self._wake = trio.Event()
@@ -599,7 +605,7 @@ class Controller:
         if not isinstance(first, Register):
             raise ProtocolViolation(f"expected register first, got {type(first).__name__}")
         if not self._accepting:
-            leader = self.leadership.leader if self.leadership is not None else None
+            leader = self.leadership.current_leader() if self.leadership is not None else None
             hint = leader.agent_address if leader is not None and leader.token else ""
             await conn.send(Refused("this server does not lead the control plane", hint))
             return

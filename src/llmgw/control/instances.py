@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import msgspec
 import trio
@@ -60,11 +60,20 @@ class SharedEndpoints:
         sink: EndpointSink,
         leadership: Leadership,
         settled: Callable[[], bool],
+        *,
+        knows: Callable[[str], bool] = lambda model: True,
+        refresh_models: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
+        """`knows` says whether the local catalog has a model; for an endpoint of one it
+        has not, `refresh_models` reads the catalog again first (a model just added
+        through another instance), so a request for it is never refused as unknown
+        while its replica is routed to."""
         self.store = store
         self.sink = sink
         self.leadership = leadership
         self.settled = settled
+        self.knows = knows
+        self.refresh_models = refresh_models
         # What this instance's controller publishes in its current term, and what was
         # applied from the store while following: id -> (endpoint, draining).
         self.published: dict[str, tuple[Endpoint, bool]] = {}
@@ -133,6 +142,10 @@ class SharedEndpoints:
             ident: (_decode(body), draining)
             for ident, body, draining in await self.store.published_endpoints()
         }
+        if self.refresh_models is not None and any(
+            not self.knows(m) for e, _ in wanted.values() for m in e.models
+        ):
+            await self.refresh_models()
         for ident in set(self.fed) - set(wanted):
             self.sink.remove(ident)
         for ident, (endpoint, draining) in wanted.items():

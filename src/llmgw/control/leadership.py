@@ -54,6 +54,7 @@ class Leader:
     agent_address: str  # where agents reach it (HOST:PORT)
     admin_address: str  # its admin listener (HOST:PORT)
     token: int
+    expires_at: float = 0.0  # Unix seconds: its lease, as last read
 
 
 class Leadership:
@@ -155,5 +156,13 @@ class Leadership:
                 self._set(None)
             return
         if row is not None:
-            holder, agents, admin, token, _ = row
-            self.leader = Leader(str(holder), str(agents), str(admin), int(token))
+            holder, agents, admin, token, expires = row
+            self.leader = Leader(str(holder), str(agents), str(admin), int(token), float(expires))
+
+    def current_leader(self) -> Leader | None:
+        """Whoever leads, as last read, unless its lease has expired since: an instance
+        gone (killed) is not named to agents while another takes over."""
+        leader = self.leader
+        if leader is None or leader.expires_at <= self.store.wall_clock():
+            return None
+        return leader
