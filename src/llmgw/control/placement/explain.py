@@ -1,0 +1,509 @@
+"""Why a request did not fit: for each profile it tried, a reason per node (and per
+fabric for multi-node profiles), node counts by reason, a summary, and hints that
+would make it fit, judged against the working state after the whole plan."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Final
+
+from llmgw.config import DeploymentProfile
+from llmgw.control.fleet import NodeState, Placement
+from llmgw.control.placement.spec import Spec, spec_identity, spec_key
+from llmgw.control.placement.state import Fleet, Node
+from llmgw.control.placement.values import (
+    AttemptCode,
+    FabricCode,
+    FabricReason,
+    Hint,
+    HintCode,
+    NodeCode,
+    NodeReason,
+    PlaceRequest,
+    ProfileAttempt,
+    Unplaceable,
+)
+from llmgw.control.placement.wording import PHRASES, ago, gb, memory_range, plural
+
+# Existing placements tried, one at a time, for the "fits if X were drained" hint.
+DRAIN_HINT_SCAN: Final = 256
+# Default cap on the per-node reasons of one profile attempt.
+MAX_NODE_REASONS: Final = 50
+
+
+class _Class:
+    """Nodes that every profile judges alike (same state, engines, GPUs, free GPUs...)."""
+
+    __slots__ = ("cordoned", "engines", "free", "has_fabric", "members", "ports", "sig", "state")
+
+    def __init__(self, node: Node) -> None:
+        self.state = node.cap.state
+        self.cordoned = node.cap.cordoned
+        self.engines = node.cap.engines
+        self.has_fabric = bool(node.fabrics)
+        self.sig = node.sig
+        self.free = frozenset(node.free)
+        self.ports = min(node.free_ports, 2)
+        self.members: list[Node] = []
+
+
+_Verdict = tuple[NodeCode, str | None, int]  # code, message (None: per node), closeness
+
+
+class Explainer:
+    def __init__(
+        self, fleet: Fleet, existing: Sequence[Placement], now: float, max_node_reasons: int
+    ) -> None:
+        self.fleet = fleet
+        self.now = now
+        self.cap = max(1, max_node_reasons)
+        classes: dict[tuple[object, ...], _Class] = {}
+        self.class_of: dict[str, _Class] = {}  # node id -> its class
+        for node_id in fleet.sorted_ids:
+            node = fleet.nodes[node_id]
+            key = (
+                node.cap.state,
+                node.cap.cordoned,
+                node.cap.engines,
+                bool(node.fabrics),
+                node.sig,
+                frozenset(node.free),
+                min(node.free_ports, 2),
+            )
+            cls = classes.get(key)
+            if cls is None:
+                cls = classes[key] = _Class(node)
+            cls.members.append(node)
+            self.class_of[node_id] = cls
+        self.classes = list(classes.values())
+        self.all_fabrics = sorted({f for node in fleet.nodes.values() for f in node.fabrics})
+        # Existing placements, the least disruptive to drain first.
+        self.holders = sorted(
+            existing,
+            key=lambda p: (sum(len(s.gpu_indices) for s in p.shards), p.replica_id, p.model),
+        )
+        self._verdicts: dict[tuple[int, tuple[object, ...], bool], _Verdict] = {}
+        self._drains: dict[tuple[object, ...], Placement | None] = {}
+        self._memo: dict[
+            tuple[tuple[object, ...], ...], tuple[str, tuple[ProfileAttempt, ...], tuple[Hint, ...]]
+        ] = {}
+
+    def explain(self, request: PlaceRequest) -> Unplaceable:
+        key = tuple(spec_key(p) for p in request.profiles)
+        memo = self._memo.get(key)
+        if memo is None:
+            memo = self._memo[key] = self._explain(request.profiles)
+        summary, attempts, hints = memo
+        return Unplaceable(request, summary, attempts, hints)
+
+    def _explain(
+        self, profiles: Sequence[DeploymentProfile]
+    ) -> tuple[str, tuple[ProfileAttempt, ...], tuple[Hint, ...]]:
+        if not profiles:
+            return "the model has no deployment profiles", (), ()
+        attempts: list[ProfileAttempt] = []
+        hints: list[Hint] = []
+        for profile in profiles:
+            attempt, profile_hints = self._attempt(self.fleet.spec(profile))
+            attempts.append(attempt)
+            hints.extend(profile_hints)
+        if len(attempts) == 1:
+            summary = attempts[0].summary
+        else:
+            summary = "no profile fits: " + " | ".join(a.summary for a in attempts)
+        if hints:
+            summary += f"; {hints[0].message}"
+        return summary, tuple(attempts), tuple(hints)
+
+    # -- verdicts --
+
+    def verdict(self, cls: _Class, spec: Spec, ignore_cordon: bool = False) -> _Verdict:
+        key = (id(cls), spec_identity(spec), ignore_cordon)
+        found = self._verdicts.get(key)
+        if found is None:
+            found = self._verdicts[key] = self._judge(cls, spec, ignore_cordon)
+        return found
+
+    def _judge(self, cls: _Class, spec: Spec, ignore_cordon: bool) -> _Verdict:
+        if cls.state is NodeState.LOST:
+            return NodeCode.LOST, None, 0
+        if cls.state is NodeState.UNREACHABLE:
+            return NodeCode.UNREACHABLE, None, 0
+        if cls.cordoned and not ignore_cordon:
+            return NodeCode.CORDONED, "cordoned", 0
+        if spec.engine not in cls.engines:
+            has = ", ".join(sorted(cls.engines)) or "none"
+            return NodeCode.NO_ENGINE, f"engine {spec.engine} not installed (has {has})", 0
+        if spec.multi and not cls.has_fabric:
+            return NodeCode.NO_FABRIC, "no fabric label: cannot join a multi-node replica", 0
+        need = spec.per_node
+        no_port = f"no free port in {self.fleet.lo}-{self.fleet.hi}"
+        if not cls.sig:
+            if spec.cpu_ok:
+                if cls.ports < 1:
+                    return NodeCode.NO_PORTS, no_port, 0
+                return NodeCode.FITS, f"could run it without a GPU ({spec.engine})", 0
+            return NodeCode.NO_GPUS, f"no GPUs, needs {need}", 0
+        min_memory, pattern = spec.filt
+        named = cls.sig
+        if pattern is not None:
+            regex = self.fleet.regex(pattern)
+            named = tuple(g for g in cls.sig if regex.search(g[1]))
+            if not named:
+                has = ", ".join(sorted({g[1] for g in cls.sig}))
+                return NodeCode.GPU_NAME, f"no GPU matches {pattern!r} (has {has})", 0
+        if min_memory is not None and not any(g[2] >= min_memory for g in named):
+            which = f"GPUs matching {pattern!r}" if len(named) < len(cls.sig) else "GPUs"
+            have = memory_range([g[2] for g in named])
+            return (
+                NodeCode.GPU_MEMORY,
+                f"{which} have {have}, needs {gb(min_memory)}",
+                0,
+            )
+        match = self.fleet.match(spec.filt, cls.sig)
+        every = len(match) == len(cls.sig)
+        if len(match) < need:
+            message = (
+                f"has {plural(len(match), 'GPU')}, needs {need}"
+                if every
+                else f"has {plural(len(match), 'matching GPU')} (of {len(cls.sig)}), needs {need}"
+            )
+            return NodeCode.TOO_FEW_GPUS, message, len(match)
+        free = len(cls.free.intersection(match))
+        if free < need:
+            what = "free GPU" if every else "free matching GPU"
+            return NodeCode.BUSY, f"{plural(free, what)}, needs {need}", free
+        if cls.ports < 1:
+            return NodeCode.NO_PORTS, no_port, free
+        what = "free GPU" if every else "free matching GPU"
+        if spec.multi:
+            return NodeCode.FITS, f"{plural(free, what)}: could host a shard", free
+        return NodeCode.FITS, f"{plural(free, what)}: could host it", free
+
+    def _message(self, node: Node, verdict: _Verdict) -> str:
+        code, message, _ = verdict
+        if message is None:
+            since = node.cap.since
+            if code is NodeCode.LOST:
+                message = "lost" if since is None else f"lost {ago(self.now - since)} ago"
+            else:
+                message = (
+                    "unreachable (no heartbeat)"
+                    if since is None
+                    else f"unreachable for {ago(self.now - since)} (no heartbeat)"
+                )
+        return f"{node.id}: {message}"
+
+    # -- one profile --
+
+    def _attempt(self, spec: Spec) -> tuple[ProfileAttempt, list[Hint]]:
+        if spec.error is not None:
+            return (
+                ProfileAttempt(
+                    spec.name, AttemptCode.INVALID_PROFILE, f"{spec.name}: {spec.error}"
+                ),
+                [],
+            )
+        if not self.fleet.nodes:
+            return (
+                ProfileAttempt(
+                    spec.name, AttemptCode.NO_NODES, f"{spec.label}: no nodes registered"
+                ),
+                [],
+            )
+        by_code: dict[NodeCode, list[tuple[_Class, _Verdict]]] = {}
+        for cls in self.classes:
+            verdict = self.verdict(cls, spec)
+            by_code.setdefault(verdict[0], []).append((cls, verdict))
+        codes = [c for c in NodeCode if c in by_code]
+        counts = {c.value: sum(len(cls.members) for cls, _ in by_code[c]) for c in codes}
+        listed = self._listing(by_code, codes)
+        omitted = len(self.fleet.nodes) - len(listed)
+        node_part = _count_phrases(spec, by_code, codes, counts)
+        hints: list[Hint] = []
+        fabrics: tuple[FabricReason, ...] = ()
+        ready: dict[str, int] = {}
+        heads: dict[str, int] = {}
+        if not spec.multi:
+            code = AttemptCode.NO_NODE_FITS
+            summary = f"{spec.label}: no node fits: {node_part}"
+            hints += self._uncordon_hint(spec)
+        else:
+            ready, heads = self._fabric_counts(by_code)
+            if not self.all_fabrics:
+                code = AttemptCode.NO_FABRICS
+                summary = (
+                    f"{spec.label}: no fabric labels on any node: multi-node placement impossible"
+                )
+                hints.append(
+                    Hint(
+                        HintCode.LABEL_FABRICS,
+                        "give nodes that share NVLink/InfiniBand a fabric label "
+                        "(llmgw-agent --fabric NAME)",
+                        spec.name,
+                    )
+                )
+            else:
+                code = AttemptCode.NO_FABRIC_FITS
+                fabrics = tuple(
+                    self._fabric_reason(spec, f, ready, heads) for f in self.all_fabrics
+                )
+                best = min(self.all_fabrics, key=lambda f: (-ready.get(f, 0), f))
+                summary = (
+                    f"{spec.label}: no fabric has {spec.nodes} ready nodes with "
+                    f"{plural(spec.per_node, 'free GPU')} "
+                    f"(best: {best} with {ready.get(best, 0)}); {node_part}"
+                )
+                hints += self._more_nodes_hint(spec, ready)
+        drain = self._drain_hint(spec, ready, heads)
+        if drain is not None:
+            hints.insert(0, drain)
+        attempt = ProfileAttempt(
+            profile=spec.name,
+            code=code,
+            summary=summary,
+            nodes=listed,
+            fabrics=fabrics,
+            node_counts=counts,
+            nodes_omitted=omitted,
+        )
+        return attempt, hints
+
+    def _listing(
+        self,
+        by_code: dict[NodeCode, list[tuple[_Class, _Verdict]]],
+        codes: list[NodeCode],
+    ) -> tuple[NodeReason, ...]:
+        """At most `cap` node reasons, round-robin over the codes so each shows up;
+        within a code the closest to fitting first, then by node id."""
+        streams: list[tuple[NodeCode, Iterator[tuple[Node, _Verdict]]]] = []
+        for code in codes:
+            entries = sorted(by_code[code], key=lambda e: (-e[1][2], e[0].members[0].id))
+            streams.append((code, _merge_members(entries)))
+        picked: dict[NodeCode, list[tuple[Node, _Verdict]]] = {c: [] for c in codes}
+        total = 0
+        live = list(streams)
+        while live and total < self.cap:
+            still = []
+            for code, stream in live:
+                if total >= self.cap:
+                    break
+                item = next(stream, None)
+                if item is None:
+                    continue
+                picked[code].append(item)
+                total += 1
+                still.append((code, stream))
+            live = still
+        return tuple(
+            NodeReason(node.id, code, self._message(node, verdict))
+            for code in codes
+            for node, verdict in picked[code]
+        )
+
+    def _fabric_counts(
+        self, by_code: dict[NodeCode, list[tuple[_Class, _Verdict]]]
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """Per fabric: nodes that could host a shard, and those of them with 2 free ports."""
+        ready: dict[str, int] = {}
+        heads: dict[str, int] = {}
+        for cls, _ in by_code.get(NodeCode.FITS, ()):
+            for node in cls.members:
+                for fabric in node.fabrics:
+                    ready[fabric] = ready.get(fabric, 0) + 1
+                    if cls.ports >= 2:
+                        heads[fabric] = heads.get(fabric, 0) + 1
+        return ready, heads
+
+    def _fabric_reason(
+        self, spec: Spec, fabric: str, ready: dict[str, int], heads: dict[str, int]
+    ) -> FabricReason:
+        count = ready.get(fabric, 0)
+        nodes = "node" if count == 1 else "nodes"
+        with_gpus = f"{count} ready {nodes} with {plural(spec.per_node, 'free GPU')}"
+        if count < spec.nodes:
+            return FabricReason(
+                fabric,
+                FabricCode.TOO_FEW_NODES,
+                f"fabric {fabric}: {with_gpus}, needs {spec.nodes}",
+                count,
+                spec.nodes,
+            )
+        if not heads.get(fabric):
+            return FabricReason(
+                fabric,
+                FabricCode.NO_HEAD_PORT,
+                f"fabric {fabric}: {with_gpus}, but none has 2 free ports (HTTP and "
+                f"distributed init) in {self.fleet.lo}-{self.fleet.hi} for the head",
+                count,
+                spec.nodes,
+            )
+        return FabricReason(
+            fabric, FabricCode.FITS, f"fabric {fabric}: {with_gpus}: fits", count, spec.nodes
+        )
+
+    # -- hints --
+
+    def _uncordon_hint(self, spec: Spec) -> list[Hint]:
+        best: Node | None = None
+        for cls in self.classes:
+            if (
+                cls.cordoned
+                and cls.state is NodeState.READY
+                and self.verdict(cls, spec, ignore_cordon=True)[0] is NodeCode.FITS
+                and (best is None or cls.members[0].id < best.id)
+            ):
+                best = cls.members[0]
+        if best is None:
+            return []
+        return [
+            Hint(
+                HintCode.UNCORDON,
+                f"fits on {best.id} if it were uncordoned",
+                spec.name,
+                nodes=(best.id,),
+            )
+        ]
+
+    def _more_nodes_hint(self, spec: Spec, ready: dict[str, int]) -> list[Hint]:
+        short = {f: spec.nodes - ready.get(f, 0) for f in self.all_fabrics}
+        wanting = [f for f in self.all_fabrics if short[f] > 0]
+        if not wanting:
+            return []
+        fabric = min(wanting, key=lambda f: (short[f], f))
+        more = short[fabric]
+        return [
+            Hint(
+                HintCode.MORE_NODES,
+                f"needs {more} more ready {'node' if more == 1 else 'nodes'} in fabric "
+                f"{fabric} (with {plural(spec.per_node, 'free GPU')} each)",
+                spec.name,
+                fabric=fabric,
+            )
+        ]
+
+    def _drain_hint(self, spec: Spec, ready: dict[str, int], heads: dict[str, int]) -> Hint | None:
+        """Drain the smallest existing placement whose removal alone would make `spec` fit."""
+        key = spec_identity(spec)
+        if key in self._drains:
+            placement = self._drains[key]
+        else:
+            placement = self._drains[key] = self._drainable(spec, ready, heads)
+        if placement is None:
+            return None
+        frees = " and ".join(
+            f"{plural(len(s.gpu_indices), 'GPU')} on {s.node_id}"
+            if s.gpu_indices
+            else f"a port on {s.node_id}"
+            for s in placement.shards
+        )
+        return Hint(
+            HintCode.DRAIN,
+            f"fits if replica {placement.replica_id} of model {placement.model} "
+            f"were drained (frees {frees})",
+            spec.name,
+            model=placement.model,
+            replica_id=placement.replica_id,
+            nodes=placement.nodes,
+        )
+
+    def _drainable(
+        self, spec: Spec, ready: dict[str, int], heads: dict[str, int]
+    ) -> Placement | None:
+        """Existing placements are tried one at a time, least GPUs first, at most
+        DRAIN_HINT_SCAN of them."""
+        fleet = self.fleet
+        for placement in itertools.islice(self.holders, DRAIN_HINT_SCAN):
+            gained: dict[str, list[int]] = {}  # fabric -> [more ready nodes, more heads]
+            fits_alone = False
+            for shard in placement.shards:
+                node = fleet.nodes.get(shard.node_id)
+                if node is None:
+                    continue
+                code = self.verdict(self.class_of[node.id], spec)[0]
+                if code not in (NodeCode.BUSY, NodeCode.NO_PORTS, NodeCode.FITS):
+                    continue
+                freed_ports = sum(
+                    1
+                    for p in {shard.port, shard.dist_port}
+                    if p is not None and p in node.ports and fleet.lo <= p <= fleet.hi
+                )
+                ports = node.free_ports + freed_ports
+                if code is NodeCode.FITS:
+                    if spec.multi and node.free_ports < 2 <= ports:
+                        for fabric in node.fabrics:
+                            gained.setdefault(fabric, [0, 0])[1] += 1
+                    continue
+                if ports < 1:
+                    continue
+                if node.sig:
+                    match = fleet.match(spec.filt, node.sig)
+                    free = len((node.free | set(shard.gpu_indices)).intersection(match))
+                    if free < spec.per_node:
+                        continue
+                elif not spec.cpu_ok:
+                    continue
+                if not spec.multi:
+                    fits_alone = True
+                    break
+                for fabric in node.fabrics:
+                    gain = gained.setdefault(fabric, [0, 0])
+                    gain[0] += 1
+                    gain[1] += 1 if ports >= 2 else 0
+            if not fits_alone:
+                fits_alone = any(
+                    ready.get(f, 0) + g[0] >= spec.nodes and heads.get(f, 0) + g[1] >= 1
+                    for f, g in gained.items()
+                )
+            if fits_alone:
+                return placement
+        return None
+
+
+def _tagged(cls: _Class, verdict: _Verdict) -> Iterator[tuple[Node, _Verdict]]:
+    for node in cls.members:
+        yield node, verdict
+
+
+def _merge_members(
+    entries: list[tuple[_Class, _Verdict]],
+) -> Iterator[tuple[Node, _Verdict]]:
+    """Members of classes already sorted by closeness; equal closeness merged by node id."""
+    for _, same in itertools.groupby(entries, key=lambda e: e[1][2]):
+        group = list(same)
+        yield from heapq.merge(
+            *(_tagged(cls, verdict) for cls, verdict in group),
+            key=lambda item: item[0].id,
+        )
+
+
+def _count_phrases(
+    spec: Spec,
+    by_code: dict[NodeCode, list[tuple[_Class, _Verdict]]],
+    codes: list[NodeCode],
+    counts: dict[str, int],
+) -> str:
+    min_memory, pattern = spec.filt
+    parts = []
+    for code in codes:
+        count = counts[code.value]
+        phrase = PHRASES[code].format(
+            need=spec.per_node,
+            memory=gb(min_memory) if min_memory is not None else "",
+            pattern=pattern,
+            engine=spec.engine,
+        )
+        if not spec.multi and code is NodeCode.FITS:
+            phrase = "could host it"
+        text = f"{plural(count, 'node')} {phrase}"
+        if code is NodeCode.BUSY:
+            most = max(v[2] for _, v in by_code[code])
+            if most:
+                best = min(c.members[0].id for c, v in by_code[code] if v[2] == most)
+                text += f" (best: {best} with {most} free)"
+            else:
+                text += " (none free)"
+        parts.append(text)
+    return ", ".join(parts)
