@@ -60,9 +60,10 @@ every reason code still represented); the counts always cover every node.
 
 Modules
 -------
-``values`` the public values and codes; ``spec`` what a profile asks of a node;
-``state`` the working state one call changes; ``solver`` :func:`plan` and the search;
-``explain`` the explanations; ``wording`` their phrases.
+``values`` the public values and codes; ``spec`` what a profile asks of a node and
+the one fit check (``Spec.fit``) that both the solver and the explainer ask about
+each node; ``state`` the working state one call changes; ``solver`` :func:`plan` and
+the search; ``explain`` the explanations; ``wording`` their phrases.
 """
 
 from llmgw.control.placement.explain import DRAIN_HINT_SCAN, MAX_NODE_REASONS

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
 from llmgw.config import DeploymentProfile
 from llmgw.control.fleet import NodeState, Placement
-from llmgw.control.placement.spec import Spec, spec_identity, spec_key
+from llmgw.control.placement.spec import Sig, Spec, Verdict, spec_key
 from llmgw.control.placement.state import Fleet, Node
 from llmgw.control.placement.values import (
     AttemptCode,
@@ -25,7 +25,7 @@ from llmgw.control.placement.values import (
     ProfileAttempt,
     Unplaceable,
 )
-from llmgw.control.placement.wording import PHRASES, ago, gb, memory_range, plural
+from llmgw.control.placement.wording import absence, counted, label, node_reason, plural
 
 # Existing placements tried, one at a time, for the "fits if X were drained" hint.
 DRAIN_HINT_SCAN: Final = 256
@@ -34,22 +34,50 @@ MAX_NODE_REASONS: Final = 50
 
 
 class _Class:
-    """Nodes that every profile judges alike (same state, engines, GPUs, free GPUs...)."""
+    """Nodes that every profile judges alike: the facts the fit check reads (the same
+    state, engines, GPUs, free GPUs...), judged once for all of its members."""
 
-    __slots__ = ("cordoned", "engines", "free", "has_fabric", "members", "ports", "sig", "state")
+    __slots__ = (
+        "cordoned",
+        "engines",
+        "free",
+        "free_ports",
+        "has_fabric",
+        "members",
+        "sig",
+        "state",
+    )
 
-    def __init__(self, node: Node) -> None:
-        self.state = node.cap.state
-        self.cordoned = node.cap.cordoned
-        self.engines = node.cap.engines
-        self.has_fabric = bool(node.fabrics)
-        self.sig = node.sig
-        self.free = frozenset(node.free)
-        self.ports = min(node.free_ports, 2)
+    def __init__(
+        self,
+        state: NodeState,
+        cordoned: bool,
+        engines: frozenset[str],
+        has_fabric: bool,
+        sig: Sig,
+        free: frozenset[int],
+        free_ports: int,  # at most 2: no check tells 2 free ports from more
+    ) -> None:
+        self.state = state
+        self.cordoned = cordoned
+        self.engines = engines
+        self.has_fabric = has_fabric
+        self.sig = sig
+        self.free = free
+        self.free_ports = free_ports
         self.members: list[Node] = []
 
-
-_Verdict = tuple[NodeCode, str | None, int]  # code, message (None: per node), closeness
+    def freed(self, gpus: Iterable[int], free_ports: int) -> _Class:
+        """A member as it would be with `gpus` free too and `free_ports` free ports."""
+        return _Class(
+            self.state,
+            self.cordoned,
+            self.engines,
+            self.has_fabric,
+            self.sig,
+            self.free.union(gpus),
+            min(free_ports, 2),
+        )
 
 
 class Explainer:
@@ -63,18 +91,18 @@ class Explainer:
         self.class_of: dict[str, _Class] = {}  # node id -> its class
         for node_id in fleet.sorted_ids:
             node = fleet.nodes[node_id]
-            key = (
-                node.cap.state,
-                node.cap.cordoned,
-                node.cap.engines,
-                bool(node.fabrics),
+            facts = (
+                node.state,
+                node.cordoned,
+                node.engines,
+                node.has_fabric,
                 node.sig,
                 frozenset(node.free),
                 min(node.free_ports, 2),
             )
-            cls = classes.get(key)
+            cls = classes.get(facts)
             if cls is None:
-                cls = classes[key] = _Class(node)
+                cls = classes[facts] = _Class(*facts)
             cls.members.append(node)
             self.class_of[node_id] = cls
         self.classes = list(classes.values())
@@ -84,7 +112,7 @@ class Explainer:
             existing,
             key=lambda p: (sum(len(s.gpu_indices) for s in p.shards), p.replica_id, p.model),
         )
-        self._verdicts: dict[tuple[int, tuple[object, ...], bool], _Verdict] = {}
+        self._verdicts: dict[tuple[int, tuple[object, ...], bool], Verdict] = {}
         self._drains: dict[tuple[object, ...], Placement | None] = {}
         self._memo: dict[
             tuple[tuple[object, ...], ...], tuple[str, tuple[ProfileAttempt, ...], tuple[Hint, ...]]
@@ -119,82 +147,25 @@ class Explainer:
 
     # -- verdicts --
 
-    def verdict(self, cls: _Class, spec: Spec, ignore_cordon: bool = False) -> _Verdict:
-        key = (id(cls), spec_identity(spec), ignore_cordon)
+    def verdict(self, cls: _Class, spec: Spec, ignore_cordon: bool = False) -> Verdict:
+        """The fit check's verdict on the members of `cls`, kept per profile identity."""
+        key = (id(cls), spec.identity, ignore_cordon)
         found = self._verdicts.get(key)
         if found is None:
-            found = self._verdicts[key] = self._judge(cls, spec, ignore_cordon)
+            found = self._verdicts[key] = spec.fit(cls, ignore_cordon=ignore_cordon)
         return found
 
-    def _judge(self, cls: _Class, spec: Spec, ignore_cordon: bool) -> _Verdict:
-        if cls.state is NodeState.LOST:
-            return NodeCode.LOST, None, 0
-        if cls.state is NodeState.UNREACHABLE:
-            return NodeCode.UNREACHABLE, None, 0
-        if cls.cordoned and not ignore_cordon:
-            return NodeCode.CORDONED, "cordoned", 0
-        if spec.engine not in cls.engines:
-            has = ", ".join(sorted(cls.engines)) or "none"
-            return NodeCode.NO_ENGINE, f"engine {spec.engine} not installed (has {has})", 0
-        if spec.multi and not cls.has_fabric:
-            return NodeCode.NO_FABRIC, "no fabric label: cannot join a multi-node replica", 0
-        need = spec.per_node
-        no_port = f"no free port in {self.fleet.lo}-{self.fleet.hi}"
-        if not cls.sig:
-            if spec.cpu_ok:
-                if cls.ports < 1:
-                    return NodeCode.NO_PORTS, no_port, 0
-                return NodeCode.FITS, f"could run it without a GPU ({spec.engine})", 0
-            return NodeCode.NO_GPUS, f"no GPUs, needs {need}", 0
-        min_memory, pattern = spec.filt
-        named = cls.sig
-        if pattern is not None:
-            regex = self.fleet.regex(pattern)
-            named = tuple(g for g in cls.sig if regex.search(g[1]))
-            if not named:
-                has = ", ".join(sorted({g[1] for g in cls.sig}))
-                return NodeCode.GPU_NAME, f"no GPU matches {pattern!r} (has {has})", 0
-        if min_memory is not None and not any(g[2] >= min_memory for g in named):
-            which = f"GPUs matching {pattern!r}" if len(named) < len(cls.sig) else "GPUs"
-            have = memory_range([g[2] for g in named])
-            return (
-                NodeCode.GPU_MEMORY,
-                f"{which} have {have}, needs {gb(min_memory)}",
-                0,
-            )
-        match = self.fleet.match(spec.filt, cls.sig)
-        every = len(match) == len(cls.sig)
-        if len(match) < need:
-            message = (
-                f"has {plural(len(match), 'GPU')}, needs {need}"
-                if every
-                else f"has {plural(len(match), 'matching GPU')} (of {len(cls.sig)}), needs {need}"
-            )
-            return NodeCode.TOO_FEW_GPUS, message, len(match)
-        free = len(cls.free.intersection(match))
-        if free < need:
-            what = "free GPU" if every else "free matching GPU"
-            return NodeCode.BUSY, f"{plural(free, what)}, needs {need}", free
-        if cls.ports < 1:
-            return NodeCode.NO_PORTS, no_port, free
-        what = "free GPU" if every else "free matching GPU"
-        if spec.multi:
-            return NodeCode.FITS, f"{plural(free, what)}: could host a shard", free
-        return NodeCode.FITS, f"{plural(free, what)}: could host it", free
-
-    def _message(self, node: Node, verdict: _Verdict) -> str:
-        code, message, _ = verdict
-        if message is None:
-            since = node.cap.since
-            if code is NodeCode.LOST:
-                message = "lost" if since is None else f"lost {ago(self.now - since)} ago"
-            else:
-                message = (
-                    "unreachable (no heartbeat)"
-                    if since is None
-                    else f"unreachable for {ago(self.now - since)} (no heartbeat)"
-                )
-        return f"{node.id}: {message}"
+    def _message(
+        self, node: Node, cls: _Class, spec: Spec, verdict: Verdict, reasons: dict[int, str]
+    ) -> str:
+        """`node`'s reason; `reasons` keeps each class's, the same for all its members."""
+        code = verdict[0]
+        if code is NodeCode.LOST or code is NodeCode.UNREACHABLE:
+            return f"{node.id}: {absence(code, node.cap.since, self.now)}"
+        reason = reasons.get(id(cls))
+        if reason is None:
+            reason = reasons[id(cls)] = node_reason(spec, cls, verdict, self.fleet.port_range)
+        return f"{node.id}: {reason}"
 
     # -- one profile --
 
@@ -209,34 +180,33 @@ class Explainer:
         if not self.fleet.nodes:
             return (
                 ProfileAttempt(
-                    spec.name, AttemptCode.NO_NODES, f"{spec.label}: no nodes registered"
+                    spec.name, AttemptCode.NO_NODES, f"{label(spec)}: no nodes registered"
                 ),
                 [],
             )
-        by_code: dict[NodeCode, list[tuple[_Class, _Verdict]]] = {}
+        by_code: dict[NodeCode, list[tuple[_Class, Verdict]]] = {}
         for cls in self.classes:
             verdict = self.verdict(cls, spec)
             by_code.setdefault(verdict[0], []).append((cls, verdict))
         codes = [c for c in NodeCode if c in by_code]
         counts = {c.value: sum(len(cls.members) for cls, _ in by_code[c]) for c in codes}
-        listed = self._listing(by_code, codes)
+        listed = self._listing(spec, by_code, codes)
         omitted = len(self.fleet.nodes) - len(listed)
         node_part = _count_phrases(spec, by_code, codes, counts)
+        title = label(spec)
         hints: list[Hint] = []
         fabrics: tuple[FabricReason, ...] = ()
         ready: dict[str, int] = {}
         heads: dict[str, int] = {}
         if not spec.multi:
             code = AttemptCode.NO_NODE_FITS
-            summary = f"{spec.label}: no node fits: {node_part}"
+            summary = f"{title}: no node fits: {node_part}"
             hints += self._uncordon_hint(spec)
         else:
             ready, heads = self._fabric_counts(by_code)
             if not self.all_fabrics:
                 code = AttemptCode.NO_FABRICS
-                summary = (
-                    f"{spec.label}: no fabric labels on any node: multi-node placement impossible"
-                )
+                summary = f"{title}: no fabric labels on any node: multi-node placement impossible"
                 hints.append(
                     Hint(
                         HintCode.LABEL_FABRICS,
@@ -252,7 +222,7 @@ class Explainer:
                 )
                 best = min(self.all_fabrics, key=lambda f: (-ready.get(f, 0), f))
                 summary = (
-                    f"{spec.label}: no fabric has {spec.nodes} ready nodes with "
+                    f"{title}: no fabric has {spec.nodes} ready nodes with "
                     f"{plural(spec.per_node, 'free GPU')} "
                     f"(best: {best} with {ready.get(best, 0)}); {node_part}"
                 )
@@ -273,16 +243,17 @@ class Explainer:
 
     def _listing(
         self,
-        by_code: dict[NodeCode, list[tuple[_Class, _Verdict]]],
+        spec: Spec,
+        by_code: dict[NodeCode, list[tuple[_Class, Verdict]]],
         codes: list[NodeCode],
     ) -> tuple[NodeReason, ...]:
         """At most `cap` node reasons, round-robin over the codes so each shows up;
         within a code the closest to fitting first, then by node id."""
-        streams: list[tuple[NodeCode, Iterator[tuple[Node, _Verdict]]]] = []
+        streams: list[tuple[NodeCode, Iterator[tuple[Node, _Class, Verdict]]]] = []
         for code in codes:
-            entries = sorted(by_code[code], key=lambda e: (-e[1][2], e[0].members[0].id))
+            entries = sorted(by_code[code], key=lambda e: (-e[1][1], e[0].members[0].id))
             streams.append((code, _merge_members(entries)))
-        picked: dict[NodeCode, list[tuple[Node, _Verdict]]] = {c: [] for c in codes}
+        picked: dict[NodeCode, list[tuple[Node, _Class, Verdict]]] = {c: [] for c in codes}
         total = 0
         live = list(streams)
         while live and total < self.cap:
@@ -297,14 +268,15 @@ class Explainer:
                 total += 1
                 still.append((code, stream))
             live = still
+        reasons: dict[int, str] = {}
         return tuple(
-            NodeReason(node.id, code, self._message(node, verdict))
+            NodeReason(node.id, code, self._message(node, cls, spec, verdict, reasons))
             for code in codes
-            for node, verdict in picked[code]
+            for node, cls, verdict in picked[code]
         )
 
     def _fabric_counts(
-        self, by_code: dict[NodeCode, list[tuple[_Class, _Verdict]]]
+        self, by_code: dict[NodeCode, list[tuple[_Class, Verdict]]]
     ) -> tuple[dict[str, int], dict[str, int]]:
         """Per fabric: nodes that could host a shard, and those of them with 2 free ports."""
         ready: dict[str, int] = {}
@@ -313,7 +285,7 @@ class Explainer:
             for node in cls.members:
                 for fabric in node.fabrics:
                     ready[fabric] = ready.get(fabric, 0) + 1
-                    if cls.ports >= 2:
+                    if cls.free_ports >= 2:
                         heads[fabric] = heads.get(fabric, 0) + 1
         return ready, heads
 
@@ -332,11 +304,12 @@ class Explainer:
                 spec.nodes,
             )
         if not heads.get(fabric):
+            lo, hi = self.fleet.port_range
             return FabricReason(
                 fabric,
                 FabricCode.NO_HEAD_PORT,
                 f"fabric {fabric}: {with_gpus}, but none has 2 free ports (HTTP and "
-                f"distributed init) in {self.fleet.lo}-{self.fleet.hi} for the head",
+                f"distributed init) in {lo}-{hi} for the head",
                 count,
                 spec.nodes,
             )
@@ -351,7 +324,6 @@ class Explainer:
         for cls in self.classes:
             if (
                 cls.cordoned
-                and cls.state is NodeState.READY
                 and self.verdict(cls, spec, ignore_cordon=True)[0] is NodeCode.FITS
                 and (best is None or cls.members[0].id < best.id)
             ):
@@ -386,7 +358,7 @@ class Explainer:
 
     def _drain_hint(self, spec: Spec, ready: dict[str, int], heads: dict[str, int]) -> Hint | None:
         """Drain the smallest existing placement whose removal alone would make `spec` fit."""
-        key = spec_identity(spec)
+        key = spec.identity
         if key in self._drains:
             placement = self._drains[key]
         else:
@@ -415,6 +387,7 @@ class Explainer:
         """Existing placements are tried one at a time, least GPUs first, at most
         DRAIN_HINT_SCAN of them."""
         fleet = self.fleet
+        lo, hi = fleet.port_range
         for placement in itertools.islice(self.holders, DRAIN_HINT_SCAN):
             gained: dict[str, list[int]] = {}  # fabric -> [more ready nodes, more heads]
             fits_alone = False
@@ -422,28 +395,20 @@ class Explainer:
                 node = fleet.nodes.get(shard.node_id)
                 if node is None:
                     continue
-                code = self.verdict(self.class_of[node.id], spec)[0]
-                if code not in (NodeCode.BUSY, NodeCode.NO_PORTS, NodeCode.FITS):
-                    continue
+                cls = self.class_of[node.id]
                 freed_ports = sum(
                     1
                     for p in {shard.port, shard.dist_port}
-                    if p is not None and p in node.ports and fleet.lo <= p <= fleet.hi
+                    if p is not None and p in node.ports and lo <= p <= hi
                 )
                 ports = node.free_ports + freed_ports
-                if code is NodeCode.FITS:
+                if self.verdict(cls, spec)[0] is NodeCode.FITS:
+                    # It could host a shard already; with 2 free ports it could be the head.
                     if spec.multi and node.free_ports < 2 <= ports:
                         for fabric in node.fabrics:
                             gained.setdefault(fabric, [0, 0])[1] += 1
                     continue
-                if ports < 1:
-                    continue
-                if node.sig:
-                    match = fleet.match(spec.filt, node.sig)
-                    free = len((node.free | set(shard.gpu_indices)).intersection(match))
-                    if free < spec.per_node:
-                        continue
-                elif not spec.cpu_ok:
+                if spec.fit(cls.freed(shard.gpu_indices, ports))[0] is not NodeCode.FITS:
                     continue
                 if not spec.multi:
                     fits_alone = True
@@ -462,16 +427,16 @@ class Explainer:
         return None
 
 
-def _tagged(cls: _Class, verdict: _Verdict) -> Iterator[tuple[Node, _Verdict]]:
+def _tagged(cls: _Class, verdict: Verdict) -> Iterator[tuple[Node, _Class, Verdict]]:
     for node in cls.members:
-        yield node, verdict
+        yield node, cls, verdict
 
 
 def _merge_members(
-    entries: list[tuple[_Class, _Verdict]],
-) -> Iterator[tuple[Node, _Verdict]]:
+    entries: list[tuple[_Class, Verdict]],
+) -> Iterator[tuple[Node, _Class, Verdict]]:
     """Members of classes already sorted by closeness; equal closeness merged by node id."""
-    for _, same in itertools.groupby(entries, key=lambda e: e[1][2]):
+    for _, same in itertools.groupby(entries, key=lambda e: e[1][1]):
         group = list(same)
         yield from heapq.merge(
             *(_tagged(cls, verdict) for cls, verdict in group),
@@ -481,29 +446,17 @@ def _merge_members(
 
 def _count_phrases(
     spec: Spec,
-    by_code: dict[NodeCode, list[tuple[_Class, _Verdict]]],
+    by_code: dict[NodeCode, list[tuple[_Class, Verdict]]],
     codes: list[NodeCode],
     counts: dict[str, int],
 ) -> str:
-    min_memory, pattern = spec.filt
     parts = []
     for code in codes:
-        count = counts[code.value]
-        phrase = PHRASES[code].format(
-            need=spec.per_node,
-            memory=gb(min_memory) if min_memory is not None else "",
-            pattern=pattern,
-            engine=spec.engine,
-        )
-        if not spec.multi and code is NodeCode.FITS:
-            phrase = "could host it"
-        text = f"{plural(count, 'node')} {phrase}"
+        busiest = None
         if code is NodeCode.BUSY:
-            most = max(v[2] for _, v in by_code[code])
-            if most:
-                best = min(c.members[0].id for c, v in by_code[code] if v[2] == most)
-                text += f" (best: {best} with {most} free)"
-            else:
-                text += " (none free)"
-        parts.append(text)
+            # The node with the most free usable GPUs (closeness), the lowest id of them.
+            most = max(v[1] for _, v in by_code[code])
+            best = min(c.members[0].id for c, v in by_code[code] if v[1] == most)
+            busiest = (best, most)
+        parts.append(counted(spec, code, counts[code.value], busiest))
     return ", ".join(parts)

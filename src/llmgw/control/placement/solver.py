@@ -1,16 +1,27 @@
 """The solver: plan() places each request on the working state (most constrained
-first, by the policy), then has the explainer say why the rest did not fit."""
+first, by the policy), then has the explainer say why the rest did not fit.
+
+The state's groups and buckets only narrow the search to nodes that might fit; each
+node is taken only on the fit check's word (:meth:`Spec.fit
+<llmgw.control.placement.spec.Spec.fit>`), the same the explainer reports."""
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Sequence
 
 from llmgw.config import PLACEMENT_POLICIES, DeploymentProfile
 from llmgw.control.fleet import Placement, ShardAssignment
 from llmgw.control.placement.explain import MAX_NODE_REASONS, Explainer
 from llmgw.control.placement.spec import Spec
-from llmgw.control.placement.state import Cand, Fleet, Node
-from llmgw.control.placement.values import NodeCapacity, PlaceRequest, PlanResult, Unplaceable
+from llmgw.control.placement.state import Fleet, Group, Node
+from llmgw.control.placement.values import (
+    NodeCapacity,
+    NodeCode,
+    PlaceRequest,
+    PlanResult,
+    Unplaceable,
+)
 
 
 def plan(
@@ -36,7 +47,7 @@ def plan(
     solver = Solver(fleet, spread=policy == "spread")
     placed: list[Placement] = []
     failed: list[PlaceRequest] = []
-    rooms = {id(r): solver.room(r) for r in requests}
+    rooms = solver.rooms(requests)
     for request in sorted(requests, key=lambda r: rooms[id(r)]):
         placement = solver.place(request)
         if placement is None:
@@ -75,44 +86,38 @@ class Solver:
                 return self.commit(request, profile, spec, choice)
         return None
 
-    def _first_fit(self, cand: Cand, ids: list[str], need: int, below: str | None) -> Node | None:
-        """The first node (by id, before `below`) of a bucket that fits `need` GPUs."""
+    def _first_fit(self, spec: Spec, ids: list[str], below: str | None) -> Node | None:
+        """The first node (by id, before `below`) of a bucket that fits a shard."""
+        nodes = self.fleet.nodes
         for node_id in ids:
             if below is not None and node_id >= below:
                 return None
-            node = self.fleet.nodes[node_id]
-            if node.free_ports < 1:
-                continue
-            if not cand.all_match and len(node.free & cand.match_set) < need:
-                continue
-            return node
+            node = nodes[node_id]
+            if spec.fit(node)[0] is NodeCode.FITS:
+                return node
         return None
 
     def find_single(self, spec: Spec) -> _Choice | None:
-        need = spec.per_node
         cands = self.fleet.cands(None, spec)
         if not cands:
             return None
-        for free in self._by_policy(range(need, self.fleet.max_gpus + 1)):
+        for free in self._by_policy(range(spec.per_node, self.fleet.max_gpus + 1)):
             best: Node | None = None
-            best_cand: Cand | None = None
-            for cand in cands:
-                ids = cand.group.buckets.get(free)
+            for group in cands:
+                ids = group.buckets.get(free)
                 if ids:
-                    node = self._first_fit(cand, ids, need, best.id if best else None)
+                    node = self._first_fit(spec, ids, best.id if best else None)
                     if node is not None:
-                        best, best_cand = node, cand
-            if best is not None and best_cand is not None:
-                return [(best, self._gpus(best, best_cand, need))]
+                        best = node
+            if best is not None:
+                return [(best, self._gpus(best, spec))]
         return None
 
     def find_cpu(self, spec: Spec) -> _Choice | None:
         best: Node | None = None
         for node in self.fleet.cpu_nodes:  # sorted by id: ties keep the lowest
-            if (
-                spec.engine in node.cap.engines
-                and node.free_ports >= 1
-                and (best is None or node.free_ports > best.free_ports)
+            if spec.fit(node)[0] is NodeCode.FITS and (
+                best is None or node.free_ports > best.free_ports
             ):
                 best = node
         return [(best, ())] if best is not None else None
@@ -131,34 +136,31 @@ class Solver:
             cands = self.fleet.cands(fabric, spec)
             if not cands:
                 continue
-            choice = self._pick_in_fabric(cands, need, count)
+            choice = self._pick_in_fabric(spec, cands)
             if choice is not None:
                 best = (key, choice)
         return best[1] if best is not None else None
 
-    def _pick_in_fabric(self, cands: list[Cand], need: int, count: int) -> _Choice | None:
+    def _pick_in_fabric(self, spec: Spec, cands: list[Group]) -> _Choice | None:
+        nodes = self.fleet.nodes
+        count = spec.nodes
         chosen: _Choice = []
         head: int | None = None  # position in `chosen` of the first node with 2 free ports
-        for free in self._by_policy(range(need, self.fleet.max_gpus + 1)):
-            fits: list[tuple[str, Node, Cand]] = []
-            for cand in cands:
-                for node_id in cand.group.buckets.get(free, ()):
-                    node = self.fleet.nodes[node_id]
-                    if node.free_ports < 1:
-                        continue
-                    if not cand.all_match and len(node.free & cand.match_set) < need:
-                        continue
-                    fits.append((node_id, node, cand))
-            fits.sort(key=lambda t: t[0])
-            for _, node, cand in fits:
+        for free in self._by_policy(range(spec.per_node, self.fleet.max_gpus + 1)):
+            # A node is in one group of the fabric and buckets are sorted: merged, the
+            # bucket's nodes by id, read only as far as needed.
+            for node_id in heapq.merge(*(group.buckets.get(free, ()) for group in cands)):
+                node = nodes[node_id]
+                if spec.fit(node)[0] is not NodeCode.FITS:
+                    continue
                 if len(chosen) < count:
-                    chosen.append((node, self._gpus(node, cand, need)))
+                    chosen.append((node, self._gpus(node, spec)))
                     if head is None and node.free_ports >= 2:
                         head = len(chosen) - 1
                 elif node.free_ports >= 2:
                     # Every chosen node has a single free port: swap in this one, the
                     # next by the policy that can be the head, for the last chosen.
-                    chosen[-1] = (node, self._gpus(node, cand, need))
+                    chosen[-1] = (node, self._gpus(node, spec))
                     head = len(chosen) - 1
                 if len(chosen) == count and head is not None:
                     return [chosen[head], *chosen[:head], *chosen[head + 1 :]]
@@ -169,31 +171,45 @@ class Solver:
         (binpack) or emptiest first (spread)."""
         return reversed(frees) if self.spread else frees
 
-    def room(self, request: PlaceRequest) -> int:
-        """How many replicas of `request` the schedulable nodes could hold if they were
-        empty, summed over its profiles: the fewer, the more constrained."""
-        total = 0
-        for profile in request.profiles:
-            spec = self.fleet.spec(profile)
-            if spec.error is not None:
-                continue
-            if not spec.multi:
-                total += sum(
-                    c.group.size() * (len(c.match) // spec.per_node)
-                    for c in self.fleet.cands(None, spec)
-                )
-                if spec.cpu_ok:
-                    total += sum(spec.engine in n.cap.engines for n in self.fleet.cpu_nodes)
-                continue
-            for fabric in self.fleet.fabric_names:
-                # cands() holds only groups whose nodes fit a shard.
-                total += sum(c.group.size() for c in self.fleet.cands(fabric, spec)) // spec.nodes
-        return total
+    def rooms(self, requests: Sequence[PlaceRequest]) -> dict[int, int]:
+        """By id(request): how many replicas of it the schedulable nodes could hold if
+        they were empty, summed over its profiles; the fewer, the more constrained.
+        Asked before placing anything, so kept per profile identity."""
+        per_spec: dict[tuple[object, ...], int] = {}
+        out = {}
+        for request in requests:
+            total = 0
+            for profile in request.profiles:
+                spec = self.fleet.spec(profile)
+                if spec.error is not None:
+                    continue  # (and invalid ones could share a valid one's identity)
+                found = per_spec.get(spec.identity)
+                if found is None:
+                    found = per_spec[spec.identity] = self._room(spec)
+                total += found
+            out[id(request)] = total
+        return out
 
-    def _gpus(self, node: Node, cand: Cand, need: int) -> tuple[int, ...]:
-        if cand.all_match:
-            return tuple(sorted(node.free)[:need])
-        return tuple(sorted(node.free & cand.match_set)[:need])
+    def _room(self, spec: Spec) -> int:
+        if not spec.multi:
+            total = sum(
+                g.size() * (len(spec.gpus(g.sig).match) // spec.per_node)
+                for g in self.fleet.cands(None, spec)
+            )
+            if spec.cpu_ok:
+                total += sum(spec.engine in n.engines for n in self.fleet.cpu_nodes)
+            return total
+        # cands() holds only groups whose nodes fit a shard.
+        return sum(
+            sum(g.size() for g in self.fleet.cands(fabric, spec)) // spec.nodes
+            for fabric in self.fleet.fabric_names
+        )
+
+    def _gpus(self, node: Node, spec: Spec) -> tuple[int, ...]:
+        """The lowest-indexed free usable GPUs of `node` for a shard of `spec`."""
+        gpus = spec.gpus(node.sig)
+        free = node.free if gpus.every else node.free & gpus.match_set
+        return tuple(sorted(free)[: spec.per_node])
 
     def commit(
         self, request: PlaceRequest, profile: DeploymentProfile, spec: Spec, choice: _Choice

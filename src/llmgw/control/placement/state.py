@@ -6,29 +6,34 @@ nodes instead of every node."""
 from __future__ import annotations
 
 import bisect
-import re
 from collections.abc import Iterable, Sequence
 
 import attrs
 
 from llmgw.config import DeploymentProfile
 from llmgw.control.fleet import NodeState, Placement
-from llmgw.control.placement.spec import Filter, Sig, Spec, spec_key
+from llmgw.control.placement.spec import Sig, Spec, spec_key
 from llmgw.control.placement.values import NodeCapacity
 
 
 class Node:
+    """One node with what placements hold on it; the fit check reads it (`NodeFacts`)."""
+
     __slots__ = (
         "cap",
+        "cordoned",
         "dirty",
+        "engines",
         "fabrics",
         "free",
         "free_ports",
         "gpus",
         "groups",
+        "has_fabric",
         "id",
         "ports",
         "sig",
+        "state",
         "usable",
     )
 
@@ -44,9 +49,14 @@ class Node:
     ) -> None:
         self.cap = cap
         self.id = cap.node_id
+        self.state = cap.state
+        self.cordoned = cap.cordoned
+        self.engines = cap.engines
+        # Pre-filter for the groups: only these can pass the fit check.
         self.usable = cap.state is NodeState.READY and not cap.cordoned
         self.sig = sig
         self.fabrics = fabrics  # sorted, no empty names
+        self.has_fabric = bool(fabrics)
         self.gpus = gpus  # busy GPU indices (may name GPUs the node no longer reports)
         self.ports = ports  # busy ports
         self.free: set[int] = {g[0] for g in sig}
@@ -80,18 +90,6 @@ class Group:
         return sum(len(ids) for ids in self.buckets.values())
 
 
-class Cand:
-    """A group that a profile filter can use, with the usable GPU indices of its nodes."""
-
-    __slots__ = ("all_match", "group", "match", "match_set")
-
-    def __init__(self, group: Group, match: tuple[int, ...]) -> None:
-        self.group = group
-        self.match = match
-        self.match_set = frozenset(match)
-        self.all_match = len(match) == len(group.sig)
-
-
 class Fleet:
     def __init__(
         self,
@@ -99,6 +97,7 @@ class Fleet:
         existing: Sequence[Placement],
         port_range: tuple[int, int],
     ) -> None:
+        self.port_range = port_range
         self.lo, self.hi = port_range
         caps: dict[str, NodeCapacity] = {}
         for cap in nodes:
@@ -162,10 +161,8 @@ class Fleet:
                 if scope is not None:
                     self.fabric_free[scope] = self.fabric_free.get(scope, 0) + free
         self.fabric_names = sorted(self.fabric_free)
-        self._match_cache: dict[tuple[Filter, Sig], tuple[int, ...]] = {}
-        self._cand_cache: dict[tuple[str | None, str, Filter, int], list[Cand]] = {}
+        self._cand_cache: dict[tuple[str | None, tuple[object, ...]], list[Group]] = {}
         self._specs: dict[tuple[object, ...], Spec] = {}
-        self._regex: dict[str, re.Pattern[str]] = {}
 
     # -- lookups --
 
@@ -176,38 +173,17 @@ class Fleet:
             spec = self._specs[key] = Spec(profile)
         return spec
 
-    def regex(self, pattern: str) -> re.Pattern[str]:
-        compiled = self._regex.get(pattern)
-        if compiled is None:
-            compiled = self._regex[pattern] = re.compile(pattern)
-        return compiled
-
-    def match(self, filt: Filter, sig: Sig) -> tuple[int, ...]:
-        """Indices of the GPUs in `sig` that pass the profile filter."""
-        key = (filt, sig)
-        found = self._match_cache.get(key)
-        if found is None:
-            min_memory, pattern = filt
-            regex = self.regex(pattern) if pattern is not None else None
-            found = tuple(
-                index
-                for index, name, memory in sig
-                if (min_memory is None or memory >= min_memory)
-                and (regex is None or regex.search(name))
-            )
-            self._match_cache[key] = found
-        return found
-
-    def cands(self, scope: str | None, spec: Spec) -> list[Cand]:
-        key = (scope, spec.engine, spec.filt, spec.per_node)
+    def cands(self, scope: str | None, spec: Spec) -> list[Group]:
+        """The groups of `scope` whose nodes have the engine and enough usable GPUs for
+        a shard of `spec`, busy or not: the solver's pre-filter before the fit check."""
+        key = (scope, spec.identity)
         found = self._cand_cache.get(key)
         if found is None:
-            found = []
-            for group in self.scopes.get(scope, ()):
-                if spec.engine in group.engines:
-                    match = self.match(spec.filt, group.sig)
-                    if len(match) >= spec.per_node:
-                        found.append(Cand(group, match))
+            found = [
+                group
+                for group in self.scopes.get(scope, ())
+                if spec.engine in group.engines and spec.gpus(group.sig).code is None
+            ]
             self._cand_cache[key] = found
         return found
 
