@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
@@ -31,6 +32,8 @@ from llmgw.control.placement.wording import absence, counted, label, node_reason
 DRAIN_HINT_SCAN: Final = 256
 # Default cap on the per-node reasons of one profile attempt.
 MAX_NODE_REASONS: Final = 50
+
+_RANK: Final = {code: rank for rank, code in enumerate(NodeCode)}  # the listing's order
 
 
 class _Class:
@@ -249,44 +252,32 @@ class Explainer:
     ) -> tuple[NodeReason, ...]:
         """At most `cap` node reasons, round-robin over the codes so each shows up;
         within a code the closest to fitting first, then by node id."""
-        streams: list[tuple[NodeCode, Iterator[tuple[Node, _Class, Verdict]]]] = []
-        for code in codes:
-            entries = sorted(by_code[code], key=lambda e: (-e[1][1], e[0].members[0].id))
-            streams.append((code, _merge_members(entries)))
-        picked: dict[NodeCode, list[tuple[Node, _Class, Verdict]]] = {c: [] for c in codes}
-        total = 0
-        live = list(streams)
-        while live and total < self.cap:
-            still = []
-            for code, stream in live:
-                if total >= self.cap:
-                    break
-                item = next(stream, None)
-                if item is None:
-                    continue
-                picked[code].append(item)
-                total += 1
-                still.append((code, stream))
-            live = still
+        streams = [
+            _merge_members(sorted(by_code[code], key=lambda e: (-e[1][1], e[0].members[0].id)))
+            for code in codes
+        ]
+        # One node of each code in turn (a code that runs out is padded with None and
+        # skipped), until `cap` are picked; then listed code by code (a stable sort).
+        rounds = itertools.chain.from_iterable(itertools.zip_longest(*streams))
+        picked = list(itertools.islice(filter(None, rounds), self.cap))
+        picked.sort(key=lambda item: _RANK[item[2][0]])
         reasons: dict[int, str] = {}
         return tuple(
-            NodeReason(node.id, code, self._message(node, cls, spec, verdict, reasons))
-            for code in codes
-            for node, cls, verdict in picked[code]
+            NodeReason(node.id, verdict[0], self._message(node, cls, spec, verdict, reasons))
+            for node, cls, verdict in picked
         )
 
     def _fabric_counts(
         self, by_code: dict[NodeCode, list[tuple[_Class, Verdict]]]
     ) -> tuple[dict[str, int], dict[str, int]]:
         """Per fabric: nodes that could host a shard, and those of them with 2 free ports."""
-        ready: dict[str, int] = {}
-        heads: dict[str, int] = {}
+        ready: Counter[str] = Counter()
+        heads: Counter[str] = Counter()
         for cls, _ in by_code.get(NodeCode.FITS, ()):
             for node in cls.members:
-                for fabric in node.fabrics:
-                    ready[fabric] = ready.get(fabric, 0) + 1
-                    if cls.free_ports >= 2:
-                        heads[fabric] = heads.get(fabric, 0) + 1
+                ready.update(node.fabrics)
+                if cls.free_ports >= 2:
+                    heads.update(node.fabrics)
         return ready, heads
 
     def _fabric_reason(

@@ -6,6 +6,7 @@ nodes instead of every node."""
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable, Sequence
 
 import attrs
@@ -201,13 +202,10 @@ class Fleet:
                 group.add(new, node.id)
             for fabric in node.fabrics:
                 self.fabric_free[fabric] -= old - new
-        ports: list[int] = []
-        port = self.lo
-        while len(ports) < nports:
-            while port in node.ports:
-                port += 1
-            ports.append(port)
-            node.ports.add(port)
+        # The lowest ports from the range's start that the node does not hold.
+        free = itertools.filterfalse(node.ports.__contains__, itertools.count(self.lo))
+        ports = list(itertools.islice(free, nports))
+        node.ports.update(ports)
         node.free_ports -= nports
         return ports
 
