@@ -284,8 +284,7 @@ class Explainer:
         self, spec: Spec, fabric: str, ready: dict[str, int], heads: dict[str, int]
     ) -> FabricReason:
         count = ready.get(fabric, 0)
-        nodes = "node" if count == 1 else "nodes"
-        with_gpus = f"{count} ready {nodes} with {plural(spec.per_node, 'free GPU')}"
+        with_gpus = f"{plural(count, 'ready node')} with {plural(spec.per_node, 'free GPU')}"
         if count < spec.nodes:
             return FabricReason(
                 fabric,
@@ -340,8 +339,8 @@ class Explainer:
         return [
             Hint(
                 HintCode.MORE_NODES,
-                f"needs {more} more ready {'node' if more == 1 else 'nodes'} in fabric "
-                f"{fabric} (with {plural(spec.per_node, 'free GPU')} each)",
+                f"needs {plural(more, 'more ready node')} in fabric {fabric} "
+                f"(with {plural(spec.per_node, 'free GPU')} each)",
                 spec.name,
                 fabric=fabric,
             )

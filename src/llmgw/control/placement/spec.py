@@ -170,9 +170,10 @@ class Spec:
 
     def fit(self, node: NodeFacts, *, ignore_cordon: bool = False) -> Verdict:
         """Whether `node` can take one shard of this profile now, and if not why not:
-        the first failing check, from the least to the most fixable by waiting (the
-        order of :class:`NodeCode`, read backwards). `ignore_cordon`: as if uncordoned.
-        A multi-node profile's fabric and head port are the caller's to check."""
+        the first check that fails, in :class:`NodeCode`'s order read backwards (lost,
+        unreachable, cordoned, engine, ... free GPUs, a free port). `ignore_cordon`:
+        as if uncordoned. Which fabric a multi-node replica uses, and which of its
+        nodes has the two ports its head needs, are the caller's to decide."""
         state = node.state
         if state is NodeState.LOST:
             return _LOST

@@ -92,6 +92,8 @@ class Group:
 
 
 class Fleet:
+    """Every node of one plan() call, with the placements made so far."""
+
     def __init__(
         self,
         nodes: Iterable[NodeCapacity],
@@ -168,6 +170,7 @@ class Fleet:
     # -- lookups --
 
     def spec(self, profile: DeploymentProfile) -> Spec:
+        """`profile`'s Spec, one per call: it keeps what it found about each GPU set."""
         key = spec_key(profile)
         spec = self._specs.get(key)
         if spec is None:
