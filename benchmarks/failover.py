@@ -1,8 +1,8 @@
 """Failover between llmgw-server instances on one PostgreSQL (issue #20).
 
     python benchmarks/failover.py [--runs 5] [--leases 10s,4s] [--json]
-                                  [--max-requests 400] [--agent-max-backoff 1s]
-                                  [--workers 1] [--keep]
+                                  [--max-requests 400] [--agent-max-backoff 30s]
+                                  [--workers 0] [--keep]
 
 Each run, for each lease setting (runs interleaved: 10s, 4s, 10s, 4s, ... so drift of
 the shared machine hits both alike), on a fresh database of one throwaway PostgreSQL
@@ -15,13 +15,13 @@ cluster (tests/pg_cluster.py, durable: fsync on, as the benchmarks run it):
   timings are what the failover tests use: a killed node is noticed in seconds, and
   they set the controller's timings that a takeover waits on: heartbeat =
   min(5 s, unreachable_after / 3) = 0.67 s, settle = min(10 s, unreachable_after) =
-  2 s after a term starts. One data-plane worker per instance (``--workers``,
-  LLMGW_WORKERS), as in the tests: with more than one, at c93e4a7 the leader
-  publishes no endpoints to the store (server.py sets the controller's sink to the
-  worker pool, past SharedEndpoints), so the instances that do not lead route nothing;
-* 2 ``llmgw-agent`` processes given all three servers (tests/procs.py's ``agent``:
-  reconnect backoff from 0.5 s, at most ``--agent-max-backoff``, 1 s as in the tests;
-  the agent's own default is 30 s), two fake 80 GB GPUs each;
+  2 s after a term starts (a term after a takeover settles at least 5 s: agents
+  looking for the new leader retry at least every 2 s). llmgw's default number of
+  data-plane workers (``--workers``, LLMGW_WORKERS; 0: one per core);
+* 2 ``llmgw-agent`` processes given all three servers (tests/procs.py's ``agent``,
+  with the agent's own default reconnect backoff, at most ``--agent-max-backoff`` =
+  30 s; with several servers it pauses at most 2 s between attempts), two fake 80 GB
+  GPUs each;
 * one model ``m`` with 2 replicas on ``llmgw-sim``.
 
 It waits until that has settled (a leader, both replicas ready, every instance routing
@@ -411,12 +411,12 @@ def main() -> None:
         "--leases", default="10s,4s", help="control.lease settings (10s: the default, unset)"
     )
     parser.add_argument("--max-requests", type=int, default=400, help="per run")
-    parser.add_argument("--agent-max-backoff", default="1s")
+    parser.add_argument("--agent-max-backoff", default="30s", help="the agent's own default")
     parser.add_argument(
         "--workers",
         type=int,
-        default=1,
-        help="data-plane workers per instance (LLMGW_WORKERS; 1 as in the tests, 0: one per core)",
+        default=0,
+        help="data-plane workers per instance (LLMGW_WORKERS; 0, llmgw's default: one per core)",
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the processes' logs")
