@@ -476,9 +476,10 @@ def main() -> None:
         f"failover  llmgw {c.revision()}  {machine()}\n"
         f"load average (1/5/15 min) at start {load_start}, at end {load_end}; "
         f"{args.runs} runs per lease in {elapsed:.0f} s\n"
-        f"3 instances ({args.workers} worker(s) each), 2 agents (reconnect backoff at most "
-        f"{args.agent_max_backoff}), model m x2 on llmgw-sim; control_config: "
-        "unreachable 2s, lost 5s -> heartbeat 0.67s, settle 2s; seconds from SIGKILL "
+        f"3 instances ({args.workers or 'one per core'} worker(s) each), 2 agents (reconnect "
+        f"backoff at most {args.agent_max_backoff}, 2s while looking for the leader), model m "
+        "x2 on llmgw-sim; control_config: unreachable 2s, lost 5s -> heartbeat 0.67s, a "
+        "term settles 5s; seconds from SIGKILL "
         f"of the leader; survivors polled every {POLL * 1000:.0f} ms\n"
     )
     for name, runs in results.items():
