@@ -219,3 +219,31 @@ def test_a_keys_rpm_holds_across_workers(tmp_path: Path) -> None:
         # 40 a minute between both workers (less at most a lease each: 1 of 40 here).
         assert 38 <= codes[200] <= 40, codes
         assert codes[200] + codes[429] == 100
+
+
+def test_the_engines_are_scraped_once_for_all_workers() -> None:
+    """The control process scrapes each engine and passes what it found to the
+    workers (wire.Samples): an engine sees one scraper, not one per worker."""
+    with (
+        sim(model="m") as (_, engine),
+        server(f"--endpoint=e={engine}=m", "--workers", "2") as srv,
+    ):
+        srv.wait_scraped()
+
+        def scrapes() -> float:
+            # Every process's scrapes, added up by the control process's /metrics.
+            return srv.metric("llmgw_scrapes_total")
+
+        started, first = time.monotonic(), scrapes()
+        wait_for(lambda: scrapes() >= first + 6, "six more scrapes", timeout=30)
+        rate = (scrapes() - first) / (time.monotonic() - started)
+        # One scraper at scrape_interval (1 s): about one a second; three scrapers
+        # (the control process and two workers) would make three.
+        assert rate < 1.8, f"{rate:.1f} scrapes a second: the workers scrape too"
+        # And the workers route by what was passed on: a request is served.
+        r = httpx.post(
+            f"{srv.base}/v1/completions",
+            json={"model": "m", "prompt": "hi", "max_tokens": 1},
+            timeout=10,
+        )
+        assert r.status_code == 200, r.text

@@ -36,6 +36,7 @@ from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
 from llmgw.router.responses import ResponseHomes
 from llmgw.router.scheduling import Candidate, Decision, Saturation, Scheduler
 from llmgw.router.scheduling.plugins import default_schedulers
+from llmgw.router.scrape import EngineSample
 from llmgw.router.scraper import Scraper
 from llmgw.router.sleep import Sleeper
 from llmgw.router.tracing import Tracing
@@ -116,6 +117,7 @@ class Router:
         sleep_idle: bool = True,
         on_woke: Callable[[EndpointState], None] | None = None,
         rendezvous: bool = False,
+        scrape: bool = True,
     ) -> None:
         """`schedulers` replaces the schedulers of routing profiles by name (a profile
         a model can select is one ``[router.profiles]`` names): compositions of
@@ -126,7 +128,9 @@ class Router:
         sleep here (a worker: the control process decides), only woken, and
         `on_woke` hears of each wake. With `rendezvous` a session or prompt this
         router has not routed goes to the home its key hashes to (routers that share
-        no tables agree: scheduling.plugins.Rendezvous)."""
+        no tables agree: scheduling.plugins.Rendezvous). With `scrape` False the
+        engines' state comes from elsewhere (a worker: the control process scrapes and
+        passes it on, :meth:`take_samples`)."""
         r = config.router
         self.config = config
         self.catalog = catalog or catalog_for(config)
@@ -177,6 +181,7 @@ class Router:
             self.usage_sinks.append(KeyMetrics(self.metrics.registry))
         self.rng = rng or random.Random()
         self.rendezvous = rendezvous
+        self.scrape = scrape
         # Keys come from the store, when there is one (see server.serve).
         self.auth = auth or Authenticator(
             None, None, required=config.auth.required, cache_ttl=config.auth.cache_ttl
@@ -207,6 +212,26 @@ class Router:
         self.scraper.poke()
         self.admission.poke_all()
 
+    def take_samples(
+        self,
+        scraped: Iterable[tuple[str, EngineSample | None, float | None, str | None, int | None]],
+    ) -> None:
+        """The engines' state as another router scraped it: (endpoint id, sample, seconds
+        since its last good scrape, the last error, llama.cpp's reported capacity)."""
+        now = trio.current_time()
+        for ident, sample, age, error, capacity in scraped:
+            state = self.endpoints.get(ident)
+            if state is None:
+                continue
+            if sample is not None and sample is not state.sample:
+                state.sample = sample
+                state.inflight_at_scrape = state.inflight  # this router's, at the sample
+            state.last_scrape = None if age is None else now - age
+            state.last_error = error
+            if capacity is not None:
+                state.reported_capacity = capacity
+        self.admission.poke_all()
+
     def drain(self, endpoint_id: str) -> None:
         self.endpoints.drain(endpoint_id)
         self.admission.poke_all()
@@ -224,7 +249,8 @@ class Router:
         """Scrape endpoints until cancelled."""
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.scraper.run)
+                if self.scrape:
+                    nursery.start_soon(self.scraper.run)
                 await nursery.start(self.admission.run)
                 await nursery.start(self.auth.limits.run)
                 if self.sleep_idle:

@@ -17,9 +17,9 @@ control process), a report twice a second (its demand per model, its in-flight
 count per endpoint, its admission queues) and its metrics when ``/metrics`` is
 scraped; the control process merges them (:mod:`llmgw.workers.merge`).
 
-Each worker scrapes the engines itself: a scrape is one small GET per engine per
-interval, and a worker's own reading is fresher than one relayed (benchmarks/README.md
-has the measurement). Workers agree on a prefix's and a session's home replica without
+The control process scrapes each engine once and passes what it found to every
+worker after each pass: a scrape costs the scraper about 1.3 ms of CPU (measured:
+docs/operations.md, "Every core"), which N workers would each pay per engine. Workers agree on a prefix's and a session's home replica without
 talking to each other: an unseen key's home is a rendezvous hash of the key over the
 replicas that can take it (:mod:`llmgw.router.scheduling`), so N workers keep a
 prefix on one replica as one process does. A worker that dies is started again; the

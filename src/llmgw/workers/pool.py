@@ -164,6 +164,17 @@ class WorkerPool:
         # hash flooding stays as hard as with a random seed per process).
         self.hash_seed = secrets.randbelow(2**32 - 1) + 1
         router.metrics.registry.register(_PoolCollector(self))
+        # One scrape of each engine for all: after each pass, its findings to every
+        # worker (N workers scraping each engine themselves cost each of them as much
+        # CPU as this process spends: benchmarks/README.md, "workers").
+        after_pass = router.scraper.on_pass
+
+        def scraped() -> None:
+            if after_pass is not None:
+                after_pass()
+            self._broadcast(self._samples())
+
+        router.scraper.on_pass = scraped
         self._metrics_answered = trio.Event()
 
     # -- the control plane's endpoint sink and the catalog's listener ---------------------
@@ -249,6 +260,21 @@ class WorkerPool:
             slot.metrics.clear()
         own = list(self.router.metrics.registry.collect())
         return generate_latest(_Merged(list(merge.metrics(own, answers))))
+
+    def _samples(self) -> wire.Samples:
+        now = trio.current_time()
+        return wire.Samples(
+            [
+                wire.Scraped(
+                    s.endpoint.id,
+                    s.sample,
+                    None if s.last_scrape is None else now - s.last_scrape,
+                    s.last_error,
+                    s.reported_capacity,
+                )
+                for s in self.router.endpoints.all()
+            ]
+        )
 
     def _reports(self) -> list[wire.Report]:
         return [s.report for s in self.slots.values() if s.report is not None]

@@ -16,6 +16,7 @@ import msgspec
 import trio
 
 from llmgw.router.endpoints import Endpoint
+from llmgw.router.scrape import EngineSample
 from llmgw.router.usage import UsageRecord
 
 __all__ = [
@@ -35,6 +36,8 @@ __all__ = [
     "Reload",
     "Remove",
     "Report",
+    "Samples",
+    "Scraped",
     "Stop",
     "ToWorker",
     "Upsert",
@@ -96,6 +99,22 @@ class Passed(msgspec.Struct, tag=True, frozen=True):
     unplaceable: dict[str, str]
 
 
+class Scraped(msgspec.Struct, frozen=True):
+    """What the control process's last scrape of one endpoint found."""
+
+    endpoint_id: str
+    sample: EngineSample | None
+    age: float | None  # seconds since the last successful scrape (None: never)
+    error: str | None
+    reported_capacity: int | None  # llama.cpp's /props total_slots
+
+
+class Samples(msgspec.Struct, tag=True, frozen=True):
+    """After each of the control process's scrape passes: every endpoint's state."""
+
+    endpoints: list[Scraped]
+
+
 class MetricsAsk(msgspec.Struct, tag=True, frozen=True):
     seq: int
 
@@ -108,7 +127,19 @@ class Stop(msgspec.Struct, tag=True, frozen=True):
     """Stop accepting, let what is in flight finish (router.drain_timeout), exit."""
 
 
-ToWorker = Hello | Catalog | Upsert | Drain | Remove | Asleep | Passed | MetricsAsk | Reload | Stop
+ToWorker = (
+    Hello
+    | Catalog
+    | Upsert
+    | Drain
+    | Remove
+    | Asleep
+    | Passed
+    | Samples
+    | MetricsAsk
+    | Reload
+    | Stop
+)
 
 
 # -- worker -> control process -------------------------------------------------------

@@ -109,6 +109,7 @@ class Worker:
             fleet=self.fleet,
             sleep_idle=False,
             rendezvous=True,
+            scrape=False,  # the control process scrapes once for all (wire.Samples)
             on_woke=lambda state: self.post(wire.Woke(state.endpoint.id)),
         )
         for endpoint in hello.endpoints:
@@ -208,6 +209,11 @@ class Worker:
                 elif isinstance(message, wire.Passed):
                     self.fleet.unplaceable_now = dict(message.unplaceable)
                     router.cold.check()
+                elif isinstance(message, wire.Samples):
+                    router.take_samples(
+                        (s.endpoint_id, s.sample, s.age, s.error, s.reported_capacity)
+                        for s in message.endpoints
+                    )
                 elif isinstance(message, wire.MetricsAsk):
                     collected = families(router.metrics.registry.collect())
                     self.post(wire.Metrics(message.seq, collected))
