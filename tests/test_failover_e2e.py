@@ -254,8 +254,10 @@ def test_any_instance_answers_for_the_fleet_and_takes_runtime_models(
     servers, _, _ = ha
     leader = next(s for s in servers if leading(s))
     follower = next(s for s in servers if s is not leader)
-    # The fleet, as the leader knows it, from any instance.
+    # The fleet, as the leader knows it, from any instance: the API and the dashboard.
     assert set(follower.nodes()) == set(leader.nodes()) == {"n0", "n1"}
+    page = httpx.get(f"{follower.admin}/fleet", timeout=10)
+    assert page.status_code == 200 and "n0" in page.text and "n1" in page.text
     assert {r["id"] for r in follower.replicas("m")} == {r["id"] for r in leader.replicas("m")}
     # A model added through a follower is the leader's to place, and every
     # instance routes to it.

@@ -2,9 +2,10 @@
 
 Instances on one store (llmgw.control.leadership) each serve the admin API, but only
 the leader knows the fleet: on the others the routes that read or change it (nodes,
-replicas, placement, models) are passed on to the leader's admin listener as they
-came (its admin key checks, its answer), so ``llmgw-ctl`` and scripts work against
-any instance. What is each instance's own (its metrics, health, endpoints, admission
+replicas, placement, models; the dashboard's fleet and models pages) are passed on to
+the leader's admin listener as they came (its admin key or login checks: sessions
+live in the shared store; its answer), so ``llmgw-ctl``, scripts and the dashboard
+work against any instance. What is each instance's own (its metrics, health, endpoints, admission
 queues, keys and usage in the shared store, the profiler) stays local. With no leader
 known (an election under way) those routes answer 503 with Retry-After.
 """
@@ -19,8 +20,17 @@ from llmgw.http.forward import Forward
 
 __all__ = ["CONTROL_PATHS", "ToLeader"]
 
-#: The admin paths (and those under them) that belong to the leader.
-CONTROL_PATHS = ("/api/v1/nodes", "/api/v1/replicas", "/api/v1/placement", "/api/v1/models")
+#: The admin paths (and those under them) that belong to the leader: the API's and the
+#: dashboard's fleet and models pages and their actions.
+CONTROL_PATHS = (
+    "/api/v1/nodes",
+    "/api/v1/replicas",
+    "/api/v1/placement",
+    "/api/v1/models",
+    "/fleet",
+    "/models",
+    "/nodes",
+)
 
 
 def _control(path: str) -> bool:

@@ -19,10 +19,12 @@ scraped; the control process merges them (:mod:`llmgw.workers.merge`).
 
 The control process scrapes each engine once and passes what it found to every
 worker after each pass: a scrape costs the scraper about 1.3 ms of CPU (measured:
-docs/operations.md, "Every core"), which N workers would each pay per engine. Workers agree on a prefix's and a session's home replica without
-talking to each other: an unseen key's home is a rendezvous hash of the key over the
-replicas that can take it (:mod:`llmgw.router.scheduling`), so N workers keep a
-prefix on one replica as one process does. A worker that dies is started again; the
+docs/operations.md, "Every core"), which N workers would each pay per engine.
+
+Workers agree on a prefix's and a session's home replica without talking to each
+other: an unseen key's home is a rendezvous hash of the key over the replicas that
+can take it (:mod:`llmgw.router.scheduling`), so N workers keep a prefix on one
+replica as one process does. A worker that dies is started again; the
 others keep serving meanwhile.
 
 :mod:`llmgw.workers.pool` is the control process's side, :mod:`llmgw.workers.worker`
