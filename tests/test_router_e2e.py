@@ -199,8 +199,18 @@ def test_a_killed_engine_is_routed_around() -> None:
 
 
 def test_errors_before_the_first_byte_are_retried_and_open_the_breaker() -> None:
-    config = FAST + 'failure_threshold = 2\ncooldown = "1s"\n'
-    with fleet(2, config=config) as (srv, bases):
+    with contextlib.ExitStack() as stack:
+        bases = [stack.enter_context(sim(model="m"))[1] for _ in range(2)]
+        # s0 first (priority 0), s1 the fallback tier: every request tries s0 while its
+        # breaker lets it, whatever the scores (an equal pair was chosen between at
+        # random, or by scrape age under load, and s0 could miss its second failure).
+        endpoints = "".join(
+            f'[[endpoints]]\nid = "s{i}"\nurl = "{b}"\nmodels = ["m"]\npriority = {i}\n'
+            for i, b in enumerate(bases)
+        )
+        config = FAST + 'failure_threshold = 2\ncooldown = "1s"\n' + endpoints
+        srv = stack.enter_context(server(config=config))
+        srv.wait_scraped()
         set_faults(bases[0], error_rate=1.0, error_status=500)
         seen = Counter(chat(srv).headers.get("x-llmgw-endpoint") for _ in range(10))
         assert seen == {"s1": 10}
