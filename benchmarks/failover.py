@@ -93,16 +93,6 @@ MAX_REQUESTS = 2000
 POLL = 0.05  # seconds between polls of the survivors
 DEADLINE = 60.0  # seconds any one wait may take
 
-MODEL = """
-[[models]]
-name = "m"
-replicas = 2
-
-[[models.profiles]]
-name = "sim"
-engine = "sim"
-weights = "sim"
-"""
 
 ADDED = {
     "name": "added",
@@ -115,6 +105,7 @@ _STARTS = re.compile(r'^llmgw_fleet_commands_total\{command="start"\} (\S+)$', r
 
 
 def config(url: str, lease: float | None) -> str:
+    from tests.test_failover_e2e import MODEL
     from tests.test_fleet_e2e import control_config
 
     text = control_config([MODEL], extra=f'[store]\nurl = "{url}"\n')
@@ -238,20 +229,11 @@ class Load:
 
 def poll(check: Callable[[], T | None], what: str, timeout: float = DEADLINE) -> T:
     """`check()` every POLL seconds until truthy (HTTP errors count as not yet)."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            found = check()
-        except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:
-            last = exc
-        else:
-            if found:
-                return found
-            last = found
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{what}: not within {timeout:g}s; last: {last!r}")
-        time.sleep(POLL)
+    from tests.waiting import TRANSIENT, wait_for
+
+    return wait_for(
+        check, what, timeout, interval=POLL, transient=(*TRANSIENT, ValueError, KeyError)
+    )
 
 
 def one_run(url: str, lease: float | None, args: argparse.Namespace) -> dict[str, Any]:

@@ -82,22 +82,21 @@ class Limits(Protocol):
         """Background work until cancelled."""
 
 
-def _rpm(key: KeyRecord, wait: float) -> LimitExceeded:
+def _over(limit: int | None, what: str, code: str, wait: float) -> LimitExceeded:
     return LimitExceeded(
         429,
-        f"rate limit of {key.rpm} requests per minute reached for this API key",
-        "rpm_exceeded",
+        f"rate limit of {limit} {what} per minute reached for this API key",
+        code,
         max(1.0, math.ceil(wait)),
     )
+
+
+def _rpm(key: KeyRecord, wait: float) -> LimitExceeded:
+    return _over(key.rpm, "requests", "rpm_exceeded", wait)
 
 
 def _tpm(key: KeyRecord, wait: float) -> LimitExceeded:
-    return LimitExceeded(
-        429,
-        f"rate limit of {key.tpm} tokens per minute reached for this API key",
-        "tpm_exceeded",
-        max(1.0, math.ceil(wait)),
-    )
+    return _over(key.tpm, "tokens", "tpm_exceeded", wait)
 
 
 @attrs.define

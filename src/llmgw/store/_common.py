@@ -346,19 +346,11 @@ def take_rate(
     RATE_WINDOW, counting every grant of the window whoever took it; returns what was
     granted and when the oldest grant in the window was taken (None: none)."""
     db.lock_rate(key_id)
-    used, oldest = one(
-        db,
-        "SELECT COALESCE(SUM(amount), 0), MIN(at) FROM rate_grants"
-        " WHERE key_id = ? AND kind = ? AND at > ?",
-        (key_id, kind, now - RATE_WINDOW),
-    ) or (0, None)
-    granted = max(0, min(amount, limit - int(used)))
+    used, oldest = used_rate(db, key_id, kind, now)
+    granted = max(0, min(amount, limit - used))
     if granted:
-        db.run(
-            "INSERT INTO rate_grants (key_id, kind, at, amount) VALUES (?, ?, ?, ?)",
-            (key_id, kind, now, granted),
-        )
-    return granted, None if oldest is None else float(oldest)
+        add_rate(db, [(key_id, kind, now, granted)])
+    return granted, oldest
 
 
 def add_rate(db: DB, rows: Sequence[tuple[str, str, float, int]]) -> None:
