@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterable, Sequence
 import attrs
 
 from llmgw import units
-from llmgw.config import DeploymentProfile, ModelConfig
+from llmgw.domain.catalog import DeploymentProfile, ModelConfig
 
 ENGINES = ("vllm", "sglang", "sim", "llamacpp")
 #: The environment variable each engine reads its API key from (vLLM's --api-key

@@ -15,7 +15,8 @@ from typing import Any
 import cattrs
 
 from llmgw import catalog as cat
-from llmgw.config import ConfigError, ModelConfig, _structure_problems, converter
+from llmgw.config import ConfigError, _structure_problems, converter
+from llmgw.domain.catalog import ModelConfig
 from llmgw.store.base import Store, model_from_dict, model_to_dict
 
 log = logging.getLogger("llmgw.models")

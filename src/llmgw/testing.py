@@ -50,7 +50,7 @@ from llmgw.agent.agent import Agent, NodeSettings
 from llmgw.agent.discovery import fake_gpus
 from llmgw.catalog import Catalog
 from llmgw.control.controller import Controller
-from llmgw.control.fleet import Gpu
+from llmgw.domain.fleet import Gpu
 from llmgw.router.core import Router
 from llmgw.testing_launcher import InProcessLauncher
 from llmgw.transport.stub import StubNetwork

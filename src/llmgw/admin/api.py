@@ -65,8 +65,8 @@ from llmgw.admin.views import (
 )
 from llmgw.admin.web import TRUSTED, asgi, build_app
 from llmgw.catalog import Catalog
-from llmgw.config import ModelConfig
 from llmgw.control import views
+from llmgw.domain.catalog import ModelConfig
 from llmgw.http.asgi import Receive, Scope, Send
 from llmgw.router.core import Router
 from llmgw.store.base import Store

@@ -26,7 +26,8 @@ from llmgw.admin.inputs import json_object
 from llmgw.admin.schema import structure_strict
 from llmgw.admin.views import unstructure
 from llmgw.config import ConfigError
-from llmgw.store.base import DuplicateKeyName, KeyRecord, Store
+from llmgw.domain.keys import KeyRecord
+from llmgw.store.base import DuplicateKeyName, Store
 
 if TYPE_CHECKING:
     from llmgw.admin.api import AdminApp

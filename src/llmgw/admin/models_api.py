@@ -28,8 +28,9 @@ from llmgw.admin.contract import ApiError, json_reply
 from llmgw.admin.inputs import json_object
 from llmgw.admin.schema import JSON_WORDING
 from llmgw.admin.views import unstructure
-from llmgw.config import ConfigError, ModelConfig, hide_profile_keys, shape_problems
+from llmgw.config import ConfigError, hide_profile_keys, shape_problems
 from llmgw.control import views
+from llmgw.domain.catalog import ModelConfig
 from llmgw.models import ModelChangeError, parse_model
 from llmgw.store.base import model_to_dict
 

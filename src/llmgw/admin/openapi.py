@@ -24,7 +24,7 @@ from llmgw.admin.keys import KeyCreate
 from llmgw.admin.models_api import MAX_REPLICAS, ModelLive
 from llmgw.admin.schema import SchemaBuilder
 from llmgw.catalog import ENGINES
-from llmgw.config import AutoscaleConfig, DeploymentProfile, ModelConfig
+from llmgw.domain.catalog import AutoscaleConfig, DeploymentProfile, ModelConfig
 
 if TYPE_CHECKING:
     from llmgw.admin.api import AdminApp

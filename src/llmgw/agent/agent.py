@@ -47,7 +47,7 @@ from llmgw.agent.discovery import DiscoveryError, discover
 from llmgw.agent.launcher import Launcher
 from llmgw.agent.servers import Servers
 from llmgw.agent.supervisor import Shard, Supervisor
-from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo, ShardState
+from llmgw.domain.fleet import EngineInfo, Gpu, NodeInfo, ShardState
 from llmgw.errors import first_line
 from llmgw.transport.base import AgentConnector, ServerConnection, TransportError
 from llmgw.transport.messages import (

@@ -90,8 +90,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from llmgw.control.fleet import EngineExit, NodeState, ReplicaState, StartFailure
 from llmgw.control.views import ModelCounts, gpu_holders, model_counts, schedulable_free
+from llmgw.domain.fleet import EngineExit, NodeState, ReplicaState, StartFailure
 
 if TYPE_CHECKING:
     from llmgw.control.controller import Controller

@@ -43,16 +43,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 from llmgw.catalog import API_KEY_ENV, SLEEPS
-from llmgw.config import ControlConfig, ModelConfig
+from llmgw.config import ControlConfig
 from llmgw.control.durations import Durations
-from llmgw.control.fleet import (
-    EngineExit,
-    NodeState,
-    Placement,
-    ReplicaState,
-    ShardState,
-    StartFailure,
-)
 from llmgw.control.placement import (
     HintCode,
     NodeCapacity,
@@ -60,6 +52,15 @@ from llmgw.control.placement import (
     PlanResult,
     Unplaceable,
     plan,
+)
+from llmgw.domain.catalog import ModelConfig
+from llmgw.domain.fleet import (
+    EngineExit,
+    NodeState,
+    Placement,
+    ReplicaState,
+    ShardState,
+    StartFailure,
 )
 from llmgw.transport.messages import (
     DrainShard,

@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from cattrs.preconf.json import make_converter
 
-from llmgw.control.fleet import NodeState, ReplicaState
 from llmgw.control.inventory import NodeRecord
 from llmgw.control.placement import Hint, ProfileAttempt, Unplaceable
 from llmgw.control.reconciler import Replica
+from llmgw.domain.fleet import NodeState, ReplicaState
 
 if TYPE_CHECKING:
     from llmgw.control.controller import Controller

@@ -21,6 +21,9 @@ import attrs
 import httpx
 import trio
 
+from llmgw.domain.engine_metrics import UNKNOWN
+from llmgw.domain.keys import KeyRecord
+from llmgw.domain.usage import Caller, Usage, UsageRecord
 from llmgw.http.asgi import (
     BodyTooLarge,
     ClientLeft,
@@ -53,12 +56,11 @@ from llmgw.router.paths import (
 )
 from llmgw.router.proxy import AttemptFailed, Delivery, PathMissing
 from llmgw.router.responses import SCAN_BYTES, Home, response_id_in
-from llmgw.router.scrape import UNKNOWN
-from llmgw.router.usage import NO_USAGE, Caller, Usage, UsageRecord, estimate_prompt_tokens
-from llmgw.store.base import KeyRecord
+from llmgw.router.usage import NO_USAGE, estimate_prompt_tokens
 
 if TYPE_CHECKING:
-    from llmgw.config import Band, ModelConfig
+    from llmgw.config import Band
+    from llmgw.domain.catalog import ModelConfig
     from llmgw.router.core import Router
     from llmgw.router.endpoints import EndpointState
     from llmgw.router.tracing import RequestSpan

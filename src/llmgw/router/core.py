@@ -17,7 +17,10 @@ import trio
 from prometheus_client import generate_latest
 
 from llmgw.catalog import Catalog
-from llmgw.config import Config, EndpointConfig, ModelConfig
+from llmgw.config import Config, EndpointConfig
+from llmgw.domain.catalog import ModelConfig
+from llmgw.domain.endpoints import Endpoint
+from llmgw.domain.usage import Caller, UsageRecord, UsageSink
 from llmgw.router.access import AccessLog
 from llmgw.router.admission import AdmissionController
 from llmgw.router.affinity import (
@@ -30,7 +33,7 @@ from llmgw.router.app import ClientApp
 from llmgw.router.auth import Authenticator
 from llmgw.router.breaker import Outcome, Ticket
 from llmgw.router.coldstart import ColdStarts, Fleet
-from llmgw.router.endpoints import Endpoint, EndpointRegistry, EndpointState
+from llmgw.router.endpoints import EndpointRegistry, EndpointState
 from llmgw.router.metrics import KeyMetrics, RouterMetrics
 from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
 from llmgw.router.responses import ResponseHomes
@@ -39,13 +42,7 @@ from llmgw.router.scheduling.plugins import default_schedulers
 from llmgw.router.scraper import Scraper
 from llmgw.router.sleep import Sleeper
 from llmgw.router.tracing import Tracing
-from llmgw.router.usage import (
-    BYTES_PER_TOKEN,
-    NO_USAGE,
-    Caller,
-    UsageRecord,
-    UsageSink,
-)
+from llmgw.router.usage import BYTES_PER_TOKEN, NO_USAGE
 
 NOBODY = Caller()
 

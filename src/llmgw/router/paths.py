@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from llmgw.router.scrape import ENGINES, UNKNOWN
+from llmgw.domain.engine_metrics import ENGINES, UNKNOWN
 
 __all__ = [
     "CHAT",

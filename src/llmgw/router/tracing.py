@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
     from llmgw.config import TracingConfig
-    from llmgw.router.usage import Caller, Usage
+    from llmgw.domain.usage import Caller, Usage
 
 __all__ = ["AttemptSpan", "RequestSpan", "Tracing", "missing_packages"]
 

@@ -15,8 +15,8 @@ from typing import Any
 import msgspec
 import trio
 
-from llmgw.router.endpoints import Endpoint
-from llmgw.router.usage import UsageRecord
+from llmgw.domain.endpoints import Endpoint
+from llmgw.domain.usage import UsageRecord
 
 __all__ = [
     "MAX_FRAME",

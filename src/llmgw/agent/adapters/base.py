@@ -33,7 +33,7 @@ from typing import Protocol
 import attrs
 import trio
 
-from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo
+from llmgw.domain.fleet import EngineInfo, Gpu, NodeInfo
 from llmgw.transport.messages import StartShard
 
 __all__ = [

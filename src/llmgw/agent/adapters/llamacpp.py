@@ -33,7 +33,7 @@ from pathlib import Path
 import trio
 
 from llmgw.agent.adapters.base import BaseAdapter, LaunchSpec, base_url, flag_name
-from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo
+from llmgw.domain.fleet import EngineInfo, Gpu, NodeInfo
 from llmgw.transport.messages import StartShard
 
 __all__ = [

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from llmgw import __version__
 from llmgw.agent.adapters.base import BaseAdapter, LaunchSpec, base_url, flag_int, flag_value
-from llmgw.control.fleet import EngineInfo, NodeInfo
+from llmgw.domain.fleet import EngineInfo, NodeInfo
 from llmgw.sim.personalities import PERSONALITIES, engine_config
 from llmgw.transport.messages import StartShard
 
