@@ -28,6 +28,7 @@ from llmgw.admin.contract import ApiError, json_reply
 from llmgw.admin.inputs import json_object
 from llmgw.admin.schema import JSON_WORDING
 from llmgw.admin.views import unstructure
+from llmgw.catalog import replica_bound
 from llmgw.config import ConfigError, hide_profile_keys, shape_problems
 from llmgw.control import views
 from llmgw.domain.catalog import ModelConfig
@@ -38,11 +39,7 @@ if TYPE_CHECKING:
     from llmgw.admin.api import AdminApp
     from llmgw.models import ModelRegistry
 
-__all__ = ["MAX_REPLICAS", "ModelLive", "RoutingView"]
-
-# More replicas than any fleet has GPUs: a typo (replicas = 10000000) must not send the
-# reconciler off placing them.
-MAX_REPLICAS = 10_000
+__all__ = ["ModelLive", "RoutingView"]
 
 NO_STORE = (
     "no store is configured (store.url), so a model added now would vanish on restart; "
@@ -153,9 +150,11 @@ def _check_replicas(body: dict[str, Any]) -> None:
     counts = [("replicas", body.get("replicas"))]
     if isinstance(autoscale, dict):
         counts += [(f"autoscale.{k}", autoscale.get(k)) for k in ("min_replicas", "max_replicas")]
+    # The catalog's bound, asked before structuring so that the keys are the body's own
+    # (the catalog's check names them `models[i].`).
     for key, n in counts:
-        if isinstance(n, int) and not isinstance(n, bool) and n > MAX_REPLICAS:
-            raise _invalid([f"{key}: must be at most {MAX_REPLICAS}, got {n}"])
+        if isinstance(n, int) and not isinstance(n, bool) and (problems := replica_bound(key, n)):
+            raise _invalid(problems)
 
 
 def _parse(body: dict[str, Any]) -> ModelConfig:

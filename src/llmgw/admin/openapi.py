@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 import llmgw
 from llmgw.admin.contract import ErrorBody, Out, Route
 from llmgw.admin.keys import KeyCreate
-from llmgw.admin.models_api import MAX_REPLICAS, ModelLive
+from llmgw.admin.models_api import ModelLive
 from llmgw.admin.schema import SchemaBuilder
-from llmgw.catalog import ENGINES
+from llmgw.catalog import MAX_REPLICAS
 from llmgw.domain.catalog import AutoscaleConfig, DeploymentProfile, ModelConfig
+from llmgw.domain.engines import ENGINES
 
 if TYPE_CHECKING:
     from llmgw.admin.api import AdminApp

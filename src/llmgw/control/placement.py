@@ -74,6 +74,7 @@ import attrs
 
 from llmgw.config import PLACEMENT_POLICIES, DeploymentProfile, ModelConfig
 from llmgw.control.fleet import Gpu, NodeInfo, NodeState, Placement, ShardAssignment
+from llmgw.domain.engines import cpu_engines
 
 __all__ = [
     "CPU_ENGINES",
@@ -96,7 +97,7 @@ __all__ = [
 ]
 
 # Engines that can run without a GPU (see the module docstring for the exact rule).
-CPU_ENGINES: Final = frozenset({"sim", "llamacpp"})
+CPU_ENGINES: Final = cpu_engines()
 # Existing placements tried, one at a time, for the "fits if X were drained" hint.
 DRAIN_HINT_SCAN: Final = 256
 # Default cap on the per-node reasons of one profile attempt.
@@ -295,7 +296,7 @@ def cpu_capable(profile: DeploymentProfile) -> bool:
     """Whether `profile` may run on a node without GPUs (see the module docstring)."""
     return (
         profile.engine in CPU_ENGINES
-        and profile.tensor_parallel * profile.pipeline_parallel == 1
+        and profile.gpus == 1
         and profile.min_gpu_memory is None
         and profile.gpu_name is None
     )
@@ -354,10 +355,10 @@ class _Spec:
         self.filt: _Filter = (profile.min_gpu_memory, profile.gpu_name)
         self.cpu_ok = cpu_capable(profile)
         self.error: str | None = None
-        total = profile.tensor_parallel * profile.pipeline_parallel
-        per_node = profile.gpus_per_node or total
+        total = profile.gpus
+        per_node = profile.shard_gpus
         self.per_node = per_node
-        self.nodes = total // per_node if per_node >= 1 else 0
+        self.nodes = profile.node_count
         if total < 1 or per_node < 1 or total % per_node:
             self.error = (
                 f"tensor_parallel x pipeline_parallel = {total} GPUs does not split "

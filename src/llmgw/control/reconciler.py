@@ -42,7 +42,6 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from llmgw.catalog import API_KEY_ENV, SLEEPS
 from llmgw.config import ControlConfig
 from llmgw.control.durations import Durations
 from llmgw.control.placement import (
@@ -54,6 +53,7 @@ from llmgw.control.placement import (
     plan,
 )
 from llmgw.domain.catalog import ModelConfig
+from llmgw.domain.engines import ENGINES
 from llmgw.domain.fleet import (
     EngineExit,
     NodeState,
@@ -97,7 +97,7 @@ class Publish:
     # Sent with every request to it (its profile's API key).
     headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), repr=False)
     # Idle this long, the router puts it to sleep (its profile's sleep_after, for the
-    # engines the router sleeps: catalog.SLEEPS).
+    # engines the router sleeps: llmgw.domain.engines).
     sleep_after: float | None = None
 
 
@@ -440,7 +440,9 @@ class Reconciler:
         key = profile.api_key
         if key is not None:
             # In the engine's environment, not its argv (which any user can list).
-            profile = attrs.evolve(profile, env={**profile.env, API_KEY_ENV[profile.engine]: key})
+            env = ENGINES[profile.engine].api_key_env
+            assert env is not None  # the catalog refuses an api_key for the others
+            profile = attrs.evolve(profile, env={**profile.env, env: key})
             headers = ((b"authorization", b"Bearer " + key.encode()),)
         head = placement.head
         master = nodes[head.node_id].capacity.address if head.node_id in nodes else None
@@ -464,7 +466,8 @@ class Reconciler:
             )
             for shard in placement.shards
         )
-        sleep = profile.sleep_after if SLEEPS.get(profile.engine) == "router" else None
+        engine = ENGINES.get(profile.engine)
+        sleep = profile.sleep_after if engine is not None and engine.sleeps == "router" else None
         self.replicas[placement.replica_id] = Replica(
             placement,
             ReplicaState.STARTING,

@@ -2,7 +2,8 @@
 belong to them, importing nothing of llmgw but :mod:`llmgw.units`.
 
 * :mod:`.catalog`: models, deployment profiles, autoscale bounds (the configuration's
-  shape).
+  shape) and their GPU arithmetic.
+* :mod:`.engines`: the engine registry, one entry per engine llmgw can run.
 * :mod:`.engine_metrics`: an engine's ``/metrics`` page read in its dialect.
 * :mod:`.fleet`: nodes, GPUs, placements, replica and shard states.
 * :mod:`.endpoints`: the replicas the router sends requests to, and where they come from.

@@ -1,5 +1,5 @@
 """The catalog's values: a model clients name, its deployment profiles and autoscale
-bounds.
+bounds, with the GPU arithmetic every user of them shares.
 
 They are written in the configuration's shape (llmgw.config re-exports them and
 structures them from TOML; the admin API from JSON); the rules over a whole catalog
@@ -7,6 +7,9 @@ are llmgw.catalog's.
 """
 
 from __future__ import annotations
+
+import functools
+import re
 
 import attrs
 
@@ -16,7 +19,15 @@ __all__ = [
     "AutoscaleConfig",
     "DeploymentProfile",
     "ModelConfig",
+    "gpu_name_pattern",
 ]
+
+
+@functools.lru_cache(maxsize=256)
+def gpu_name_pattern(gpu_name: str) -> re.Pattern[str]:
+    """A profile's `gpu_name`, compiled once for every check and match of it; raises
+    re.error when it is not a regular expression."""
+    return re.compile(gpu_name)
 
 
 @attrs.frozen
@@ -47,6 +58,24 @@ class DeploymentProfile:
     # of a cold start (docs/autoscaling.md, "Sleep"). vLLM, llama.cpp and sim; None:
     # never sleeps.
     sleep_after: Seconds | None = None
+
+    # The GPU arithmetic, here once: the catalog's checks, placement and the agent's
+    # adapters all ask these instead of multiplying themselves.
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one replica uses: tensor_parallel x pipeline_parallel."""
+        return self.tensor_parallel * self.pipeline_parallel
+
+    @property
+    def shard_gpus(self) -> int:
+        """GPUs on each node a replica spans: `gpus_per_node`, else all on one node."""
+        return self.gpus_per_node or self.gpus
+
+    @property
+    def node_count(self) -> int:
+        """Nodes one replica spans (0 when `gpus_per_node` is below 1)."""
+        return self.gpus // self.shard_gpus if self.shard_gpus >= 1 else 0
 
 
 @attrs.frozen

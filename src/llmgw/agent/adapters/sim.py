@@ -37,7 +37,6 @@ def sim_capacity(args: Sequence[str]) -> int:
 class SimAdapter(BaseAdapter):
     name = "sim"
     reserved_flags = frozenset({"--host", "--port", "--model"})
-    needs_gpus = False
 
     def __init__(self, python: str | None = None) -> None:
         super().__init__(info=EngineInfo(self.name, __version__))
@@ -58,7 +57,7 @@ class SimAdapter(BaseAdapter):
             str(cmd.port),
             "--model",
             cmd.model,
-            # The router puts it to sleep and wakes it, as vLLM's (catalog.SLEEPS).
+            # The router puts it to sleep and wakes it, as vLLM's (llmgw.domain.engines).
             *(["--sleep-mode"] if cmd.profile.sleep_after is not None else []),
             *cmd.profile.args,
         ]
