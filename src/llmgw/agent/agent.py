@@ -41,7 +41,6 @@ from pathlib import Path
 import attrs
 import trio
 
-from llmgw import __version__
 from llmgw.agent.adapters import EngineAdapter, default_adapters
 from llmgw.agent.discovery import DiscoveryError, discover
 from llmgw.agent.launcher import Launcher
@@ -63,6 +62,7 @@ from llmgw.transport.messages import (
     StartShard,
     StopShard,
 )
+from llmgw.version import __version__
 
 __all__ = ["Agent", "NodeSettings", "backoff_delay"]
 

@@ -23,12 +23,7 @@ from llmgw.domain.endpoints import Endpoint
 from llmgw.domain.usage import Caller, UsageRecord, UsageSink
 from llmgw.router.access import AccessLog
 from llmgw.router.admission import AdmissionController
-from llmgw.router.affinity import (
-    PrefixTable,
-    SessionTable,
-    prefix_hashes,
-    prompt_text_for_affinity,
-)
+from llmgw.router.affinity import PrefixIndex, SessionTable
 from llmgw.router.app import ClientApp
 from llmgw.router.auth import Authenticator
 from llmgw.router.breaker import Outcome, Ticket
@@ -42,39 +37,9 @@ from llmgw.router.scheduling.plugins import default_schedulers
 from llmgw.router.scraper import Scraper
 from llmgw.router.sleep import Sleeper
 from llmgw.router.tracing import Tracing
-from llmgw.router.usage import BYTES_PER_TOKEN, NO_USAGE
+from llmgw.router.usage import NO_USAGE
 
 NOBODY = Caller()
-
-
-class PrefixIndex:
-    """Prefix affinity for the router: hashing settings plus the table."""
-
-    def __init__(self, block_chars: int, max_blocks: int, size: int, ttl: float) -> None:
-        self.block_chars = block_chars
-        self.max_blocks = max_blocks
-        self.table = PrefixTable(size, ttl)
-
-    def text(self, body: dict[str, Any]) -> str:
-        """The part of the prompt that can matter for affinity (bounded, cheap)."""
-        return prompt_text_for_affinity(body, limit=self.block_chars * self.max_blocks)
-
-    def chain(self, text: str, model: str) -> tuple[int, ...]:
-        # Seeded by model: two models on one endpoint share no cache entries.
-        return prefix_hashes(text, self.block_chars, self.max_blocks, seed=model)
-
-    def lookup(
-        self, chain: tuple[int, ...], now: float
-    ) -> tuple[dict[str, float], dict[str, float]]:
-        """Per endpoint holding part of `chain`: its match (PrefixTable.match) and the
-        estimated prompt tokens it holds."""
-        matches: dict[str, float] = {}
-        cached: dict[str, float] = {}
-        chain_tokens = len(chain) * self.block_chars / BYTES_PER_TOKEN
-        for ep, (held, share) in self.table.holdings(chain, now).items():
-            matches[ep] = held * share
-            cached[ep] = held * chain_tokens
-        return matches, cached
 
 
 def catalog_for(config: Config) -> Catalog:
@@ -404,7 +369,7 @@ class Router:
             for sink in self.usage_sinks:
                 sink.record(record)
 
-    # -- views (llmgw.admin.api.Traffic) -------------------------------------------
+    # -- views (llmgw.admin.context.Traffic) ---------------------------------------
 
     def admission_view(self) -> dict[str, Any]:
         return self.admission.snapshot()

@@ -14,11 +14,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from llmgw import __version__
 from llmgw.agent.adapters.base import BaseAdapter, LaunchSpec, base_url, flag_int, flag_value
 from llmgw.domain.fleet import EngineInfo, NodeInfo
 from llmgw.sim.personalities import PERSONALITIES, engine_config
 from llmgw.transport.messages import StartShard
+from llmgw.version import __version__
 
 __all__ = ["SimAdapter", "sim_capacity"]
 
