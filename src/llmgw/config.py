@@ -61,8 +61,10 @@ __all__ = [
     "TlsConfig",
     "TracingConfig",
     "check",
+    "convert",
     "dump_toml",
     "load",
+    "merge",
 ]
 
 ENV_PREFIX = "LLMGW_"
@@ -511,11 +513,13 @@ def dump_toml(config: Config) -> str:
 # -- layering -----------------------------------------------------------------
 
 
-def _merge(base: Any, over: Any) -> Any:
+def merge(base: Any, over: Any) -> Any:
+    """`over` laid over `base`, as configuration layers are: tables merge key by key,
+    anything else (arrays too) replaces; neither argument is changed."""
     if isinstance(base, dict) and isinstance(over, dict):
         merged = dict(base)
         for key, value in over.items():
-            merged[key] = _merge(base[key], value) if key in base else value
+            merged[key] = merge(base[key], value) if key in base else value
         return merged
     return over
 
@@ -603,7 +607,7 @@ def _set_path(node: Any, parts: list[str], raw: str, tp: Any, name: str) -> Any:
         copy[int(key)] = (
             _set_path(copy[int(key)], rest, raw, sub_tp, name)
             if rest
-            else _merge(copy[int(key)], _parse_env_value(sub_tp, raw, name))
+            else merge(copy[int(key)], _parse_env_value(sub_tp, raw, name))
         )
         return copy
     node = dict(node) if isinstance(node, dict) else {}
@@ -617,7 +621,7 @@ def _set_path(node: Any, parts: list[str], raw: str, tp: Any, name: str) -> Any:
     else:
         # A table given whole merges like one from the file: it cannot drop built-ins.
         value = _parse_env_value(sub_tp, raw, name)
-        node[key] = _merge(node[key], value) if key in node else value
+        node[key] = merge(node[key], value) if key in node else value
     return node
 
 
@@ -743,6 +747,13 @@ def structure_as(data: Mapping[str, Any], tp: type[_T], wording: Wording = TOML_
     shape = shape_problems(data, tp, "", wording)
     if shape:
         raise ConfigError(shape)
+    return convert(data, tp)
+
+
+def convert(data: Mapping[str, Any], tp: type[_T]) -> _T:
+    """`data` as an attrs instance of `tp` by the converter alone, for data whose shape
+    its caller checked in its own words (the admin API's JSON) or wrote itself (the
+    store); raises ConfigError naming every bad key."""
     try:
         return converter.structure(dict(data), tp)
     except Exception as exc:  # cattrs raises a tree of errors; flatten it into keys
@@ -1026,12 +1037,12 @@ def load(
     """
     merged: Any = _unstructure(Config())
     if path is not None:
-        merged = _merge(merged, read_toml(path))
+        merged = merge(merged, read_toml(path))
     if data is not None:
-        merged = _merge(merged, dict(data))
+        merged = merge(merged, dict(data))
     merged = env_overlay(os.environ if environ is None else environ, merged)
     if overrides:
-        merged = _merge(merged, dict(overrides))
+        merged = merge(merged, dict(overrides))
     config = structure(merged)
     problems = check(config)
     if problems:

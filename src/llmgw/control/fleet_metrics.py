@@ -237,7 +237,7 @@ class FleetCollector(Collector):
         """Nodes, GPUs and fabrics."""
         controller = self._controller
         records = controller.inventory.nodes()
-        held = gpu_holders(controller.reconciler.replicas.values())
+        held = gpu_holders(controller.reconciler.snapshot())
 
         nodes = _gauge(
             "llmgw_fleet_nodes", "Nodes known to the control plane, by state.", ["state"]

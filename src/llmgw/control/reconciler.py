@@ -127,8 +127,23 @@ class Actions:
         return Actions(self.commands + other.commands, self.router + other.router)
 
 
+class _Placed:
+    """A replica's model and id, as its placement says (both records below)."""
+
+    __slots__ = ()
+    placement: Placement
+
+    @property
+    def model(self) -> str:
+        return self.placement.model
+
+    @property
+    def replica_id(self) -> str:
+        return self.placement.replica_id
+
+
 @attrs.define
-class Replica:
+class Replica(_Placed):
     """The reconciler's record of one replica (mutable; owned by the Reconciler)."""
 
     placement: Placement
@@ -143,13 +158,21 @@ class Replica:
     # again while its agent's reports disagree (level-triggered, see _resend).
     told: dict[int, tuple[ServerMessage, float]] = attrs.field(factory=dict, repr=False)
 
-    @property
-    def model(self) -> str:
-        return self.placement.model
 
-    @property
-    def replica_id(self) -> str:
-        return self.placement.replica_id
+@attrs.frozen
+class ReplicaInfo(_Placed):
+    """One replica as the reconciler last left it: a frozen copy for the views and the
+    fleet metrics, which never hold the reconciler's own records."""
+
+    placement: Placement
+    state: ReplicaState
+    since: float
+    url: str | None
+    # (rank, state) as each rank's agent last reported it; a rank not heard from is absent.
+    shard_states: tuple[tuple[int, ShardState], ...] = ()
+
+    def shard_state(self, rank: int) -> ShardState | None:
+        return next((state for r, state in self.shard_states if r == rank), None)
 
 
 @attrs.frozen
@@ -202,6 +225,19 @@ class Reconciler:
         self._commands = itertools.count(1)
 
     # -- queries ------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[ReplicaInfo, ...]:
+        """Every replica now, as frozen values (what the views read)."""
+        return tuple(
+            ReplicaInfo(
+                r.placement,
+                r.state,
+                r.since,
+                r.url,
+                tuple((rank, s.state) for rank, s in sorted(r.shards.items())),
+            )
+            for r in self.replicas.values()
+        )
 
     def active(self, model: str) -> list[Replica]:
         """Replicas that count towards the model's desired number."""
