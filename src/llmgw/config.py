@@ -33,7 +33,7 @@ import cattrs
 import tomli_w
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
-from llmgw import units
+from llmgw import catalog, units
 
 # The catalog's values are the domain's; the schema holds them (and names them for
 # `from llmgw.config import ModelConfig`).
@@ -779,8 +779,6 @@ def _positive(problems: list[str], key: str, value: float) -> None:
 
 def check(config: Config) -> list[str]:
     """Every rule a structured configuration must meet, as ``key: problem`` lines."""
-    from llmgw import catalog  # the catalog owns the rules about models
-
     problems: list[str] = []
     if config.workers < 0:
         problems.append(f"workers: must be 0 (one per core) or more, got {config.workers}")
