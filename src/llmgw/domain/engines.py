@@ -27,6 +27,8 @@ Sleeper = Literal["router", "engine"]
 
 @attrs.frozen
 class Engine:
+    """One engine llmgw can run, as every part of llmgw needs to know it."""
+
     name: str
     # May run on a node without GPUs (placement's CPU-capable profiles), and needs no
     # GPU from the agent.
@@ -44,6 +46,7 @@ class Engine:
     adapter: str
 
     def adapter_class(self) -> Any:
+        """The adapter class (typed Any: its Protocol lives in llmgw.agent, above)."""
         module, _, name = self.adapter.partition(":")
         return getattr(importlib.import_module(module), name)
 
