@@ -115,10 +115,10 @@ from llmgw.config import (
 )
 from llmgw.control.autoscale import Sample
 from llmgw.control.controller import MIN_PASS_GAP, Controller
-from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo, ShardState
+from llmgw.domain.fleet import EngineInfo, Gpu, NodeInfo, ShardState
+from llmgw.domain.usage import Usage, UsageRecord
 from llmgw.router.endpoints import Endpoint
 from llmgw.router.scheduling.state import Candidate, Saturation
-from llmgw.router.usage import Usage, UsageRecord
 from llmgw.transport.messages import (
     DrainShard,
     Register,

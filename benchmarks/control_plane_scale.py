@@ -73,8 +73,8 @@ import trio
 from llmgw.catalog import Catalog
 from llmgw.config import Bytes, ControlConfig, DeploymentProfile, ModelConfig, Seconds
 from llmgw.control.controller import Controller
-from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo, ShardState
 from llmgw.control.reconciler import Reconciler
+from llmgw.domain.fleet import EngineInfo, Gpu, NodeInfo, ShardState
 from llmgw.router.endpoints import Endpoint
 from llmgw.transport.base import AgentConnection, ConnectFailed, ConnectionClosed
 from llmgw.transport.messages import (

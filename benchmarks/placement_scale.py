@@ -32,8 +32,8 @@ from collections.abc import Callable
 import attrs
 
 from llmgw.config import DeploymentProfile
-from llmgw.control.fleet import Gpu, NodeState, Placement
 from llmgw.control.placement import NodeCapacity, PlaceRequest, PlanResult, plan
+from llmgw.domain.fleet import Gpu, NodeState, Placement
 
 PORTS = (20000, 20999)
 GB = 10**9

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.pg_
 
 import trio.lowlevel
 
-from llmgw.router.usage import Usage, UsageRecord
+from llmgw.domain.usage import Usage, UsageRecord
 from llmgw.store import TimedUsage, UsageBatcher, open_store
 from llmgw.store._common import ThreadedStore
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from llmgw.control.activity import ActivityTracker
-from llmgw.router.usage import Usage, UsageRecord
+from llmgw.domain.usage import Usage, UsageRecord
 
 
 class Clock:

@@ -26,10 +26,10 @@ from llmgw.admin.api import AdminApp
 from llmgw.admin.contract import ApiError
 from llmgw.config import Config, load
 from llmgw.control.controller import Controller
+from llmgw.domain.engine_metrics import EngineSample
+from llmgw.domain.usage import Usage, UsageRecord
 from llmgw.models import ModelRegistry
 from llmgw.router.core import Router
-from llmgw.router.scrape import EngineSample
-from llmgw.router.usage import Usage, UsageRecord
 from llmgw.store import Store, open_store
 from llmgw.store.keys import hash_secret
 from tests.test_fleet_metrics import MODELS, scenario

@@ -15,7 +15,7 @@ import pytest
 from llmgw.admin.api import ROUTER_ONLY, AdminApp
 from llmgw.config import Config, DeploymentProfile, ModelConfig
 from llmgw.control import views
-from llmgw.control.fleet import ShardState
+from llmgw.domain.fleet import ShardState
 from llmgw.router.core import Router
 from tests.test_fleet_metrics import HUGE, LLAMA, Scenario, report, scenario
 

@@ -21,7 +21,7 @@ from llmgw.agent.adapters import SimAdapter, VllmAdapter
 from llmgw.agent.agent import Agent, NodeSettings, _interface_problem, backoff_delay
 from llmgw.agent.discovery import DiscoveryError
 from llmgw.config import DeploymentProfile
-from llmgw.control.fleet import Gpu, ShardState
+from llmgw.domain.fleet import Gpu, ShardState
 from llmgw.testing_procs import reserve_port
 from llmgw.transport.base import AgentConnection
 from llmgw.transport.messages import (

@@ -15,7 +15,7 @@ from llmgw.agent.adapters.base import flag_int, flag_name
 from llmgw.agent.adapters.sim import sim_capacity
 from llmgw.agent.discovery import fake_gpus
 from llmgw.config import DeploymentProfile
-from llmgw.control.fleet import EngineInfo, NodeInfo
+from llmgw.domain.fleet import EngineInfo, NodeInfo
 from llmgw.transport.messages import StartShard
 
 GPUS = fake_gpus("8x80GB:H100", node_id="gpu-1")

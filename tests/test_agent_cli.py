@@ -13,7 +13,7 @@ from typing import IO
 import pytest
 import trio
 
-from llmgw.control.fleet import ShardState
+from llmgw.domain.fleet import ShardState
 from llmgw.testing_procs import reserve_port
 from llmgw.transport.messages import Register, StartShard
 from llmgw_cli.agent import management_address

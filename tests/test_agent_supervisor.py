@@ -22,8 +22,8 @@ import trio
 from llmgw.agent.adapters import LaunchSpec, SimAdapter
 from llmgw.agent.supervisor import Supervisor, sweep_orphans
 from llmgw.config import DeploymentProfile
-from llmgw.control.fleet import NodeInfo, ShardState
-from llmgw.router.scrape import parse_metrics
+from llmgw.domain.engine_metrics import parse_metrics
+from llmgw.domain.fleet import NodeInfo, ShardState
 from llmgw.testing_procs import reserve_port
 from llmgw.transport.messages import ShardStatus, StartShard
 from tests.waiting import wait_until

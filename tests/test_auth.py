@@ -6,8 +6,9 @@ import time
 
 import pytest
 
+from llmgw.domain.keys import KeyRecord
 from llmgw.router.auth import STALE_IF_ERROR, Authenticator, AuthError
-from llmgw.store.base import KeyRecord, StoreError
+from llmgw.store.base import StoreError
 
 
 def key(**kw: object) -> KeyRecord:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from llmgw.config import AutoscaleConfig, ModelConfig
 from llmgw.control.autoscale import Decision, Demand, ReplicaSample, Sample, decide, initial
-from llmgw.control.fleet import ReplicaState
+from llmgw.domain.fleet import ReplicaState
 from tests.properties import examples
 
 S = AutoscaleConfig(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from llmgw.control.fleet import ReplicaState
+from llmgw.domain.fleet import ReplicaState
 from llmgw.testing import SIM_PROFILE, Fleet, fleet, until
 
 SCALED = {

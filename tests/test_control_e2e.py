@@ -12,7 +12,7 @@ import trio.testing
 from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig, DeploymentProfile, ModelConfig, Seconds
 from llmgw.control.controller import Controller
-from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo, NodeState, ReplicaState, ShardState
+from llmgw.domain.fleet import EngineInfo, Gpu, NodeInfo, NodeState, ReplicaState, ShardState
 from llmgw.router.endpoints import Endpoint
 from llmgw.testing import SIM_PROFILE, Fleet, fleet, until
 from llmgw.transport.base import ConnectFailed, ConnectionClosed, ServerConnection

@@ -15,7 +15,7 @@ import trio
 from llmgw.agent.agent import Agent
 from llmgw.config import Config
 from llmgw.control.controller import Controller
-from llmgw.control.fleet import ReplicaState, ShardState
+from llmgw.domain.fleet import ReplicaState, ShardState
 from llmgw.router.core import Router
 from llmgw.store import open_store
 from llmgw.store.base import Store

@@ -62,7 +62,7 @@ def test_cordoned_nodes_are_counted_within_their_state() -> None:
 
 def test_the_traffic_page_charts_errors_and_retries_per_model() -> None:
     from llmgw.dashboard.traffic import TrafficRing
-    from llmgw.router.usage import Usage, UsageRecord
+    from llmgw.domain.usage import Usage, UsageRecord
 
     now = [0.0]
     ring = TrafficRing(clock=lambda: now[0])

@@ -16,8 +16,8 @@ from llmgw.config import load
 from llmgw.dashboard import DashboardApp
 from llmgw.dashboard.panels import MISSING
 from llmgw.dashboard.traffic import UNBANDED, TrafficRing
+from llmgw.domain.usage import Usage, UsageRecord, UsageSink
 from llmgw.router.core import Router
-from llmgw.router.usage import Usage, UsageRecord, UsageSink
 
 RES = 10 ** (1 / 64)  # the histogram's bucket ratio: an estimate is within it
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from llmgw.domain.engine_metrics import EngineSample
 from llmgw.router.breaker import Breaker
 from llmgw.router.endpoints import Endpoint, EndpointState
-from llmgw.router.scrape import EngineSample
 
 
 def state(waiting: float, running: float, inflight_at_scrape: int) -> EndpointState:

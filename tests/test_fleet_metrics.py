@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig, DeploymentProfile, ModelConfig, Seconds
 from llmgw.control.controller import Controller
-from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo, ReplicaState, ShardState
 from llmgw.control.fleet_metrics import FleetCollector, register_fleet_metrics
+from llmgw.domain.fleet import EngineInfo, Gpu, NodeInfo, ReplicaState, ShardState
 from llmgw.router.endpoints import Endpoint
 from llmgw.router.metrics import RouterMetrics
 from llmgw.transport.messages import Heartbeat, Register, ShardStatus

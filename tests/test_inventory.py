@@ -18,7 +18,6 @@ from hypothesis.stateful import (
 )
 
 from llmgw.config import ControlConfig, Seconds
-from llmgw.control.fleet import Gpu, NodeInfo, NodeState, Placement, ShardAssignment, ShardState
 from llmgw.control.inventory import (
     Event,
     IdentityMismatch,
@@ -39,6 +38,7 @@ from llmgw.control.inventory import (
     placement_from_reports,
 )
 from llmgw.control.reconciler import Publish, Reconciler
+from llmgw.domain.fleet import Gpu, NodeInfo, NodeState, Placement, ShardAssignment, ShardState
 from llmgw.transport.messages import Heartbeat, Register, ShardStatus, StopShard
 from tests.properties import examples
 

@@ -20,11 +20,11 @@ import pytest
 import trio
 
 from llmgw.config import AuthConfig, Config, EndpointConfig
+from llmgw.domain.keys import KeyRecord
+from llmgw.domain.usage import Usage, UsageRecord
 from llmgw.router.core import Router
 from llmgw.router.metrics import KeyMetrics, RouterMetrics
-from llmgw.router.usage import Usage, UsageRecord
 from llmgw.store import open_store
-from llmgw.store.base import KeyRecord
 from llmgw.store.keys import display_prefix
 from llmgw.testing_procs import Proc
 

@@ -10,10 +10,11 @@ from typing import cast
 import pytest
 import trio
 
+from llmgw.domain.keys import KeyRecord
 from llmgw.router.limits import LimitExceeded, SharedLimits, lease_size
 from llmgw.store import open_store
 from llmgw.store._common import ThreadedStore
-from llmgw.store.base import KeyRecord, Store, StoreError
+from llmgw.store.base import Store, StoreError
 from tests.test_store import WallClock, backend, url  # noqa: F401 - fixtures
 from tests.waiting import wait_until
 

@@ -13,7 +13,7 @@ import trio
 
 from llmgw.catalog import Catalog
 from llmgw.config import DeploymentProfile, ModelConfig
-from llmgw.control.fleet import ReplicaState
+from llmgw.domain.fleet import ReplicaState
 from llmgw.testing import SIM_PROFILE, Fleet, fleet, until
 from llmgw.transport.messages import DrainShard, ShardStatus, StartShard, StopShard
 

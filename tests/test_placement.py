@@ -19,7 +19,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.config import DeploymentProfile
-from llmgw.control.fleet import Gpu, NodeState, Placement, ShardAssignment
 from llmgw.control.placement import (
     AttemptCode,
     FabricCode,
@@ -31,6 +30,7 @@ from llmgw.control.placement import (
     cpu_capable,
     plan,
 )
+from llmgw.domain.fleet import Gpu, NodeState, Placement, ShardAssignment
 from tests.properties import examples
 
 GB = 10**9

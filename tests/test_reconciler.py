@@ -6,7 +6,16 @@ import attrs
 import pytest
 
 from llmgw.config import ControlConfig, DeploymentProfile, ModelConfig
-from llmgw.control.fleet import (
+from llmgw.control.placement import NodeCapacity
+from llmgw.control.reconciler import (
+    REFUSED_PORT_TTL,
+    Actions,
+    NodeView,
+    Publish,
+    Reconciler,
+    Unpublish,
+)
+from llmgw.domain.fleet import (
     EngineExit,
     EngineInfo,
     Gpu,
@@ -17,15 +26,6 @@ from llmgw.control.fleet import (
     ShardAssignment,
     ShardState,
     StartFailure,
-)
-from llmgw.control.placement import NodeCapacity
-from llmgw.control.reconciler import (
-    REFUSED_PORT_TTL,
-    Actions,
-    NodeView,
-    Publish,
-    Reconciler,
-    Unpublish,
 )
 from llmgw.transport.messages import DrainShard, ShardStatus, StartShard, StopShard
 

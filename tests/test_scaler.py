@@ -9,9 +9,9 @@ from llmgw.catalog import Catalog
 from llmgw.config import AutoscaleConfig, ControlConfig, DeploymentProfile, ModelConfig, Seconds
 from llmgw.control.autoscale import ReplicaSample, Sample
 from llmgw.control.controller import Controller
-from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo, ReplicaState, ShardState
 from llmgw.control.scaler import Scaler
 from llmgw.control.views import model_counts
+from llmgw.domain.fleet import EngineInfo, Gpu, NodeInfo, ReplicaState, ShardState
 from llmgw.transport.messages import Register, ShardStatus
 from tests.test_fleet_metrics import Clock, Sink
 

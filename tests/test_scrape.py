@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.router.scrape import EngineSample, parse_metrics, windowed_hit_rate
+from llmgw.domain.engine_metrics import EngineSample, parse_metrics, windowed_hit_rate
 from tests.properties import examples
 
 # A current vLLM (V1) page: data-parallel ranks in the `engine` label, counters with

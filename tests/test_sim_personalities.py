@@ -14,7 +14,7 @@ import httpx
 import pytest
 import trio
 
-from llmgw.router.scrape import parse_metrics
+from llmgw.domain.engine_metrics import parse_metrics
 from llmgw.sim import personalities, tokens
 from llmgw.sim.metrics import LlamaCppPage, Recorder
 from llmgw.sim.model import Engine, EngineConfig, Request

@@ -19,7 +19,7 @@ import trio.lowlevel
 
 from llmgw import catalog
 from llmgw.config import DeploymentProfile, ModelConfig
-from llmgw.router.usage import Usage, UsageRecord
+from llmgw.domain.usage import Usage, UsageRecord
 from llmgw.store import (
     DuplicateKeyName,
     SchemaTooNew,

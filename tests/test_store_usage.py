@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from llmgw.router.usage import Usage, UsageRecord, UsageSink
+from llmgw.domain.usage import Usage, UsageRecord, UsageSink
 from llmgw.store import TimedUsage, UsageBatcher
 
 

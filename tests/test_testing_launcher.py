@@ -16,7 +16,7 @@ import trio
 
 from llmgw.agent.adapters import LaunchSpec, SimAdapter
 from llmgw.agent.supervisor import Supervisor
-from llmgw.control.fleet import NodeInfo, ShardState
+from llmgw.domain.fleet import NodeInfo, ShardState
 from llmgw.testing import run_agent
 from llmgw.testing_launcher import InProcessLauncher
 from llmgw.testing_procs import reserve_port

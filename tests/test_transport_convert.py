@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.config import Bytes, DeploymentProfile
-from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo, ShardState
+from llmgw.domain.fleet import EngineInfo, Gpu, NodeInfo, ShardState
 from llmgw.transport import convert
 from llmgw.transport.messages import (
     AgentMessage,

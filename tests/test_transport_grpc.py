@@ -21,7 +21,7 @@ import trio
 from google.protobuf.duration_pb2 import Duration
 
 from llmgw.config import DeploymentProfile, TlsConfig
-from llmgw.control.fleet import Gpu, NodeInfo, ShardState
+from llmgw.domain.fleet import Gpu, NodeInfo, ShardState
 from llmgw.testing_procs import reserve_port
 from llmgw.transport import certs, grpc_bridge
 from llmgw.transport.base import AgentConnection, ConnectFailed, ConnectionClosed

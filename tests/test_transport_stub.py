@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from llmgw.config import DeploymentProfile
-from llmgw.control.fleet import Gpu, NodeInfo, ShardState
+from llmgw.domain.fleet import Gpu, NodeInfo, ShardState
 from llmgw.transport.base import AgentConnection, ConnectFailed, ConnectionClosed
 from llmgw.transport.messages import (
     AgentMessage,

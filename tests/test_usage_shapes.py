@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.router.usage import Usage
+from llmgw.domain.usage import Usage
 
 
 @pytest.mark.parametrize(

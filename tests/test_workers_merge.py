@@ -10,8 +10,8 @@ import trio.testing
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmgw.domain.usage import Usage, UsageRecord
 from llmgw.router.endpoints import Endpoint
-from llmgw.router.usage import Usage, UsageRecord
 from llmgw.workers import merge, wire
 
 

@@ -6,10 +6,10 @@ from llmgw.config import load as load_config
 from llmgw.control.controller import Controller
 from llmgw.control.inventory import Inventory
 from llmgw.control.reconciler import Reconciler
+from llmgw.domain.endpoints import Endpoint, EndpointSink
+from llmgw.domain.usage import Usage, UsageRecord, UsageSink
 from llmgw.router.core import Router
-from llmgw.router.endpoints import Endpoint, EndpointSink
 from llmgw.router.scheduling import Candidate, Decision, Scheduler
-from llmgw.router.usage import Usage, UsageRecord, UsageSink
 from llmgw.transport.base import AgentConnection, AgentConnector, AgentListener
 from llmgw.version import __version__
 

@@ -12,54 +12,35 @@ from collections.abc import Collection, Iterable, Sequence
 import attrs
 
 from llmgw import units
-from llmgw.config import DeploymentProfile, ModelConfig
+from llmgw.domain.catalog import DeploymentProfile, ModelConfig, gpu_name_pattern
+from llmgw.domain.engines import ENGINES
 
-ENGINES = ("vllm", "sglang", "sim", "llamacpp")
-#: The environment variable each engine reads its API key from (vLLM's --api-key
-#: default, llama-server's). SGLang takes it only on its command line, where any user
-#: of the node could read it, so a profile's api_key is refused for it.
-API_KEY_ENV = {"vllm": "VLLM_API_KEY", "llamacpp": "LLAMA_API_KEY", "sim": "LLMGW_SIM_API_KEY"}
-#: Who puts an idle engine to sleep (a profile's `sleep_after`): "router", llmgw's router
-#: through the engine's sleep API (vLLM's sleep mode, llmgw-sim's imitation of it), and
-#: it wakes the engine before the next request; "engine", the engine on its own
-#: (llama-server's --sleep-idle-seconds), waking at its next request. SGLang's memory
-#: release is not used yet.
-SLEEPS = {"vllm": "router", "sim": "router", "llamacpp": "engine"}
+# More replicas than any fleet has GPUs: a typo (replicas = 10000000) must not send the
+# reconciler off placing them.
+MAX_REPLICAS = 10_000
 
 
-@attrs.frozen
-class Shape:
-    """The GPU arithmetic of one deployment profile."""
-
-    total_gpus: int
-    gpus_per_node: int
-
-    @property
-    def nodes(self) -> int:
-        return self.total_gpus // self.gpus_per_node
-
-    @property
-    def multi_node(self) -> bool:
-        return self.nodes > 1
-
-
-def shape(profile: DeploymentProfile) -> Shape:
-    total = profile.tensor_parallel * profile.pipeline_parallel
-    return Shape(total, profile.gpus_per_node or total)
+def replica_bound(key: str, count: int) -> list[str]:
+    """The problem with asking for `count` replicas at `key` (a model's `replicas`, its
+    autoscale bounds): the admin API also asks before structuring a body."""
+    if count > MAX_REPLICAS:
+        return [f"{key}: must be at most {MAX_REPLICAS}, got {count}"]
+    return []
 
 
 def _check_profile(profile: DeploymentProfile, key: str) -> list[str]:
     problems: list[str] = []
     if not profile.name:
         problems.append(f"{key}.name: must not be empty")
-    if profile.engine not in ENGINES:
+    engine = ENGINES.get(profile.engine)
+    if engine is None:
         problems.append(
             f"{key}.engine: unknown engine {profile.engine!r} (known: {', '.join(ENGINES)})"
         )
     if not profile.weights:
         problems.append(f"{key}.weights: must name the model weights (a path or hub id)")
     if profile.api_key is not None:
-        if profile.engine in ENGINES and profile.engine not in API_KEY_ENV:
+        if engine is not None and engine.api_key_env is None:
             problems.append(
                 f"{key}.api_key: {profile.engine} takes its key only on its command line, "
                 "which other users of the node can read; give it in args if you accept that"
@@ -71,17 +52,18 @@ def _check_profile(profile: DeploymentProfile, key: str) -> list[str]:
                 f"{key}.api_key: '<hidden>' is what llmgw shows in place of a key; give the key"
             )
     if profile.sleep_after is not None:
-        if profile.engine in ENGINES and profile.engine not in SLEEPS:
+        if engine is not None and engine.sleeps is None:
+            sleepers = (name for name, e in ENGINES.items() if e.sleeps is not None)
             problems.append(
                 f"{key}.sleep_after: {profile.engine} cannot sleep here (engines that can: "
-                f"{', '.join(SLEEPS)})"
+                f"{', '.join(sleepers)})"
             )
         elif not profile.sleep_after > 0:
             problems.append(f"{key}.sleep_after: must be a positive duration")
     for dim in ("tensor_parallel", "pipeline_parallel"):
         if getattr(profile, dim) < 1:
             problems.append(f"{key}.{dim}: must be at least 1, got {getattr(profile, dim)}")
-    total = profile.tensor_parallel * profile.pipeline_parallel
+    total = profile.gpus
     per_node = profile.gpus_per_node
     if per_node is not None and total >= 1:
         if per_node < 1:
@@ -93,7 +75,7 @@ def _check_profile(profile: DeploymentProfile, key: str) -> list[str]:
             )
     if profile.gpu_name is not None:
         try:
-            re.compile(profile.gpu_name)
+            gpu_name_pattern(profile.gpu_name)
         except re.error as exc:
             problems.append(f"{key}.gpu_name: not a valid regular expression: {exc}")
     return problems
@@ -119,6 +101,8 @@ def _check_autoscale(model: ModelConfig, key: str) -> list[str]:
             f"{key[: -len('.autoscale')]}.replicas: the count to start with must not exceed "
             f"autoscale.max_replicas ({a.max_replicas}), got {model.replicas}"
         )
+    for name in ("min_replicas", "max_replicas"):
+        problems.extend(replica_bound(f"{key}.{name}", getattr(a, name)))
     if not 0 < a.target_saturation <= 1:
         problems.append(f"{key}.target_saturation: must be in (0, 1], got {a.target_saturation:g}")
     for name in ("idle_timeout", "scale_up_window", "scale_down_window", "cold_start_timeout"):
@@ -157,6 +141,7 @@ def check_models(
                 owner[alias] = model.name
         if model.replicas < 0:
             problems.append(f"{mkey}.replicas: must be 0 or more, got {model.replicas}")
+        problems.extend(replica_bound(f"{mkey}.replicas", model.replicas))
         if model.autoscale is not None:
             problems.extend(_check_autoscale(model, f"{mkey}.autoscale"))
         if model.routing_profile is not None and model.routing_profile not in routing_profiles:

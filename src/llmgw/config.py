@@ -33,7 +33,12 @@ import cattrs
 import tomli_w
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
-from llmgw import units
+from llmgw import catalog, units
+
+# The catalog's values are the domain's; the schema holds them (and names them for
+# `from llmgw.config import ModelConfig`).
+from llmgw.domain.catalog import AutoscaleConfig, DeploymentProfile, ModelConfig
+from llmgw.units import Bytes, Seconds
 
 __all__ = [
     "AdmissionConfig",
@@ -56,8 +61,10 @@ __all__ = [
     "TlsConfig",
     "TracingConfig",
     "check",
+    "convert",
     "dump_toml",
     "load",
+    "merge",
 ]
 
 ENV_PREFIX = "LLMGW_"
@@ -75,12 +82,6 @@ REMOVED_KEYS = {
         "does not hold) is the least; see docs/scheduling.md"
     ),
 }
-
-# Marker types: a float field typed `Seconds` is written as a duration, an int
-# field typed `Bytes` as a size. Plain aliases keep mypy's view simple while the
-# converter dispatches on the alias object itself.
-Seconds = typing.NewType("Seconds", float)
-Bytes = typing.NewType("Bytes", int)
 
 
 @attrs.frozen
@@ -315,75 +316,6 @@ class EndpointConfig:
 
 
 @attrs.frozen
-class DeploymentProfile:
-    """One way to run a model replica; a model lists them in order of preference."""
-
-    name: str
-    # vllm, sglang, llamacpp or sim.
-    engine: str
-    # What the engine loads: a Hugging Face id or a path on the node.
-    weights: str
-    tensor_parallel: int = 1
-    pipeline_parallel: int = 1
-    # None: all of the replica's GPUs on one node.
-    gpus_per_node: int | None = None
-    min_gpu_memory: Bytes | None = None
-    # A regular expression matched against the GPU's model name.
-    gpu_name: str | None = None
-    # More arguments on the engine's command line.
-    args: tuple[str, ...] = ()
-    # More variables in the engine's environment.
-    env: dict[str, str] = attrs.field(factory=dict)
-    # The engine is started with this API key (in its environment, never its command
-    # line) and the router sends it; never shown by the admin API nor --print-config.
-    api_key: str | None = attrs.field(default=None, repr=False)
-    # Idle this long (nothing in flight, nothing asked): the engine sleeps, freeing its
-    # GPU memory but keeping its GPUs, and the next request wakes it in seconds instead
-    # of a cold start (docs/autoscaling.md, "Sleep"). vLLM, llama.cpp and sim; None:
-    # never sleeps.
-    sleep_after: Seconds | None = None
-
-
-@attrs.frozen
-class AutoscaleConfig:
-    """A model's replica count following its demand (llmgw.control.autoscale,
-    docs/autoscaling.md), between `min_replicas` and `max_replicas`."""
-
-    min_replicas: int
-    max_replicas: int
-    # No request in flight, queued or finished for this long: down to min_replicas.
-    idle_timeout: Seconds = Seconds(600.0)
-    # The pool saturation (the router's, 0..1) to scale around: sustained above it
-    # (or requests queueing) adds replicas, sustained well below it removes one.
-    target_saturation: float = 0.7
-    # How long a signal must hold before a scale up (down) and how long after any
-    # change the next one waits: the hysteresis that keeps the count from flapping.
-    scale_up_window: Seconds = Seconds(30.0)
-    scale_down_window: Seconds = Seconds(300.0)
-    # A starting replica counts as capacity this long (no further scale up meanwhile).
-    cold_start_timeout: Seconds = Seconds(600.0)
-
-
-@attrs.frozen
-class ModelConfig:
-    """A model clients name; with deployment profiles, the control plane runs it."""
-
-    name: str
-    # Other names clients may use for it.
-    aliases: tuple[str, ...] = ()
-    # Models tried in order when none of its replicas can take a request.
-    fallbacks: tuple[str, ...] = ()
-    # A name from router.profiles; router.default_profile when unset.
-    routing_profile: str | None = None
-    # Without `autoscale`: the replicas to run. With it: the count to start with
-    # (raised to min_replicas), from where the autoscaler takes over.
-    replicas: int = 1
-    # Ways to run it, in order of preference; none: served by [[endpoints]] only.
-    profiles: tuple[DeploymentProfile, ...] = ()
-    autoscale: AutoscaleConfig | None = None
-
-
-@attrs.frozen
 class TlsConfig:
     """A listener's TLS files (PEM); SIGHUP rereads those of listen_tls and admin_tls."""
 
@@ -581,11 +513,13 @@ def dump_toml(config: Config) -> str:
 # -- layering -----------------------------------------------------------------
 
 
-def _merge(base: Any, over: Any) -> Any:
+def merge(base: Any, over: Any) -> Any:
+    """`over` laid over `base`, as configuration layers are: tables merge key by key,
+    anything else (arrays too) replaces; neither argument is changed."""
     if isinstance(base, dict) and isinstance(over, dict):
         merged = dict(base)
         for key, value in over.items():
-            merged[key] = _merge(base[key], value) if key in base else value
+            merged[key] = merge(base[key], value) if key in base else value
         return merged
     return over
 
@@ -673,7 +607,7 @@ def _set_path(node: Any, parts: list[str], raw: str, tp: Any, name: str) -> Any:
         copy[int(key)] = (
             _set_path(copy[int(key)], rest, raw, sub_tp, name)
             if rest
-            else _merge(copy[int(key)], _parse_env_value(sub_tp, raw, name))
+            else merge(copy[int(key)], _parse_env_value(sub_tp, raw, name))
         )
         return copy
     node = dict(node) if isinstance(node, dict) else {}
@@ -687,7 +621,7 @@ def _set_path(node: Any, parts: list[str], raw: str, tp: Any, name: str) -> Any:
     else:
         # A table given whole merges like one from the file: it cannot drop built-ins.
         value = _parse_env_value(sub_tp, raw, name)
-        node[key] = _merge(node[key], value) if key in node else value
+        node[key] = merge(node[key], value) if key in node else value
     return node
 
 
@@ -813,6 +747,13 @@ def structure_as(data: Mapping[str, Any], tp: type[_T], wording: Wording = TOML_
     shape = shape_problems(data, tp, "", wording)
     if shape:
         raise ConfigError(shape)
+    return convert(data, tp)
+
+
+def convert(data: Mapping[str, Any], tp: type[_T]) -> _T:
+    """`data` as an attrs instance of `tp` by the converter alone, for data whose shape
+    its caller checked in its own words (the admin API's JSON) or wrote itself (the
+    store); raises ConfigError naming every bad key."""
     try:
         return converter.structure(dict(data), tp)
     except Exception as exc:  # cattrs raises a tree of errors; flatten it into keys
@@ -838,8 +779,6 @@ def _positive(problems: list[str], key: str, value: float) -> None:
 
 def check(config: Config) -> list[str]:
     """Every rule a structured configuration must meet, as ``key: problem`` lines."""
-    from llmgw import catalog  # the catalog owns the rules about models
-
     problems: list[str] = []
     if config.workers < 0:
         problems.append(f"workers: must be 0 (one per core) or more, got {config.workers}")
@@ -1096,12 +1035,12 @@ def load(
     """
     merged: Any = _unstructure(Config())
     if path is not None:
-        merged = _merge(merged, read_toml(path))
+        merged = merge(merged, read_toml(path))
     if data is not None:
-        merged = _merge(merged, dict(data))
+        merged = merge(merged, dict(data))
     merged = env_overlay(os.environ if environ is None else environ, merged)
     if overrides:
-        merged = _merge(merged, dict(overrides))
+        merged = merge(merged, dict(overrides))
     config = structure(merged)
     problems = check(config)
     if problems:

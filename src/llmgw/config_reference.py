@@ -3,8 +3,9 @@
 The tables are read from the JSON Schema that :class:`llmgw.admin.schema.SchemaBuilder`
 writes for :class:`llmgw.config.Config` (the one walk over the attrs classes: keys,
 types, defaults, which keys are tables), and each key's explanation from the comments
-above its field in llmgw/config.py (or a field's ``description`` metadata). So the
-reference changes with the schema; a test checks the committed one is current.
+above its field in its class's source (llmgw/config.py; llmgw/domain/catalog.py for
+the models), or a field's ``description`` metadata. So the reference changes with the
+schema; a test checks the committed one is current.
 
     python -m llmgw.config_reference                          # print it
     python -m llmgw.config_reference --write docs/operations.md   # rewrite the section
@@ -38,12 +39,13 @@ _REF = "#/components/schemas/"
 
 
 def _classes() -> dict[str, type]:
-    """Component name -> attrs class, for the classes of llmgw.config (input mode
-    names them ``<Class>Input``)."""
+    """Component name -> attrs class, for the schema's classes: those llmgw.config
+    names, its own and the catalog's it takes from llmgw.domain (input mode names them
+    ``<Class>Input``)."""
     return {
         f"{cls.__name__}Input": cls
-        for cls in vars(config).values()
-        if isinstance(cls, type) and attrs.has(cls) and cls.__module__ == config.__name__
+        for cls in (getattr(config, name) for name in config.__all__)
+        if isinstance(cls, type) and attrs.has(cls)
     }
 
 

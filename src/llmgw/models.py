@@ -12,11 +12,10 @@ import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-import cattrs
-
 from llmgw import catalog as cat
-from llmgw.config import ConfigError, ModelConfig, _structure_problems, converter
-from llmgw.store.base import Store, model_from_dict, model_to_dict
+from llmgw.config import ConfigError, convert
+from llmgw.domain.catalog import ModelConfig
+from llmgw.store.base import Store, model_to_dict
 
 log = logging.getLogger("llmgw.models")
 
@@ -46,11 +45,9 @@ def no_control_plane(name: str) -> ModelChangeError:
 
 
 def parse_model(data: Mapping[str, Any]) -> ModelConfig:
-    """A catalog entry from JSON in the configuration's shape; ConfigError names keys."""
-    try:
-        return converter.structure(dict(data), ModelConfig)
-    except Exception as exc:  # cattrs' error tree, flattened by the config module
-        raise ConfigError(_structure_problems(exc, "")) from None
+    """A catalog entry from JSON in the configuration's shape (checked by the caller,
+    in the API's words); ConfigError names keys."""
+    return convert(data, ModelConfig)
 
 
 class ModelRegistry:
@@ -133,9 +130,9 @@ class ModelRegistry:
         for stored in await self.store.list_models():
             name = str(stored.config.get("name", "?"))
             try:
-                model = model_from_dict(stored.config)
-            except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
-                skipped[name] = f"cannot be read: {'; '.join(_structure_problems(exc, ''))}"
+                model = convert(stored.config, ModelConfig)
+            except ConfigError as exc:
+                skipped[name] = f"cannot be read: {'; '.join(exc.problems)}"
                 warnings.append(_skipped(name, skipped[name]))
                 continue
             if model.name in self.configured:

@@ -29,12 +29,14 @@ from llmgw.control.instances import SharedDemand, SharedEndpoints
 from llmgw.control.leadership import Leadership
 from llmgw.control.scaler import router_demand
 from llmgw.dashboard import DashboardApp, TrafficRing
+from llmgw.domain.endpoints import Endpoint, EndpointSink
+from llmgw.domain.usage import UsageSink
 from llmgw.http.asgi import split, under
 from llmgw.http.hyper import ReloadableTls, TlsFiles, serve_hypercorn
 from llmgw.http.server import HttpServerConfig, serve_listeners
 from llmgw.models import ModelRegistry
 from llmgw.router.auth import Authenticator
-from llmgw.router.core import Router
+from llmgw.router.core import Router, catalog_for
 from llmgw.router.limits import SharedLimits
 from llmgw.store import open_store
 from llmgw.store.base import Store, StoreError
@@ -216,6 +218,29 @@ async def _refresh_models(registry: ModelRegistry) -> None:
 MODELS_EVERY = 2.0
 
 
+class _Later:
+    """An endpoint sink named after it is needed: the control plane is made before the
+    router it publishes to, which takes it at construction (its cold-start fleet, and
+    a usage sink), and this is bound to that router or the worker pool before the
+    controller runs."""
+
+    def __init__(self) -> None:
+        self.target: EndpointSink | None = None
+
+    def _sink(self) -> EndpointSink:
+        assert self.target is not None, "bound before the controller runs"
+        return self.target
+
+    def upsert(self, endpoint: Endpoint) -> None:
+        self._sink().upsert(endpoint)
+
+    def drain(self, endpoint_id: str) -> None:
+        self._sink().drain(endpoint_id)
+
+    def remove(self, endpoint_id: str) -> None:
+        self._sink().remove(endpoint_id)
+
+
 def _postgres(config: Config) -> bool:
     return config.store.url.startswith(("postgres://", "postgresql://"))
 
@@ -257,40 +282,42 @@ async def _serve(
         "listen": _addresses(client_sockets),
         "admin_listen": _addresses(admin_sockets),
     }
-    router = router or Router(config)
     stop = shutdown if shutdown is not None else trio.Event()
-    # With workers this process's router serves no client: it scrapes the engines for
-    # the views and puts idle ones to sleep; the pool stands in for it as the control
-    # plane's endpoint sink and the catalog's listener.
-    pool = (
-        WorkerPool(
-            config,
-            workers.count,
-            router,
-            log_level=workers.log_level,
-            log_format=workers.log_format,
-        )
-        if workers is not None
-        else None
-    )
-    sink: Router | WorkerPool = pool or router
     configured = {m.name for m in config.models}
     registry = ModelRegistry(
         config.models,
         config.router.profiles,
         store=store,
-        extra=[m for m in router.catalog.models if m.name not in configured],
+        extra=[
+            m
+            for m in (router.catalog if router is not None else catalog_for(config)).models
+            if m.name not in configured
+        ],
     )
     await registry.load()  # runtime models from the store; invalid ones are skipped, logged
-    sink.set_catalog(registry.catalog)
-    registry.listeners.append(sink.set_catalog)
+    auth = None
+    batcher = None
+    if store is not None:
+        auth = Authenticator(
+            store.lookup_key,
+            store.count_keys,
+            required=config.auth.required,
+            cache_ttl=config.auth.cache_ttl,
+            limits=SharedLimits(store) if shared_limits(config, workers) else None,
+        )
+        batcher = UsageBatcher(store)
+    # The dashboard (DESIGN §8) sees the last 15 minutes of traffic.
+    traffic = TrafficRing()
     # Instances on one PostgreSQL store lead the control plane in turn, and the data
     # plane routes to what the leader publishes (llmgw.control.leadership, .instances).
-    shared: tuple[Leadership, SharedEndpoints, SharedDemand] | None = None
-    if controller is None and any(m.profiles for m in registry.catalog.models):
+    leadership: Leadership | None = None
+    endpoints: SharedEndpoints | None = None
+    # What this server's controller publishes to: the router, or the worker pool; both
+    # are made after it (the router takes it at construction), and named here then.
+    publish = _Later()
+    own_controller = controller is None and any(m.profiles for m in registry.catalog.models)
+    if own_controller:
         heartbeat, settle = control_timings(config.control)
-        leadership = None
-        controller_sink: Router | WorkerPool | SharedEndpoints = sink
         if store is not None and _postgres(config):
             leadership = Leadership(
                 store,
@@ -299,9 +326,9 @@ async def _serve(
                 admin_address="",
                 ttl=config.control.lease,
             )
-            controller_sink = SharedEndpoints(
+            endpoints = SharedEndpoints(
                 store,
-                sink,
+                publish,
                 leadership,
                 lambda: made.settled,
                 knows=lambda name: registry.catalog.resolve(name) is not None,
@@ -310,53 +337,80 @@ async def _serve(
         controller = made = Controller(
             config.control,
             registry.catalog,
-            controller_sink,
+            endpoints or publish,
             heartbeat_interval=heartbeat,
             settle=settle,
             store=store,
             leadership=leadership,
         )
-        if leadership is not None and isinstance(controller_sink, SharedEndpoints):
-            assert store is not None
-            local = pool.demand if pool is not None else router_demand(router)
-            demand = SharedDemand(
-                store,
-                leadership.instance,
-                local,
-                lambda name: made.activity.get(name).last_request,
-                lambda: registry.catalog,
-            )
-            controller.demand = demand.feed
-            controller.last_request = demand.last_request
-            shared = (leadership, controller_sink, demand)
-    batcher = None
     # What every request's usage record goes to besides the router's own (access log,
     # per-key metrics): from this router, or from the workers through the pool.
-    sinks = pool.sinks if pool is not None else router.usage_sinks
-    if store is not None:
-        router.auth = Authenticator(
-            store.lookup_key,
-            store.count_keys,
-            required=config.auth.required,
-            cache_ttl=config.auth.cache_ttl,
-            limits=SharedLimits(store) if shared_limits(config, workers) else None,
+    sinks: list[UsageSink] = [
+        *([batcher] if batcher is not None else []),
+        *([controller.activity] if controller is not None else []),
+        traffic,
+    ]
+    if router is None:
+        # With workers this process's router serves no client: it scrapes the engines
+        # for the views and puts idle ones to sleep; the pool takes the usage records
+        # and stands in for it as the control plane's fleet.
+        router = Router(
+            config,
+            catalog=registry.catalog,
+            auth=auth,
+            usage_sinks=sinks if workers is None else (),
+            fleet=controller if workers is None else None,
         )
-        batcher = UsageBatcher(store)
-        sinks.append(batcher)
+    else:
+        # A caller's own router (llmgw.testing's) was made before the store was open.
+        if auth is not None:
+            router.auth = auth
+        if workers is None:
+            router.usage_sinks.extend(sinks)
+            if controller is not None:
+                router.cold.fleet = controller
+    pool = (
+        WorkerPool(
+            config,
+            workers.count,
+            router,
+            sinks=sinks,
+            fleet=controller,
+            log_level=workers.log_level,
+            log_format=workers.log_format,
+        )
+        if workers is not None
+        else None
+    )
+    sink: Router | WorkerPool = pool or router
+    publish.target = sink
+    sink.set_catalog(registry.catalog)
+    registry.listeners.append(sink.set_catalog)
+    shared: tuple[Leadership, SharedEndpoints, SharedDemand] | None = None
+    if leadership is not None and endpoints is not None:
+        assert store is not None and controller is not None
+        local = pool.demand if pool is not None else router_demand(router)
+        demand = SharedDemand(
+            store,
+            leadership.instance,
+            local,
+            lambda name: made.activity.get(name).last_request,
+            lambda: registry.catalog,
+        )
+        controller.demand = demand.feed
+        controller.last_request = demand.last_request
+        shared = (leadership, endpoints, demand)
     if controller is not None:
         controller.set_catalog(registry.catalog)
         registry.listeners.append(controller.set_catalog)
-        sinks.append(controller.activity)
         if controller.demand is None:  # autoscaled models follow this router's demand
             controller.demand = pool.demand if pool is not None else router_demand(router)
         # Requests for an autoscaled model with no replica wait for this controller.
         if pool is not None:
-            if controller.sink is router:  # a caller's controller, made for the router
-                controller.sink = pool
-            pool.fleet = controller
+            if not own_controller:
+                controller.sink = pool  # a caller's controller was given the router
             controller.on_pass.append(pool.after_pass)
         else:
-            router.cold.fleet = controller
             controller.on_pass.append(router.cold.check)
         register_fleet_metrics(router.metrics.registry, controller, controller.clock)
         if listener is None:
@@ -378,9 +432,7 @@ async def _serve(
         traffic=pool,
     )
     # The dashboard (DESIGN §8): on the admin listener beside the API, and on the client
-    # port under /admin behind a login; both see the last 15 minutes of traffic.
-    traffic = TrafficRing()
-    sinks.append(traffic)
+    # port under /admin behind a login.
     admin_app = asgi(
         build_app(
             admin,

@@ -50,7 +50,7 @@ from llmgw.agent.agent import Agent, NodeSettings
 from llmgw.agent.discovery import fake_gpus
 from llmgw.catalog import Catalog
 from llmgw.control.controller import Controller
-from llmgw.control.fleet import Gpu
+from llmgw.domain.fleet import Gpu
 from llmgw.router.core import Router
 from llmgw.testing_launcher import InProcessLauncher
 from llmgw.transport.stub import StubNetwork
@@ -129,7 +129,7 @@ class Fleet:
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Swap the models for the router and the controller at once."""
-        self.router.catalog = catalog
+        self.router.set_catalog(catalog)
         self.controller.set_catalog(catalog)
 
     def ready(self, model: str) -> int:
@@ -188,7 +188,7 @@ async def fleet(
             "mgmt_interface": "lo",
         },
     }
-    conf = cfg.load(data=cfg._merge(data, dict(config or {})), environ={})
+    conf = cfg.load(data=cfg.merge(data, dict(config or {})), environ={})
     sockets: dict[str, list[trio.SocketListener]] = {}
     try:
         for key, address in (("listen", conf.listen), ("admin_listen", conf.admin_listen)):

@@ -8,8 +8,15 @@ and print back in the shortest exact human form so ``--print-config`` round-trip
 from __future__ import annotations
 
 import re
+import typing
 
 import attrs
+
+# Marker types: a float field typed `Seconds` is written as a duration, an int
+# field typed `Bytes` as a size. Plain aliases keep mypy's view simple while the
+# configuration's converter dispatches on the alias object itself.
+Seconds = typing.NewType("Seconds", float)
+Bytes = typing.NewType("Bytes", int)
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")

@@ -15,7 +15,8 @@ from typing import Any, NoReturn
 
 import httpx
 
-from llmgw import __version__, logs, units
+from llmgw import logs, units
+from llmgw.version import __version__
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1

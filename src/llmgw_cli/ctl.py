@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import NoReturn
 
-from llmgw import __version__
+from llmgw.version import __version__
 from llmgw_cli import (
     ctl_bench,
     ctl_debug,

@@ -105,7 +105,7 @@ def load_config(
     endpoints = [*base.get("endpoints", []), *(parse_endpoint(e) for e in args.endpoint)]
     if demo:
         overlay = overlay or DEMO_OVERLAY
-        base = cfg._merge(
+        base = cfg.merge(
             {**overlay, "agent_listen": "127.0.0.1:7443"},
             {**base, "models": [*overlay["models"], *base.get("models", [])]},
         )

@@ -32,7 +32,7 @@ import json
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -41,7 +41,9 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from llmgw.admin import debug, keys, models_api, openapi, usage
+from llmgw.admin.context import Traffic
 from llmgw.admin.contract import (
+    API_PREFIX,
     MAX_BODY_BYTES,
     ApiError,
     Body,
@@ -65,8 +67,8 @@ from llmgw.admin.views import (
 )
 from llmgw.admin.web import TRUSTED, asgi, build_app
 from llmgw.catalog import Catalog
-from llmgw.config import ModelConfig
 from llmgw.control import views
+from llmgw.domain.catalog import ModelConfig
 from llmgw.http.asgi import Receive, Scope, Send
 from llmgw.router.core import Router
 from llmgw.store.base import Store
@@ -80,7 +82,6 @@ __all__ = ["API_PREFIX", "ROUTER_ONLY", "AdminApp"]
 log = logging.getLogger("llmgw.admin")
 
 ROUTER_ONLY = "no control plane: this server runs in router-only mode"
-API_PREFIX = "/api/v1/"
 
 NO_AUTH_STORE = (
     "admin_auth needs a store to look admin keys up in: configure store.url, or bind the "
@@ -98,17 +99,6 @@ _ERROR_TEXT = {
     409: "refused: the message says why (e.g. no store is configured)",
     503: "the store cannot be reached",
 }
-
-
-class Traffic(Protocol):
-    """What the admin API reads of the traffic served: a Router, or the workers of
-    one control process merged (llmgw.workers.pool.WorkerPool)."""
-
-    def admission_view(self) -> dict[str, Any]: ...
-
-    def cold_waiting(self, model: str) -> int: ...
-
-    async def metrics_text(self) -> bytes: ...
 
 
 class AdminApp:

@@ -21,6 +21,7 @@ import attrs
 from quart import Response
 
 __all__ = [
+    "API_PREFIX",
     "MAX_BODY_BYTES",
     "ApiError",
     "Body",
@@ -33,6 +34,10 @@ __all__ = [
     "json_bytes",
     "json_reply",
 ]
+
+#: Where the API's routes are (the rest of the admin listener: metrics, health checks,
+#: the dashboard).
+API_PREFIX = "/api/v1/"
 
 # Admin request bodies are small (a key, a model); anything larger is refused unread.
 MAX_BODY_BYTES = 1 << 20

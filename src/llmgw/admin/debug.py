@@ -40,7 +40,7 @@ from llmgw.admin.inputs import query
 from llmgw.admin.views import unstructure
 
 if TYPE_CHECKING:
-    from llmgw.admin.api import AdminApp
+    from llmgw.admin.context import AdminContext
 
 __all__ = [
     "HEAP_QUERY",
@@ -220,7 +220,7 @@ def _where(frame: types.FrameType, lineno: int | None = None) -> str:
 # -- handlers ------------------------------------------------------------------------------
 
 
-async def status(app: AdminApp) -> Response:
+async def status(app: AdminContext) -> Response:
     view = DebugStatus(
         profiler_loaded="pyinstrument" in sys.modules,
         profile_running=_STATE.profiling,
@@ -242,14 +242,14 @@ def _task_view(task: trio.lowlevel.Task) -> tuple[TaskView, int]:
     return TaskView(task.name, where, tuple(children)), count
 
 
-async def tasks(app: AdminApp) -> Response:
+async def tasks(app: AdminContext) -> Response:
     task = trio.lowlevel.current_root_task()
     assert task is not None  # a handler runs inside trio.run
     root, count = _task_view(task)
     return json_reply(200, unstructure(TaskTree(count, root)))
 
 
-async def threads(app: AdminApp) -> Response:
+async def threads(app: AdminContext) -> Response:
     known = {t.ident: t for t in threading.enumerate()}
     main = threading.main_thread().ident
     views = []
@@ -282,7 +282,7 @@ def _int_param(name: str, default: int, low: int, high: int) -> int:
     return value
 
 
-async def profile(app: AdminApp) -> Response:
+async def profile(app: AdminContext) -> Response:
     limit = app.max_profile_seconds
     seconds = _int_param("seconds", min(DEFAULT_PROFILE_SECONDS, limit), 1, limit)
     fmt = query().get("format", "text")
@@ -343,7 +343,7 @@ def _heap_stats(limit: int) -> tuple[list[HeapLine], int, int, int]:
     return top, traced, peak, tracemalloc.get_tracemalloc_memory()
 
 
-async def heap(app: AdminApp) -> Response:
+async def heap(app: AdminContext) -> Response:
     limit = _int_param("limit", DEFAULT_HEAP_LINES, 1, MAX_HEAP_LINES)
     started = not tracemalloc.is_tracing()
     if started:
@@ -375,7 +375,7 @@ async def heap(app: AdminApp) -> Response:
     return json_reply(200, unstructure(view))
 
 
-async def heap_stop(app: AdminApp) -> Response:
+async def heap_stop(app: AdminContext) -> Response:
     was = tracemalloc.is_tracing()
     tracemalloc.stop()
     _STATE.heap_since = None

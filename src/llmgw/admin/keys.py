@@ -26,10 +26,11 @@ from llmgw.admin.inputs import json_object
 from llmgw.admin.schema import structure_strict
 from llmgw.admin.views import unstructure
 from llmgw.config import ConfigError
-from llmgw.store.base import DuplicateKeyName, KeyRecord, Store
+from llmgw.domain.keys import KeyRecord
+from llmgw.store.base import DuplicateKeyName, Store
 
 if TYPE_CHECKING:
-    from llmgw.admin.api import AdminApp
+    from llmgw.admin.context import AdminContext
 
 __all__ = ["KeyCreate", "KeyList", "KeyView", "NewKeyView"]
 
@@ -160,7 +161,7 @@ class KeyCreate:
     )
 
 
-def require_store(app: AdminApp) -> Store:
+def require_store(app: AdminContext) -> Store:
     if app.store is None:
         raise ApiError(409, NO_STORE, "no_store", param="store.url")
     return app.store
@@ -201,14 +202,14 @@ def check_key(request: KeyCreate, bands: list[str], models: set[str]) -> None:
         raise _bad(f"must be in (0, {EXPIRY_MAX:.0f}], got {expiry:g}", "expires_in_seconds")
 
 
-async def list_keys(app: AdminApp) -> Response:
+async def list_keys(app: AdminContext) -> Response:
     store = require_store(app)
     now = time.time()
     records = await store.list_keys()
     return json_reply(200, unstructure(KeyList(tuple(KeyView.of(r, now) for r in records))))
 
 
-async def create_key(app: AdminApp) -> Response:
+async def create_key(app: AdminContext) -> Response:
     store = require_store(app)
     body = await json_object()
     try:
@@ -238,7 +239,7 @@ async def create_key(app: AdminApp) -> Response:
     return json_reply(201, unstructure(created), headers={"location": location})
 
 
-async def revoke_key(app: AdminApp, id: str) -> Response:
+async def revoke_key(app: AdminContext, id: str) -> Response:
     """Revoke a key (it stays listed); revoking a revoked key changes nothing."""
     store = require_store(app)
     key_id = id

@@ -28,20 +28,18 @@ from llmgw.admin.contract import ApiError, json_reply
 from llmgw.admin.inputs import json_object
 from llmgw.admin.schema import JSON_WORDING
 from llmgw.admin.views import unstructure
-from llmgw.config import ConfigError, ModelConfig, hide_profile_keys, shape_problems
+from llmgw.catalog import replica_bound
+from llmgw.config import ConfigError, hide_profile_keys, shape_problems
 from llmgw.control import views
+from llmgw.domain.catalog import ModelConfig
 from llmgw.models import ModelChangeError, parse_model
 from llmgw.store.base import model_to_dict
 
 if TYPE_CHECKING:
-    from llmgw.admin.api import AdminApp
+    from llmgw.admin.context import AdminContext
     from llmgw.models import ModelRegistry
 
-__all__ = ["MAX_REPLICAS", "ModelLive", "RoutingView"]
-
-# More replicas than any fleet has GPUs: a typo (replicas = 10000000) must not send the
-# reconciler off placing them.
-MAX_REPLICAS = 10_000
+__all__ = ["ModelLive", "RoutingView"]
 
 NO_STORE = (
     "no store is configured (store.url), so a model added now would vanish on restart; "
@@ -87,7 +85,7 @@ class ModelLive:
     routing: RoutingView
 
 
-def _source(app: AdminApp, model: ModelConfig) -> Literal["config", "runtime", "endpoints"]:
+def _source(app: AdminContext, model: ModelConfig) -> Literal["config", "runtime", "endpoints"]:
     registry = app.models
     if registry is not None:
         if model.name in registry.runtime:
@@ -97,7 +95,7 @@ def _source(app: AdminApp, model: ModelConfig) -> Literal["config", "runtime", "
     return "config" if model.name in configured else "endpoints"
 
 
-def model_json(app: AdminApp, model: ModelConfig, counts: dict[str, views.ModelCounts]) -> Any:
+def model_json(app: AdminContext, model: ModelConfig, counts: dict[str, views.ModelCounts]) -> Any:
     data: dict[str, Any] = (
         app.models.describe(model) if app.models is not None else model_to_dict(model)
     )
@@ -117,14 +115,14 @@ def model_json(app: AdminApp, model: ModelConfig, counts: dict[str, views.ModelC
     return data
 
 
-def _counts(app: AdminApp) -> dict[str, views.ModelCounts]:
+def _counts(app: AdminContext) -> dict[str, views.ModelCounts]:
     controller = app.controller
     if controller is None:
         return {}
     return {c.model: c for c in views.model_counts(controller, controller.clock())}
 
 
-def _registry(app: AdminApp) -> ModelRegistry:
+def _registry(app: AdminContext) -> ModelRegistry:
     """The registry, for a change: 409 when changes could not be kept."""
     if app.models is None:
         raise ApiError(409, NO_STORE if app.store is None else NO_REGISTRY, "no_store")
@@ -152,9 +150,11 @@ def _check_replicas(body: dict[str, Any]) -> None:
     counts = [("replicas", body.get("replicas"))]
     if isinstance(autoscale, dict):
         counts += [(f"autoscale.{k}", autoscale.get(k)) for k in ("min_replicas", "max_replicas")]
+    # The catalog's bound, asked before structuring so that the keys are the body's own
+    # (the catalog's check names them `models[i].`).
     for key, n in counts:
-        if isinstance(n, int) and not isinstance(n, bool) and n > MAX_REPLICAS:
-            raise _invalid([f"{key}: must be at most {MAX_REPLICAS}, got {n}"])
+        if isinstance(n, int) and not isinstance(n, bool) and (problems := replica_bound(key, n)):
+            raise _invalid(problems)
 
 
 def _parse(body: dict[str, Any]) -> ModelConfig:
@@ -172,20 +172,20 @@ def _location(name: str) -> dict[str, str]:
     return {"location": f"/api/v1/models/{quote(name, safe='')}"}
 
 
-async def list_models(app: AdminApp) -> Response:
+async def list_models(app: AdminContext) -> Response:
     counts = _counts(app)
     models = [model_json(app, m, counts) for m in app.catalog().models]
     return json_reply(200, {"models": models})
 
 
-async def get_model(app: AdminApp, name: str) -> Response:
+async def get_model(app: AdminContext, name: str) -> Response:
     model = app.catalog().resolve(name)
     if model is None:
         raise ApiError(404, f"no model named {name!r}", "model_not_found", param="name")
     return json_reply(200, model_json(app, model, _counts(app)))
 
 
-async def create_model(app: AdminApp) -> Response:
+async def create_model(app: AdminContext) -> Response:
     registry = _registry(app)
     model = _parse(await json_object())
     try:
@@ -195,7 +195,7 @@ async def create_model(app: AdminApp) -> Response:
     return json_reply(201, model_json(app, model, _counts(app)), headers=_location(model.name))
 
 
-async def patch_model(app: AdminApp, name: str) -> Response:
+async def patch_model(app: AdminContext, name: str) -> Response:
     registry = _registry(app)
     changes = await json_object()
     problems = shape_problems(changes, ModelConfig, wording=JSON_WORDING)
@@ -209,7 +209,7 @@ async def patch_model(app: AdminApp, name: str) -> Response:
     return json_reply(200, model_json(app, model, _counts(app)))
 
 
-async def delete_model(app: AdminApp, name: str) -> Response:
+async def delete_model(app: AdminContext, name: str) -> Response:
     registry = _registry(app)
     try:
         await registry.delete(name)

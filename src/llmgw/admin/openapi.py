@@ -18,16 +18,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import llmgw
-from llmgw.admin.contract import ErrorBody, Out, Route
+from llmgw.admin.contract import API_PREFIX, ErrorBody, Out, Route
 from llmgw.admin.keys import KeyCreate
-from llmgw.admin.models_api import MAX_REPLICAS, ModelLive
+from llmgw.admin.models_api import ModelLive
 from llmgw.admin.schema import SchemaBuilder
-from llmgw.catalog import ENGINES
-from llmgw.config import AutoscaleConfig, DeploymentProfile, ModelConfig
+from llmgw.catalog import MAX_REPLICAS
+from llmgw.domain.catalog import AutoscaleConfig, DeploymentProfile, ModelConfig
+from llmgw.domain.engines import ENGINES
+from llmgw.version import __version__
 
 if TYPE_CHECKING:
-    from llmgw.admin.api import AdminApp
+    from llmgw.admin.context import AdminContext
 
 __all__ = ["OPENAPI_VERSION", "document"]
 
@@ -53,7 +54,7 @@ Times are Unix seconds. Keys, usage and runtime model changes need a store
 """
 
 
-def _overrides(app: AdminApp) -> dict[tuple[Any, ...], dict[str, Any]]:
+def _overrides(app: AdminContext) -> dict[tuple[Any, ...], dict[str, Any]]:
     bands = [b.name for b in app.router.config.router.admission.bands]
     profiles = sorted(app.router.config.router.profiles)
     return {
@@ -142,9 +143,7 @@ def _error(description: str) -> Out:
     return Out(description, ErrorBody)
 
 
-def _responses(app: AdminApp, route: Route) -> dict[int, Out]:
-    from llmgw.admin.api import API_PREFIX
-
+def _responses(app: AdminContext, route: Route) -> dict[int, Out]:
     responses = dict(route.responses)
     extra: dict[int, str] = {}
     if route.path.startswith(API_PREFIX):
@@ -169,9 +168,7 @@ def _responses(app: AdminApp, route: Route) -> dict[int, Out]:
     return dict(sorted(responses.items()))
 
 
-def _operation(app: AdminApp, builder: SchemaBuilder, route: Route) -> dict[str, Any]:
-    from llmgw.admin.api import API_PREFIX
-
+def _operation(app: AdminContext, builder: SchemaBuilder, route: Route) -> dict[str, Any]:
     op: dict[str, Any] = {
         "operationId": route.operation_id,
         "summary": route.summary,
@@ -218,7 +215,7 @@ def _operation(app: AdminApp, builder: SchemaBuilder, route: Route) -> dict[str,
     return op
 
 
-def document(app: AdminApp) -> dict[str, Any]:
+def document(app: AdminContext) -> dict[str, Any]:
     """The OpenAPI 3.1 document of `app`'s routes."""
     builder = SchemaBuilder(_overrides(app))
     builder.ref(ErrorBody)
@@ -239,7 +236,7 @@ def document(app: AdminApp) -> dict[str, Any]:
         "openapi": OPENAPI_VERSION,
         "info": {
             "title": "llmgw admin API",
-            "version": llmgw.__version__,
+            "version": __version__,
             "description": DESCRIPTION,
         },
         "tags": [{"name": name, "description": text} for name, text in TAGS],

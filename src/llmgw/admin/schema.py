@@ -34,7 +34,8 @@ from typing import Any, Literal
 
 import attrs
 
-from llmgw.config import Bytes, Seconds, Wording, converter, structure_as
+from llmgw.config import Wording, converter, structure_as
+from llmgw.units import Bytes, Seconds
 
 __all__ = ["SchemaBuilder", "structure_strict"]
 

@@ -32,7 +32,7 @@ from llmgw.admin.views import unstructure
 from llmgw.units import parse_duration
 
 if TYPE_CHECKING:
-    from llmgw.admin.api import AdminApp
+    from llmgw.admin.context import AdminContext
 
 __all__ = ["QUERY", "UsageReport", "UsageRowView", "parse_moment"]
 
@@ -139,7 +139,7 @@ def parse_bucket(text: str) -> float:
     return seconds
 
 
-async def usage(app: AdminApp) -> Response:
+async def usage(app: AdminContext) -> Response:
     store = require_store(app)
     params = query()
     group_by = params.get("group_by", "key")

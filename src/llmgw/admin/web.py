@@ -12,7 +12,7 @@ Before any route runs:
 * **Cross-site changes**: a page the operator has open elsewhere can make the browser
   send requests here; a POST, PATCH or DELETE the browser says comes from another
   site is 403 (``Sec-Fetch-Site``, else ``Origin`` against ``Host``).
-* **Admin auth** (:attr:`AdminApp.admin_auth`): ``/api/v1/`` needs an admin key.
+* **Admin auth** (:attr:`~llmgw.admin.api.AdminApp.admin_auth`): ``/api/v1/`` needs an admin key.
 
 Bodies are bounded by Quart itself (``MAX_CONTENT_LENGTH``: 413; ``BODY_TIMEOUT``:
 408 for the whole body, so a client sending a byte a second cannot hold a request
@@ -23,8 +23,8 @@ elsewhere, never a traceback.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Awaitable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import urlsplit
 
 from quart import Response, request
@@ -36,8 +36,7 @@ from llmgw.http.asgi import App, Receive, Scope, Send
 from llmgw.store.base import StoreError
 
 if TYPE_CHECKING:
-    from llmgw.admin.api import AdminApp
-    from llmgw.dashboard.app import DashboardApp
+    from llmgw.admin.context import AdminContext
 
 __all__ = [
     "LOOPBACK_HOSTS",
@@ -55,7 +54,7 @@ log = logging.getLogger("llmgw.admin")
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 #: A scope key no client can set: the request was made in-process by the dashboard,
-#: which authenticated its user itself (:meth:`AdminApp.call`).
+#: which authenticated its user itself (:meth:`llmgw.admin.api.AdminApp.call`).
 TRUSTED = "llmgw.trusted"
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -96,8 +95,21 @@ def same_origin(headers: Mapping[str, str] | Any) -> bool:
     return any(h is not None and netloc == h.split(",")[0].strip().lower() for h in hosts)
 
 
+class Pages(Protocol):
+    """What the app asks of the dashboard it serves (llmgw.dashboard.app.DashboardApp,
+    which builds on this module)."""
+
+    def install(self, app: QuartTrio) -> None:
+        """Register its routes, templates and page headers on `app`."""
+        ...
+
+    def error_page(self, error: ApiError) -> Awaitable[Response]:
+        """A refusal, as a page."""
+        ...
+
+
 def build_app(
-    admin: AdminApp, *, api: bool = True, dashboard: DashboardApp | None = None
+    admin: AdminContext, *, api: bool = True, dashboard: Pages | None = None
 ) -> QuartTrio:
     """The application one listener serves: the admin API (`api`), the dashboard, or
     both. The API's Host allowlist (``admin.hosts``) guards the whole app with it."""

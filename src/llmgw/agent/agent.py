@@ -41,13 +41,12 @@ from pathlib import Path
 import attrs
 import trio
 
-from llmgw import __version__
 from llmgw.agent.adapters import EngineAdapter, default_adapters
 from llmgw.agent.discovery import DiscoveryError, discover
 from llmgw.agent.launcher import Launcher
 from llmgw.agent.servers import Servers
 from llmgw.agent.supervisor import Shard, Supervisor
-from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo, ShardState
+from llmgw.domain.fleet import EngineInfo, Gpu, NodeInfo, ShardState
 from llmgw.errors import first_line
 from llmgw.transport.base import AgentConnector, ServerConnection, TransportError
 from llmgw.transport.messages import (
@@ -63,6 +62,7 @@ from llmgw.transport.messages import (
     StartShard,
     StopShard,
 )
+from llmgw.version import __version__
 
 __all__ = ["Agent", "NodeSettings", "backoff_delay"]
 

@@ -37,13 +37,9 @@ import attrs
 
 from llmgw import units
 from llmgw.agent.discovery import fake_gpus
-from llmgw.config import (
-    ConfigError,
-    Seconds,
-    read_toml,
-    structure_as,
-)
+from llmgw.config import ConfigError, read_toml, structure_as
 from llmgw.logs import FORMATS, LEVELS
+from llmgw.units import Seconds
 
 __all__ = [
     "FLAGS",

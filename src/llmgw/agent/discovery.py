@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import trio
 
 from llmgw import units
-from llmgw.control.fleet import Gpu
+from llmgw.domain.fleet import Gpu
 
 _FAKE = re.compile(r"(?:(\d+)\s*x\s*)?([0-9.]+\s*[A-Za-z]*B)(?::(.+))?")
 

@@ -54,8 +54,8 @@ import trio
 
 from llmgw.agent.adapters.base import LaunchSpec
 from llmgw.agent.launcher import LaunchedEngine, Launcher, ProcessLauncher, signal_group
-from llmgw.control.fleet import ShardState
-from llmgw.router.scrape import parse_metrics
+from llmgw.domain.engine_metrics import parse_metrics
+from llmgw.domain.fleet import ShardState
 from llmgw.transport.messages import ShardStatus, StartShard
 
 __all__ = ["DEFAULT_GRACE", "Key", "Shard", "Supervisor", "sweep_orphans"]

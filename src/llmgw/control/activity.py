@@ -15,7 +15,7 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from llmgw.router.usage import UsageRecord
+from llmgw.domain.usage import UsageRecord
 
 
 @attrs.frozen

@@ -38,8 +38,8 @@ from typing import Literal
 import attrs
 
 from llmgw import units
-from llmgw.config import AutoscaleConfig, ModelConfig
-from llmgw.control.fleet import ReplicaState
+from llmgw.domain.catalog import AutoscaleConfig, ModelConfig
+from llmgw.domain.fleet import ReplicaState
 
 __all__ = ["Cause", "Decision", "Demand", "ReplicaSample", "Sample", "decide", "initial"]
 

@@ -36,10 +36,9 @@ import attrs
 import trio
 
 from llmgw.catalog import Catalog
-from llmgw.config import ControlConfig, ModelConfig
+from llmgw.config import ControlConfig
 from llmgw.control.activity import ActivityTracker
 from llmgw.control.autoscale import ReplicaSample, initial
-from llmgw.control.fleet import NodeState, ReplicaState, ShardState
 from llmgw.control.inventory import (
     Event,
     Inventory,
@@ -55,8 +54,10 @@ from llmgw.control.leadership import Leadership, epoch_floor
 from llmgw.control.placement import NodeCapacity
 from llmgw.control.reconciler import Actions, NodeView, Publish, Reconciler, Unpublish
 from llmgw.control.scaler import DemandFeed, Scaler
+from llmgw.domain.catalog import ModelConfig
+from llmgw.domain.endpoints import Endpoint, EndpointSink
+from llmgw.domain.fleet import NodeState, ReplicaState, ShardState
 from llmgw.logs import fields
-from llmgw.router.endpoints import Endpoint, EndpointSink
 from llmgw.store.base import StoredCordon, StoreError
 from llmgw.transport.base import AgentConnection, AgentListener, ConnectionClosed
 from llmgw.transport.messages import (

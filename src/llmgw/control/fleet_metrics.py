@@ -90,8 +90,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from llmgw.control.fleet import EngineExit, NodeState, ReplicaState, StartFailure
 from llmgw.control.views import ModelCounts, gpu_holders, model_counts, schedulable_free
+from llmgw.domain.fleet import EngineExit, NodeState, ReplicaState, StartFailure
 
 if TYPE_CHECKING:
     from llmgw.control.controller import Controller
@@ -237,7 +237,7 @@ class FleetCollector(Collector):
         """Nodes, GPUs and fabrics."""
         controller = self._controller
         records = controller.inventory.nodes()
-        held = gpu_holders(controller.reconciler.replicas.values())
+        held = gpu_holders(controller.reconciler.snapshot())
 
         nodes = _gauge(
             "llmgw_fleet_nodes", "Nodes known to the control plane, by state.", ["state"]

@@ -35,7 +35,7 @@ from llmgw.catalog import Catalog
 from llmgw.control.autoscale import Sample
 from llmgw.control.leadership import LEASE, Leadership
 from llmgw.control.scaler import DemandFeed
-from llmgw.router.endpoints import Endpoint, EndpointSink
+from llmgw.domain.endpoints import Endpoint, EndpointSink
 from llmgw.store.base import Store, StoreError
 
 __all__ = ["FRESH", "SYNC_EVERY", "SharedDemand", "SharedEndpoints"]

@@ -93,7 +93,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from llmgw.config import ControlConfig
-from llmgw.control.fleet import Gpu, NodeInfo, NodeState, Placement, ShardAssignment, ShardState
+from llmgw.domain.fleet import Gpu, NodeInfo, NodeState, Placement, ShardAssignment, ShardState
 from llmgw.transport.messages import Heartbeat, Register, ShardStatus
 
 __all__ = [

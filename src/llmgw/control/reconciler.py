@@ -42,17 +42,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from llmgw.catalog import API_KEY_ENV, SLEEPS
-from llmgw.config import ControlConfig, ModelConfig
+from llmgw.config import ControlConfig
 from llmgw.control.durations import Durations
-from llmgw.control.fleet import (
-    EngineExit,
-    NodeState,
-    Placement,
-    ReplicaState,
-    ShardState,
-    StartFailure,
-)
 from llmgw.control.placement import (
     HintCode,
     NodeCapacity,
@@ -60,6 +51,16 @@ from llmgw.control.placement import (
     PlanResult,
     Unplaceable,
     plan,
+)
+from llmgw.domain.catalog import ModelConfig
+from llmgw.domain.engines import ENGINES
+from llmgw.domain.fleet import (
+    EngineExit,
+    NodeState,
+    Placement,
+    ReplicaState,
+    ShardState,
+    StartFailure,
 )
 from llmgw.transport.messages import (
     DrainShard,
@@ -96,7 +97,7 @@ class Publish:
     # Sent with every request to it (its profile's API key).
     headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), repr=False)
     # Idle this long, the router puts it to sleep (its profile's sleep_after, for the
-    # engines the router sleeps: catalog.SLEEPS).
+    # engines the router sleeps: llmgw.domain.engines).
     sleep_after: float | None = None
 
 
@@ -126,8 +127,23 @@ class Actions:
         return Actions(self.commands + other.commands, self.router + other.router)
 
 
+class _Placed:
+    """A replica's model and id, as its placement says (both records below)."""
+
+    __slots__ = ()
+    placement: Placement
+
+    @property
+    def model(self) -> str:
+        return self.placement.model
+
+    @property
+    def replica_id(self) -> str:
+        return self.placement.replica_id
+
+
 @attrs.define
-class Replica:
+class Replica(_Placed):
     """The reconciler's record of one replica (mutable; owned by the Reconciler)."""
 
     placement: Placement
@@ -142,13 +158,21 @@ class Replica:
     # again while its agent's reports disagree (level-triggered, see _resend).
     told: dict[int, tuple[ServerMessage, float]] = attrs.field(factory=dict, repr=False)
 
-    @property
-    def model(self) -> str:
-        return self.placement.model
 
-    @property
-    def replica_id(self) -> str:
-        return self.placement.replica_id
+@attrs.frozen
+class ReplicaInfo(_Placed):
+    """One replica as the reconciler last left it: a frozen copy for the views and the
+    fleet metrics, which never hold the reconciler's own records."""
+
+    placement: Placement
+    state: ReplicaState
+    since: float
+    url: str | None
+    # (rank, state) as each rank's agent last reported it; a rank not heard from is absent.
+    shard_states: tuple[tuple[int, ShardState], ...] = ()
+
+    def shard_state(self, rank: int) -> ShardState | None:
+        return next((state for r, state in self.shard_states if r == rank), None)
 
 
 @attrs.frozen
@@ -201,6 +225,19 @@ class Reconciler:
         self._commands = itertools.count(1)
 
     # -- queries ------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[ReplicaInfo, ...]:
+        """Every replica now, as frozen values (what the views read)."""
+        return tuple(
+            ReplicaInfo(
+                r.placement,
+                r.state,
+                r.since,
+                r.url,
+                tuple((rank, s.state) for rank, s in sorted(r.shards.items())),
+            )
+            for r in self.replicas.values()
+        )
 
     def active(self, model: str) -> list[Replica]:
         """Replicas that count towards the model's desired number."""
@@ -439,7 +476,9 @@ class Reconciler:
         key = profile.api_key
         if key is not None:
             # In the engine's environment, not its argv (which any user can list).
-            profile = attrs.evolve(profile, env={**profile.env, API_KEY_ENV[profile.engine]: key})
+            env = ENGINES[profile.engine].api_key_env
+            assert env is not None  # the catalog refuses an api_key for the others
+            profile = attrs.evolve(profile, env={**profile.env, env: key})
             headers = ((b"authorization", b"Bearer " + key.encode()),)
         head = placement.head
         master = nodes[head.node_id].capacity.address if head.node_id in nodes else None
@@ -463,7 +502,8 @@ class Reconciler:
             )
             for shard in placement.shards
         )
-        sleep = profile.sleep_after if SLEEPS.get(profile.engine) == "router" else None
+        engine = ENGINES.get(profile.engine)
+        sleep = profile.sleep_after if engine is not None and engine.sleeps == "router" else None
         self.replicas[placement.replica_id] = Replica(
             placement,
             ReplicaState.STARTING,

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from llmgw.config import ModelConfig
 from llmgw.control.autoscale import Cause, Decision, Demand, ReplicaSample, Sample, decide, initial
-from llmgw.control.fleet import ReplicaState
+from llmgw.domain.catalog import ModelConfig
+from llmgw.domain.fleet import ReplicaState
 
 if TYPE_CHECKING:
     from llmgw.router.core import Router

@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from cattrs.preconf.json import make_converter
 
-from llmgw.control.fleet import NodeState, ReplicaState
 from llmgw.control.inventory import NodeRecord
 from llmgw.control.placement import Hint, ProfileAttempt, Unplaceable
-from llmgw.control.reconciler import Replica
+from llmgw.control.reconciler import ReplicaInfo
+from llmgw.domain.fleet import NodeState, ReplicaState
 
 if TYPE_CHECKING:
     from llmgw.control.controller import Controller
@@ -95,7 +95,7 @@ class GpuHolder:
     model: str
 
 
-def gpu_holders(replicas: Iterable[Replica]) -> dict[str, dict[int, GpuHolder]]:
+def gpu_holders(replicas: Iterable[ReplicaInfo]) -> dict[str, dict[int, GpuHolder]]:
     """Node id -> GPU index -> the replica whose placement holds it. Every replica the
     reconciler keeps holds its GPUs (starting, ready and draining ones alike), as it
     does for placement."""
@@ -150,7 +150,7 @@ def model_counts(controller: Controller, now: float) -> list[ModelCounts]:
     reconciler = controller.reconciler
     desired = {m.name: controller.desired(m) for m in controller.deployable()}
     states: dict[str, dict[ReplicaState, int]] = {name: {} for name in desired}
-    for replica in reconciler.replicas.values():
+    for replica in reconciler.snapshot():
         per = states.setdefault(replica.model, {})
         per[replica.state] = per.get(replica.state, 0) + 1
     out = []
@@ -317,7 +317,7 @@ def nodes_json(
     """``GET /api/v1/nodes``. `now` is on the controller's clock (default: its
     current time), `wall` the matching Unix time (default: ``time.time()``)."""
     now, wall = _clocks(controller, now, wall)
-    held = gpu_holders(controller.reconciler.replicas.values())
+    held = gpu_holders(controller.reconciler.snapshot())
     nodes = [
         node_detail(r, held.get(r.node_id, {}), now, wall) for r in controller.inventory.nodes()
     ]
@@ -332,7 +332,7 @@ def node_json(
     if record is None:
         return None
     now, wall = _clocks(controller, now, wall)
-    held = gpu_holders(controller.reconciler.replicas.values())
+    held = gpu_holders(controller.reconciler.snapshot())
     result: dict[str, Any] = unstructure(node_detail(record, held.get(node_id, {}), now, wall))
     return result
 
@@ -363,7 +363,7 @@ class ReplicaView:
     nodes: tuple[ReplicaNodeView, ...]
 
 
-def replica_view(replica: Replica, now: float, wall: float) -> ReplicaView:
+def replica_view(replica: ReplicaInfo, now: float, wall: float) -> ReplicaView:
     p = replica.placement
     in_state = max(0.0, now - replica.since)
     nodes = tuple(
@@ -373,7 +373,7 @@ def replica_view(replica: Replica, now: float, wall: float) -> ReplicaView:
             gpu_indices=s.gpu_indices,
             port=s.port,
             dist_port=s.dist_port,
-            shard_state=replica.shards[s.rank].state.value if s.rank in replica.shards else None,
+            shard_state=None if (state := replica.shard_state(s.rank)) is None else state.value,
         )
         for s in p.shards
     )
@@ -396,9 +396,7 @@ def replicas_json(
     """``GET /api/v1/replicas``: every replica (by model, then id) and, per model,
     desired against actual counts."""
     now, wall = _clocks(controller, now, wall)
-    replicas = sorted(
-        controller.reconciler.replicas.values(), key=lambda r: (r.model, r.replica_id)
-    )
+    replicas = sorted(controller.reconciler.snapshot(), key=lambda r: (r.model, r.replica_id))
     return {
         "replicas": unstructure([replica_view(r, now, wall) for r in replicas]),
         "models": unstructure(model_counts(controller, now)),

@@ -1,6 +1,6 @@
 """The web dashboard: server-rendered pages over the admin API, with a little JavaScript.
 
-Every page reads, and every action changes, through :meth:`AdminApp.call`, the
+Every page reads, and every action changes, through :meth:`llmgw.admin.api.AdminApp.call`, the
 admin API made in-process: the dashboard shows exactly what the API answers and
 refuses what it refuses, with the same messages. Pages are plain HTML (read-only
 views work without JavaScript); ``static/dashboard.js`` refreshes the live parts
@@ -44,7 +44,7 @@ from llmgw.http.asgi import Receive, Scope, Send
 from llmgw.store.base import Session
 
 if TYPE_CHECKING:
-    from llmgw.admin.api import AdminApp
+    from llmgw.admin.context import AdminContext
 
 __all__ = ["DashboardApp"]
 
@@ -151,7 +151,7 @@ class DashboardApp:
 
     def __init__(
         self,
-        admin: AdminApp,
+        admin: AdminContext,
         *,
         prefix: str = "",
         login_required: bool = False,

@@ -45,8 +45,8 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
+from llmgw.domain.usage import UsageRecord
 from llmgw.errors import first_line
-from llmgw.router.usage import UsageRecord
 
 __all__ = [
     "CLIENT_GONE",

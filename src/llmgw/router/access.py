@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 
+from llmgw.domain.usage import UsageRecord
 from llmgw.logs import FIELDS
-from llmgw.router.usage import UsageRecord
 
 log = logging.getLogger("llmgw.access")
 refusals = logging.getLogger("llmgw.router")

@@ -19,8 +19,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llmgw.router.usage import BYTES_PER_TOKEN
 
 __all__ = [
+    "PrefixIndex",
     "PrefixTable",
     "SessionTable",
     "prefix_hashes",
@@ -286,3 +290,33 @@ def prompt_text_for_affinity(body: Mapping[str, object], limit: int | None = Non
         else:
             text = prompt if isinstance(prompt, str) else ""
     return text[:limit] if limit is not None else text
+
+
+class PrefixIndex:
+    """Prefix affinity for the router: hashing settings plus the table."""
+
+    def __init__(self, block_chars: int, max_blocks: int, size: int, ttl: float) -> None:
+        self.block_chars = block_chars
+        self.max_blocks = max_blocks
+        self.table = PrefixTable(size, ttl)
+
+    def text(self, body: dict[str, Any]) -> str:
+        """The part of the prompt that can matter for affinity (bounded, cheap)."""
+        return prompt_text_for_affinity(body, limit=self.block_chars * self.max_blocks)
+
+    def chain(self, text: str, model: str) -> tuple[int, ...]:
+        # Seeded by model: two models on one endpoint share no cache entries.
+        return prefix_hashes(text, self.block_chars, self.max_blocks, seed=model)
+
+    def lookup(
+        self, chain: tuple[int, ...], now: float
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Per endpoint holding part of `chain`: its match (PrefixTable.match) and the
+        estimated prompt tokens it holds."""
+        matches: dict[str, float] = {}
+        cached: dict[str, float] = {}
+        chain_tokens = len(chain) * self.block_chars / BYTES_PER_TOKEN
+        for ep, (held, share) in self.table.holdings(chain, now).items():
+            matches[ep] = held * share
+            cached[ep] = held * chain_tokens
+        return matches, cached

@@ -8,19 +8,20 @@ usage injection). One `_Call` value carries a request from admission to its end.
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import json
 import math
 import re
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import httpx
 import trio
 
+from llmgw.domain.engine_metrics import UNKNOWN
+from llmgw.domain.keys import KeyRecord
+from llmgw.domain.usage import Caller, Usage, UsageRecord
 from llmgw.http.asgi import (
     BodyTooLarge,
     ClientLeft,
@@ -53,15 +54,28 @@ from llmgw.router.paths import (
 )
 from llmgw.router.proxy import AttemptFailed, Delivery, PathMissing
 from llmgw.router.responses import SCAN_BYTES, Home, response_id_in
-from llmgw.router.scrape import UNKNOWN
-from llmgw.router.usage import NO_USAGE, Caller, Usage, UsageRecord, estimate_prompt_tokens
-from llmgw.store.base import KeyRecord
+from llmgw.router.usage import NO_USAGE, estimate_prompt_tokens
+from llmgw.version import __version__
 
 if TYPE_CHECKING:
-    from llmgw.config import Band, ModelConfig
-    from llmgw.router.core import Router
-    from llmgw.router.endpoints import EndpointState
-    from llmgw.router.tracing import RequestSpan
+    from collections.abc import Iterable
+
+    from llmgw.catalog import Catalog
+    from llmgw.config import Band, Config
+    from llmgw.domain.catalog import ModelConfig
+    from llmgw.router.access import AccessLog
+    from llmgw.router.admission import AdmissionController
+    from llmgw.router.affinity import PrefixIndex
+    from llmgw.router.auth import Authenticator
+    from llmgw.router.coldstart import ColdStarts
+    from llmgw.router.endpoints import EndpointRegistry, EndpointState
+    from llmgw.router.metrics import RouterMetrics
+    from llmgw.router.proxy import Upstream
+    from llmgw.router.responses import ResponseHomes
+    from llmgw.router.scheduling import Decision
+    from llmgw.router.scraper import Scraper
+    from llmgw.router.sleep import Sleeper
+    from llmgw.router.tracing import RequestSpan, Tracing
 
 
 #: The scope key of a request's id (:func:`request_id_of`).
@@ -82,15 +96,6 @@ def request_id_of(given: bytes | None) -> bytes:
     if given is not None and _REQUEST_ID.fullmatch(given):
         return given
     return secrets.token_hex(16).encode()
-
-
-@functools.cache
-def _version() -> str:
-    # Not `llmgw.__version__`: the package's __init__ imports the router.
-    try:
-        return importlib.metadata.version("llmgw")
-    except importlib.metadata.PackageNotFoundError:
-        return "0.0.0+unknown"
 
 
 def _model_object(name: str) -> dict[str, Any]:
@@ -139,10 +144,77 @@ class ClientGone(Exception):
     """The client disconnected before its request was read."""
 
 
+class Routing(Protocol):
+    """What the client routes use of their router: llmgw.router.core.Router, which
+    makes this app (and so is not imported here)."""
+
+    config: Config
+    catalog: Catalog
+    endpoints: EndpointRegistry
+    metrics: RouterMetrics
+    auth: Authenticator
+    admission: AdmissionController
+    cold: ColdStarts
+    responses: ResponseHomes
+    scraper: Scraper
+    sleeper: Sleeper
+    upstream: Upstream
+    access_log: AccessLog | None
+    prefixes: PrefixIndex | None
+    tracing: Tracing | None
+    session_header: bytes
+    band_header: bytes
+    tenant_header: bytes
+
+    def choose(
+        self,
+        model: ModelConfig,
+        usable: Iterable[EndpointState],
+        session_key: str | None,
+        prefix: tuple[int, ...] | None,
+        now: float,
+        prompt_tokens: float = 0.0,
+    ) -> Decision | None: ...
+
+    def record_attempt(
+        self, state: EndpointState, ticket: Ticket, outcome: Outcome, failure: AttemptFailed | None
+    ) -> None: ...
+
+    def finish(
+        self,
+        model: ModelConfig,
+        state: EndpointState,
+        delivery: Delivery,
+        *,
+        session_key: str | None,
+        latency: float,
+        caller: Caller = ...,
+        status: int | None = None,
+        retries: int = 0,
+        request_id: str | None = None,
+        path: str | None = None,
+        queue_wait: float | None = None,
+    ) -> None: ...
+
+    def refused(
+        self,
+        model: str,
+        status: int,
+        latency: float,
+        caller: Caller,
+        *,
+        retries: int = 0,
+        request_id: str | None = None,
+        path: str | None = None,
+        queue_wait: float | None = None,
+        error: str | None = None,
+    ) -> None: ...
+
+
 class ClientApp:
     """`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Routing) -> None:
         self.router = router
         # Bodies past BIG_BODY are parsed in a worker thread, one at a time: what a
         # parse holds in memory is bounded by one body, not by how many arrive.
@@ -223,7 +295,7 @@ class ClientApp:
         await send_json(send, 200 if ready else 503, body, [(b"x-request-id", scope[REQUEST_ID])])
 
     async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = json.dumps({"version": _version(), "server": "llmgw"}).encode()
+        body = json.dumps({"version": __version__, "server": "llmgw"}).encode()
         await send_json(send, 200, body, [(b"x-request-id", scope[REQUEST_ID])])
 
     async def _stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -20,8 +20,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+from llmgw.domain.keys import KeyRecord
 from llmgw.router.limits import LimitExceeded, Limits, LocalLimits
-from llmgw.store.base import KeyRecord, StoreError
+from llmgw.store.base import StoreError
 
 log = logging.getLogger("llmgw.auth")
 

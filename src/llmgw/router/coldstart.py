@@ -23,7 +23,7 @@ from typing import Protocol
 
 import trio
 
-from llmgw.config import ModelConfig
+from llmgw.domain.catalog import ModelConfig
 
 __all__ = ["ColdStarts", "ColdWait", "Fleet"]
 

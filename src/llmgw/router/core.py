@@ -17,68 +17,30 @@ import trio
 from prometheus_client import generate_latest
 
 from llmgw.catalog import Catalog
-from llmgw.config import Config, EndpointConfig, ModelConfig
+from llmgw.config import Config, EndpointConfig
+from llmgw.domain.catalog import ModelConfig
+from llmgw.domain.endpoints import Endpoint
+from llmgw.domain.engine_metrics import EngineSample
+from llmgw.domain.usage import Caller, UsageRecord, UsageSink
 from llmgw.router.access import AccessLog
 from llmgw.router.admission import AdmissionController
-from llmgw.router.affinity import (
-    PrefixTable,
-    SessionTable,
-    prefix_hashes,
-    prompt_text_for_affinity,
-)
+from llmgw.router.affinity import PrefixIndex, SessionTable
 from llmgw.router.app import ClientApp
 from llmgw.router.auth import Authenticator
 from llmgw.router.breaker import Outcome, Ticket
 from llmgw.router.coldstart import ColdStarts, Fleet
-from llmgw.router.endpoints import Endpoint, EndpointRegistry, EndpointState
+from llmgw.router.endpoints import EndpointRegistry, EndpointState
 from llmgw.router.metrics import KeyMetrics, RouterMetrics
 from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
 from llmgw.router.responses import ResponseHomes
 from llmgw.router.scheduling import Candidate, Decision, Saturation, Scheduler
 from llmgw.router.scheduling.plugins import default_schedulers
-from llmgw.router.scrape import EngineSample
 from llmgw.router.scraper import Scraper
 from llmgw.router.sleep import Sleeper
 from llmgw.router.tracing import Tracing
-from llmgw.router.usage import (
-    BYTES_PER_TOKEN,
-    NO_USAGE,
-    Caller,
-    UsageRecord,
-    UsageSink,
-)
+from llmgw.router.usage import NO_USAGE
 
 NOBODY = Caller()
-
-
-class PrefixIndex:
-    """Prefix affinity for the router: hashing settings plus the table."""
-
-    def __init__(self, block_chars: int, max_blocks: int, size: int, ttl: float) -> None:
-        self.block_chars = block_chars
-        self.max_blocks = max_blocks
-        self.table = PrefixTable(size, ttl)
-
-    def text(self, body: dict[str, Any]) -> str:
-        """The part of the prompt that can matter for affinity (bounded, cheap)."""
-        return prompt_text_for_affinity(body, limit=self.block_chars * self.max_blocks)
-
-    def chain(self, text: str, model: str) -> tuple[int, ...]:
-        # Seeded by model: two models on one endpoint share no cache entries.
-        return prefix_hashes(text, self.block_chars, self.max_blocks, seed=model)
-
-    def lookup(
-        self, chain: tuple[int, ...], now: float
-    ) -> tuple[dict[str, float], dict[str, float]]:
-        """Per endpoint holding part of `chain`: its match (PrefixTable.match) and the
-        estimated prompt tokens it holds."""
-        matches: dict[str, float] = {}
-        cached: dict[str, float] = {}
-        chain_tokens = len(chain) * self.block_chars / BYTES_PER_TOKEN
-        for ep, (held, share) in self.table.holdings(chain, now).items():
-            matches[ep] = held * share
-            cached[ep] = held * chain_tokens
-        return matches, cached
 
 
 def catalog_for(config: Config) -> Catalog:
@@ -433,7 +395,7 @@ class Router:
             for sink in self.usage_sinks:
                 sink.record(record)
 
-    # -- views (llmgw.admin.api.Traffic) -------------------------------------------
+    # -- views (llmgw.admin.context.Traffic) ---------------------------------------
 
     def admission_view(self) -> dict[str, Any]:
         return self.admission.snapshot()

@@ -2,55 +2,24 @@
 
 Writers are the scraper (metrics), the proxy (in-flight counts, breaker outcomes)
 and whoever owns the endpoint set (static configuration, or the control plane
-through :class:`EndpointSink`). Scoring only reads. Everything runs on the trio
+through :class:`EndpointSink`, llmgw.domain's). Scoring only reads. Everything runs on the trio
 thread, so plain attributes need no locks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
 
-import attrs
 import trio
 
+from llmgw.domain.endpoints import Endpoint, EndpointSink
+from llmgw.domain.engine_metrics import EngineSample
 from llmgw.router.breaker import Breaker
 from llmgw.router.scheduling import Candidate
-from llmgw.router.scrape import EngineSample
 
-
-@attrs.frozen
-class Endpoint:
-    """An engine replica the router may send requests to."""
-
-    id: str
-    url: str
-    models: tuple[str, ...]
-    pool: str = "default"
-    weight: float = 1.0
-    priority: int = 0
-    # Sequences the engine runs at once, when known (see Candidate.capacity).
-    capacity: int | None = None
-    # Sent with every request and scrape to this engine (its API key, as configured);
-    # kept out of reprs, logs and the admin API.
-    headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), repr=False)
-    # Idle this long (nothing in flight, nothing routed to it), the router puts the
-    # engine to sleep through its sleep API (vLLM's) and wakes it before the next
-    # request it routes there (router/sleep.py). None: never.
-    sleep_after: float | None = None
-
-
-class EndpointSink(Protocol):
-    """Where the endpoint set comes from: static config or the control plane."""
-
-    def upsert(self, endpoint: Endpoint) -> None:
-        """Add an endpoint, or replace one with the same id (keeping its live state)."""
-
-    def drain(self, endpoint_id: str) -> None:
-        """Stop sending new requests to the endpoint; requests in flight finish."""
-
-    def remove(self, endpoint_id: str) -> None:
-        """Forget the endpoint."""
+# Endpoint and EndpointSink are the domain's (llmgw.domain.endpoints), named here too
+# as the public API documents them.
+__all__ = ["Endpoint", "EndpointRegistry", "EndpointSink", "EndpointState"]
 
 
 class EndpointState:

@@ -33,7 +33,8 @@ from typing import Protocol
 import attrs
 import trio
 
-from llmgw.store.base import KeyRecord, Store, StoreError
+from llmgw.domain.keys import KeyRecord
+from llmgw.store.base import Store, StoreError
 
 __all__ = [
     "FLUSH_EVERY",

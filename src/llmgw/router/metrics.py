@@ -25,10 +25,10 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from llmgw.domain.usage import UsageRecord
 from llmgw.router.admission import AdmissionStats
 from llmgw.router.breaker import BreakerState
 from llmgw.router.endpoints import EndpointRegistry
-from llmgw.router.usage import UsageRecord
 from llmgw.version import __version__
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

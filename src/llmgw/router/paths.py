@@ -18,7 +18,8 @@ from collections.abc import Iterable
 
 import attrs
 
-from llmgw.router.scrape import ENGINES, UNKNOWN
+from llmgw.domain.engine_metrics import UNKNOWN
+from llmgw.domain.engines import DIALECTS
 
 __all__ = [
     "CHAT",
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 _VLLM, _SGLANG, _LLAMACPP = "vllm", "sglang", "llamacpp"
-_ALL = frozenset(ENGINES)
+_ALL = frozenset(DIALECTS)
 
 #: How docs and errors name the engines.
 _NAMES = {_VLLM: "vLLM", _SGLANG: "SGLang", _LLAMACPP: "llama.cpp"}
@@ -136,4 +137,4 @@ COUNT_TOKENS = ApiPath(
 
 def engine_names(engines: Iterable[str]) -> str:
     """``vLLM, SGLang`` for error messages and docs, in a fixed order."""
-    return ", ".join(_NAMES[e] for e in ENGINES if e in set(engines))
+    return ", ".join(_NAMES[e] for e in DIALECTS if e in set(engines))

@@ -29,6 +29,7 @@ import httpx
 import trio
 
 from llmgw.config import Timeouts
+from llmgw.domain.usage import Usage
 from llmgw.http.asgi import error_body
 from llmgw.http.client import (
     PIECES_PER_YIELD,
@@ -40,7 +41,7 @@ from llmgw.http.client import (
     UpstreamError,
 )
 from llmgw.router.breaker import Outcome, classify_status
-from llmgw.router.usage import Usage, estimate_prompt_tokens
+from llmgw.router.usage import estimate_prompt_tokens
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 

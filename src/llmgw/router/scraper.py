@@ -18,9 +18,9 @@ import httpx
 import trio
 
 from llmgw.config import ScoringConfig
+from llmgw.domain.engine_metrics import parse_metrics
 from llmgw.router.endpoints import EndpointRegistry, EndpointState
 from llmgw.router.metrics import RouterMetrics
-from llmgw.router.scrape import parse_metrics
 
 # A vLLM page is ~100 KB (histograms, a few label sets); far more is not a metrics page.
 MAX_METRICS_BYTES = 8 * 1024 * 1024

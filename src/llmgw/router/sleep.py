@@ -1,7 +1,7 @@
 """Sleeping engines: idle replicas give back their GPU memory and wake in seconds.
 
 An endpoint with ``sleep_after`` (its deployment profile's, for the engines the router
-sleeps: vLLM and llmgw-sim, catalog.SLEEPS) that has had nothing in flight for that
+sleeps: vLLM and llmgw-sim, llmgw.domain.engines) that has had nothing in flight for that
 long is put to sleep: ``POST /sleep?level=1`` (vLLM's level 1: weights to CPU memory,
 the KV cache dropped). It keeps its GPUs and stays routable: the next attempt routed
 to it first wakes it (``POST /wake_up``) and then sends the request, so a request

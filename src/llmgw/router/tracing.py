@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import trio
+
+from llmgw.version import __version__
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-    from llmgw.config import TracingConfig
-    from llmgw.router.usage import Caller, Usage
+    from llmgw.domain.usage import Caller, Usage
 
-__all__ = ["AttemptSpan", "RequestSpan", "Tracing", "missing_packages"]
+__all__ = ["AttemptSpan", "RequestSpan", "Tracing", "TracingSettings", "missing_packages"]
 
 #: The modules tracing imports, and the distribution that brings each (the `tracing`
 #: extra of llmgw's pyproject.toml).
@@ -51,11 +52,29 @@ def missing_packages() -> list[str]:
     return missing
 
 
+class TracingSettings(Protocol):
+    """What a tracer is made from: llmgw.config.TracingConfig (the configuration
+    imports this module to check tracing's packages, so it is not imported here)."""
+
+    @property
+    def endpoint(self) -> str: ...
+    @property
+    def sample_ratio(self) -> float: ...
+    @property
+    def parent_based(self) -> bool: ...
+    @property
+    def service_name(self) -> str: ...
+    @property
+    def timeout(self) -> float: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+
 class Tracing:
     """The tracer of one router: its sampler, the OTLP/HTTP exporter and the batch
     processor that feeds it."""
 
-    def __init__(self, config: TracingConfig) -> None:
+    def __init__(self, config: TracingSettings) -> None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -64,8 +83,6 @@ class Tracing:
         from opentelemetry.trace import SpanKind, StatusCode, set_span_in_context
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        import llmgw  # at run time: the package's __init__ imports the router
-
         self._timeout = float(config.timeout)
         ratio = TraceIdRatioBased(config.sample_ratio)
         # A provider of its own, never OTel's global one: two routers in a process
@@ -73,7 +90,7 @@ class Tracing:
         self._provider = TracerProvider(
             sampler=ParentBased(ratio) if config.parent_based else ratio,
             resource=Resource.create(
-                {"service.name": config.service_name, "service.version": llmgw.__version__}
+                {"service.name": config.service_name, "service.version": __version__}
             ),
         )
         exporter = OTLPSpanExporter(
@@ -82,7 +99,7 @@ class Tracing:
         self._provider.add_span_processor(
             BatchSpanProcessor(exporter, export_timeout_millis=self._timeout * 1000)
         )
-        self.tracer = self._provider.get_tracer("llmgw.router", llmgw.__version__)
+        self.tracer = self._provider.get_tracer("llmgw.router", __version__)
         self.propagator = TraceContextTextMapPropagator()
         self.set_span_in_context = set_span_in_context
         self.kinds = SpanKind

@@ -8,11 +8,11 @@ import urllib.parse
 
 import trio
 
-from llmgw import __version__
 from llmgw.sim import llamacpp
 from llmgw.sim.metrics import CONTENT_TYPES, exposition
 from llmgw.sim.state import SimState
 from llmgw.sim.wire import HTTPError, Receive, Scope, Send, send_bytes, send_json
+from llmgw.version import __version__
 
 
 class Info:

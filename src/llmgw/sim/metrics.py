@@ -32,7 +32,6 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Literal
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -43,10 +42,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from llmgw.domain.engines import DIALECTS, Dialect
 from llmgw.sim.model import EngineConfig, Finished, ScheduledStep, Stats
 
-MetricsFormat = Literal["vllm", "sglang", "llamacpp"]
-FORMATS: tuple[MetricsFormat, ...] = ("vllm", "sglang", "llamacpp")
+# The sim speaks every metric dialect the router reads.
+MetricsFormat = Dialect
+FORMATS: tuple[MetricsFormat, ...] = DIALECTS
 
 # vLLM's bucket edges, so dashboards built for vLLM read these unchanged.
 TTFT_BUCKETS = (

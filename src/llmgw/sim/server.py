@@ -51,7 +51,6 @@ from typing import Any, cast
 
 import trio
 
-from llmgw import __version__
 from llmgw.http import asgi
 from llmgw.http.asgi import answer_non_http
 from llmgw.http.server import HttpServerConfig
@@ -76,6 +75,7 @@ from llmgw.sim.wire import (
     send_json,
 )
 from llmgw.units import Address
+from llmgw.version import __version__
 
 #: SimConfig with them: what serve() and SimApp are given.
 __all__ = ["SimApp", "SimConfig", "describe", "serve"]

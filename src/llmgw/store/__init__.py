@@ -18,10 +18,10 @@ from collections.abc import Callable
 
 import trio
 
+from llmgw.domain.keys import KeyRecord
 from llmgw.store.base import (
     DuplicateKeyName,
     GroupBy,
-    KeyRecord,
     SchemaTooNew,
     Session,
     Store,

@@ -17,12 +17,12 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from llmgw.config import ModelConfig
+from llmgw.domain.catalog import ModelConfig
+from llmgw.domain.keys import KeyRecord
 from llmgw.store import keys
 from llmgw.store.base import (
     DuplicateKeyName,
     GroupBy,
-    KeyRecord,
     SchemaTooNew,
     Session,
     StoredCordon,

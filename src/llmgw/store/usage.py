@@ -32,7 +32,7 @@ from typing import Protocol
 
 import trio
 
-from llmgw.router.usage import UsageRecord
+from llmgw.domain.usage import UsageRecord
 from llmgw.store.base import TimedUsage
 
 __all__ = ["UsageBatcher", "UsageWriter"]

@@ -42,7 +42,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
-from llmgw.config import DeploymentProfile
+from llmgw.domain.catalog import DeploymentProfile
 from llmgw.transport.messages import AgentMessage, ServerMessage
 from llmgw.transport.pb import agent_pb2 as pb
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import attrs
 
-from llmgw.config import DeploymentProfile
-from llmgw.control.fleet import Gpu, NodeInfo, ShardState
+from llmgw.domain.catalog import DeploymentProfile
+from llmgw.domain.fleet import Gpu, NodeInfo, ShardState
 
 # -- agent -> server -------------------------------------------------------------
 

@@ -29,11 +29,11 @@ from llmgw import config as cfg
 from llmgw.catalog import Catalog
 from llmgw.config import Config
 from llmgw.control.autoscale import Sample
+from llmgw.domain.endpoints import Endpoint
+from llmgw.domain.usage import UsageSink
 from llmgw.http.asgi import App, Receive, Scope, Send
 from llmgw.http.forward import CLIENT_HEADER
 from llmgw.router.core import Router
-from llmgw.router.endpoints import Endpoint
-from llmgw.router.usage import UsageSink
 from llmgw.workers import merge, sockets, wire
 
 __all__ = ["Wakeable", "WorkerPool", "trust_forwarded_client", "worker_count"]

@@ -15,9 +15,9 @@ from typing import Any
 import msgspec
 import trio
 
-from llmgw.router.endpoints import Endpoint
-from llmgw.router.scrape import EngineSample
-from llmgw.router.usage import UsageRecord
+from llmgw.domain.endpoints import Endpoint
+from llmgw.domain.engine_metrics import EngineSample
+from llmgw.domain.usage import UsageRecord
 
 __all__ = [
     "MAX_FRAME",

@@ -29,7 +29,8 @@ import trio
 from llmgw import config as cfg
 from llmgw import logs
 from llmgw.catalog import Catalog
-from llmgw.config import ModelConfig
+from llmgw.domain.catalog import ModelConfig
+from llmgw.domain.usage import UsageRecord
 from llmgw.http.asgi import App, split, under
 from llmgw.http.forward import Forward
 from llmgw.http.hyper import ReloadableTls, TlsFiles, serve_hypercorn
@@ -37,7 +38,6 @@ from llmgw.http.server import serve_listeners
 from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router
 from llmgw.router.limits import SharedLimits
-from llmgw.router.usage import UsageRecord
 from llmgw.server import client_listener_config
 from llmgw.store import open_store
 from llmgw.store.base import Store

@@ -33,7 +33,8 @@ from typing import Protocol
 import attrs
 import trio
 
-from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo
+from llmgw.domain.engines import ENGINES
+from llmgw.domain.fleet import EngineInfo, Gpu, NodeInfo
 from llmgw.transport.messages import StartShard
 
 __all__ = [
@@ -179,8 +180,6 @@ class BaseAdapter:
     reserved_flags: frozenset[str] = frozenset()
     #: Flags reserved only for multi-node shards.
     reserved_multinode_flags: frozenset[str] = frozenset()
-    #: Whether the engine needs GPUs (the simulator does not).
-    needs_gpus = True
 
     def __init__(self, *, info: EngineInfo | None = None) -> None:
         self._info = info
@@ -188,6 +187,13 @@ class BaseAdapter:
     @property
     def info(self) -> EngineInfo | None:
         return self._info
+
+    @property
+    def needs_gpus(self) -> bool:
+        """Whether the engine needs GPUs: the registry's word (an engine it does not
+        know does)."""
+        engine = ENGINES.get(self.name)
+        return engine is None or not engine.cpu
 
     # -- validation ---------------------------------------------------------------------
 
@@ -277,7 +283,7 @@ class BaseAdapter:
                 f"{p.pipeline_parallel} must be at least 1"
             )
         elif self.needs_gpus:
-            world = p.tensor_parallel * p.pipeline_parallel
+            world = p.gpus
             if not cmd.gpu_indices:
                 problems.append(f"{self.name} needs GPUs and the shard was given none")
             elif len(cmd.gpu_indices) * max(cmd.node_count, 1) != world:

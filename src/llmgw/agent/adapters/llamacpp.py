@@ -33,7 +33,7 @@ from pathlib import Path
 import trio
 
 from llmgw.agent.adapters.base import BaseAdapter, LaunchSpec, base_url, flag_name
-from llmgw.control.fleet import EngineInfo, Gpu, NodeInfo
+from llmgw.domain.fleet import EngineInfo, Gpu, NodeInfo
 from llmgw.transport.messages import StartShard
 
 __all__ = [
@@ -93,7 +93,6 @@ def find_llama_server(env: Mapping[str, str] | None = None) -> str | None:
 
 class LlamaCppAdapter(BaseAdapter):
     name = "llamacpp"
-    needs_gpus = False  # a CPU build; GPUs it is given are simply not used
     reserved_flags = frozenset(
         {
             "-m",
@@ -156,7 +155,7 @@ class LlamaCppAdapter(BaseAdapter):
                 f"this llama-server ({version or 'version unknown'}) has no {SLEEP_FLAG}: "
                 "build a newer one, or remove the profile's sleep_after"
             )
-        if p.tensor_parallel * p.pipeline_parallel > 1 or cmd.node_count > 1:
+        if p.gpus > 1 or cmd.node_count > 1:
             problems.append(
                 "llamacpp runs one process per replica: tensor_parallel x pipeline_parallel "
                 "must be 1 and the replica on one node"
@@ -237,7 +236,7 @@ class LlamaCppAdapter(BaseAdapter):
         ]
         if p.sleep_after is not None:
             # llama-server sleeps on its own (unloads the model) and reloads at the next
-            # request: nothing for the router to do (catalog.SLEEPS). Whole seconds.
+            # request: nothing for the router to do (llmgw.domain.engines). Whole seconds.
             argv += [SLEEP_FLAG, str(max(1, math.ceil(p.sleep_after)))]
         url = base_url(host, cmd.port)
         return LaunchSpec(

@@ -22,7 +22,7 @@ from llmgw.agent.adapters.base import (
     multinode_spec,
     probe_version,
 )
-from llmgw.control.fleet import EngineInfo, NodeInfo
+from llmgw.domain.fleet import EngineInfo, NodeInfo
 from llmgw.transport.messages import StartShard
 
 __all__ = ["SglangAdapter"]

@@ -14,11 +14,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from llmgw import __version__
 from llmgw.agent.adapters.base import BaseAdapter, LaunchSpec, base_url, flag_int, flag_value
-from llmgw.control.fleet import EngineInfo, NodeInfo
+from llmgw.domain.fleet import EngineInfo, NodeInfo
 from llmgw.sim.personalities import PERSONALITIES, engine_config
 from llmgw.transport.messages import StartShard
+from llmgw.version import __version__
 
 __all__ = ["SimAdapter", "sim_capacity"]
 
@@ -37,7 +37,6 @@ def sim_capacity(args: Sequence[str]) -> int:
 class SimAdapter(BaseAdapter):
     name = "sim"
     reserved_flags = frozenset({"--host", "--port", "--model"})
-    needs_gpus = False
 
     def __init__(self, python: str | None = None) -> None:
         super().__init__(info=EngineInfo(self.name, __version__))
@@ -58,7 +57,7 @@ class SimAdapter(BaseAdapter):
             str(cmd.port),
             "--model",
             cmd.model,
-            # The router puts it to sleep and wakes it, as vLLM's (catalog.SLEEPS).
+            # The router puts it to sleep and wakes it, as vLLM's (llmgw.domain.engines).
             *(["--sleep-mode"] if cmd.profile.sleep_after is not None else []),
             *cmd.profile.args,
         ]

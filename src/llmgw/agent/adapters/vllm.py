@@ -30,7 +30,7 @@ from llmgw.agent.adapters.base import (
     multinode_spec,
     probe_version,
 )
-from llmgw.control.fleet import EngineInfo, NodeInfo
+from llmgw.domain.fleet import EngineInfo, NodeInfo
 from llmgw.transport.messages import StartShard
 
 __all__ = ["VllmAdapter"]
@@ -109,7 +109,7 @@ class VllmAdapter(BaseAdapter):
             if cmd.rank > 0:
                 argv.append("--headless")
         if p.sleep_after is not None:
-            # The router puts it to sleep and wakes it (catalog.SLEEPS).
+            # The router puts it to sleep and wakes it (llmgw.domain.engines).
             argv.append("--enable-sleep-mode")
         argv += p.args
         env = self.environment(cmd, node)

@@ -5,7 +5,7 @@ Pure: values in, values out, no clock and no I/O. The reconciler calls
 
     result = plan(capacities, requests, existing_placements, control.port_range, now)
 
-and gets a :class:`~llmgw.control.fleet.Placement` or an :class:`Unplaceable` for
+and gets a :class:`~llmgw.domain.fleet.Placement` or an :class:`Unplaceable` for
 each request, plus the capacities after the new placements (``result.nodes``), so
 a second call can chain on the first.
 

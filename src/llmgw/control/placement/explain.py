@@ -11,7 +11,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
 from llmgw.config import DeploymentProfile
-from llmgw.control.fleet import NodeState, Placement
 from llmgw.control.placement.spec import Sig, Spec, Verdict, spec_key
 from llmgw.control.placement.state import Fleet, Node
 from llmgw.control.placement.values import (
@@ -27,6 +26,7 @@ from llmgw.control.placement.values import (
     Unplaceable,
 )
 from llmgw.control.placement.wording import absence, counted, label, node_reason, plural
+from llmgw.domain.fleet import NodeState, Placement
 
 # Existing placements tried, one at a time, for the "fits if X were drained" hint.
 DRAIN_HINT_SCAN: Final = 256

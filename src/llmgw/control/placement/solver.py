@@ -11,7 +11,6 @@ import heapq
 from collections.abc import Iterable, Sequence
 
 from llmgw.config import PLACEMENT_POLICIES, DeploymentProfile
-from llmgw.control.fleet import Placement, ShardAssignment
 from llmgw.control.placement.explain import MAX_NODE_REASONS, Explainer
 from llmgw.control.placement.spec import Spec
 from llmgw.control.placement.state import Fleet, Group, Node
@@ -22,6 +21,7 @@ from llmgw.control.placement.values import (
     PlanResult,
     Unplaceable,
 )
+from llmgw.domain.fleet import Placement, ShardAssignment
 
 
 def plan(

@@ -14,12 +14,13 @@ import re
 from collections.abc import Set
 from typing import Final, Protocol
 
-from llmgw.config import DeploymentProfile
-from llmgw.control.fleet import NodeState
 from llmgw.control.placement.values import NodeCode
+from llmgw.domain.catalog import DeploymentProfile, gpu_name_pattern
+from llmgw.domain.engines import cpu_engines
+from llmgw.domain.fleet import NodeState
 
 # Engines that can run without a GPU (see the package docstring for the exact rule).
-CPU_ENGINES: Final = frozenset({"sim", "llamacpp"})
+CPU_ENGINES: Final = cpu_engines()
 
 Sig = tuple[tuple[int, str, int], ...]  # (index, name, memory_total) of each GPU, by index
 # The fit check's answer: the code, and how close the node came (usable GPUs for
@@ -39,7 +40,7 @@ _FITS: Final = (NodeCode.FITS, 0)
 
 def gpu_count(profile: DeploymentProfile) -> int:
     """GPUs one replica of `profile` uses in all: ``tensor_parallel x pipeline_parallel``."""
-    return profile.tensor_parallel * profile.pipeline_parallel
+    return profile.gpus
 
 
 def cpu_capable(profile: DeploymentProfile) -> bool:
@@ -146,7 +147,7 @@ class Spec:
             )
         elif self.pattern is not None:
             try:
-                self.regex = re.compile(self.pattern)
+                self.regex = gpu_name_pattern(self.pattern)
             except re.error as exc:
                 self.error = f"gpu_name {self.pattern!r} is not a valid regular expression: {exc}"
         # Profiles with the same identity get the same verdict from every node.

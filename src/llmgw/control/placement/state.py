@@ -12,9 +12,9 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from llmgw.config import DeploymentProfile
-from llmgw.control.fleet import NodeState, Placement
 from llmgw.control.placement.spec import Sig, Spec, spec_key
 from llmgw.control.placement.values import NodeCapacity
+from llmgw.domain.fleet import NodeState, Placement
 
 
 class Node:

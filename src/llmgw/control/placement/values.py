@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import attrs
 
 from llmgw.config import DeploymentProfile, ModelConfig
-from llmgw.control.fleet import Gpu, NodeInfo, NodeState, Placement
+from llmgw.domain.fleet import Gpu, NodeInfo, NodeState, Placement
 
 
 def _frozen_ints(values: Iterable[int]) -> frozenset[int]:

@@ -1,7 +1,10 @@
-"""Normalise an engine's Prometheus ``/metrics`` page into an :class:`EngineSample`.
+"""Normalise an engine's Prometheus ``/metrics`` page into an :class:`EngineSample`:
+the router's scores and the agent's drain read it.
 
-The engine is detected by metric prefix (``vllm:``, ``sglang:``, ``llamacpp:``): the
-first sample line carrying one of them decides, and only that engine's names are read.
+The page's dialect (:data:`llmgw.domain.engines.DIALECTS`) is detected by metric
+prefix (``vllm:``, ``sglang:``, ``llamacpp:``): the first sample line carrying one of
+them decides, and only that dialect's names are read. `EngineSample.engine` names the
+dialect (llmgw-sim speaks vLLM's by default).
 
 Mapping (a metric the engine does not export stays ``None``, never 0):
 
@@ -40,14 +43,15 @@ import math
 
 import attrs
 
+from llmgw.domain.engines import DIALECTS
+
 __all__ = [
-    "ENGINES",
+    "UNKNOWN",
     "EngineSample",
     "parse_metrics",
     "windowed_hit_rate",
 ]
 
-ENGINES = ("vllm", "sglang", "llamacpp")
 UNKNOWN = "unknown"
 
 
@@ -97,7 +101,7 @@ _NAMES: dict[str, tuple[str, int]] = {
     "llamacpp:kv_cache_usage_ratio": ("llamacpp", _KV),
 }
 _WANTED = tuple(_NAMES)
-_ENGINE_PREFIXES = tuple(f"{e}:" for e in ENGINES)
+_ENGINE_PREFIXES = tuple(f"{e}:" for e in DIALECTS)
 _ESCAPES = {"n": "\n", "\\": "\\", '"': '"'}
 
 
@@ -214,7 +218,7 @@ def parse_metrics(
         sums[slot] += v
         counts[slot] += 1
 
-    if engine is None or engine not in ENGINES:
+    if engine is None or engine not in DIALECTS:
         return EngineSample(engine=UNKNOWN)
 
     def get(slot: int, fallback: int | None = None) -> float | None:

@@ -1,8 +1,8 @@
 """The fleet's vocabulary: nodes, GPUs, replicas and shards, as frozen values.
 
-These are shared by the inventory, placement, the reconciler and the agent wire
-protocol (:mod:`llmgw.transport.messages`). A number a driver did not report is
-None, never 0.
+These are shared by the inventory, placement, the reconciler, the agent and the
+agent wire protocol (:mod:`llmgw.transport.messages`). A number a driver did not
+report is None, never 0.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Gpu:
 class EngineInfo:
     """An engine an agent can launch."""
 
-    name: str  # vllm | sglang | sim | llamacpp
+    name: str  # an engine of llmgw.domain.engines
     version: str | None = None
 
 
