@@ -39,11 +39,11 @@ from typing import Any, Literal
 
 import attrs
 
-from llmgw.config import JSON_WORDING, converter, structure_as
+from llmgw.config import converter
 from llmgw.config.annotations import field_types, is_array, is_mapping, union_args
 from llmgw.units import Bytes, Seconds
 
-__all__ = ["JSON_WORDING", "SchemaBuilder", "structure_strict"]
+__all__ = ["SchemaBuilder"]
 
 Style = Literal["view", "config"]
 Mode = Literal["input", "output"]
@@ -259,15 +259,3 @@ def _union(parts: list[dict[str, Any]]) -> dict[str, Any]:
                 only["enum"] = [*only["enum"], None]
             return only
     return {"anyOf": schemas}
-
-
-# -- strict request bodies ----------------------------------------------------------
-
-T = typing.TypeVar("T")
-
-
-def structure_strict(data: Mapping[str, Any], cls: type[T]) -> T:
-    """`data` as a `cls`, by the configuration's strict converter (no coercion, no
-    unknown keys, an array where one is meant: cattrs would take ``"abc"`` for
-    ``("a", "b", "c")``); raises :class:`ConfigError` naming every key at fault."""
-    return structure_as(data, cls, JSON_WORDING)
