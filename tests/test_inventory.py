@@ -18,6 +18,7 @@ from hypothesis.stateful import (
 )
 
 from llmgw.config import ControlConfig, Seconds
+from llmgw.control.adoption import ShardReport, placement_from_reports
 from llmgw.control.inventory import (
     Event,
     IdentityMismatch,
@@ -32,10 +33,8 @@ from llmgw.control.inventory import (
     NodeRemoved,
     ReregisterRequired,
     ShardChanged,
-    ShardReport,
     StaleConnection,
     UnknownNode,
-    placement_from_reports,
 )
 from llmgw.control.reconciler import Publish, Reconciler
 from llmgw.domain.fleet import Gpu, NodeInfo, NodeState, Placement, ShardAssignment, ShardState

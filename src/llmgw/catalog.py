@@ -47,9 +47,10 @@ def _check_profile(profile: DeploymentProfile, key: str) -> list[str]:
             )
         elif not profile.api_key or any(not "!" <= c <= "~" for c in profile.api_key):
             problems.append(f"{key}.api_key: must be printable ASCII without spaces")
-        elif profile.api_key == "<hidden>":  # config.HIDDEN, copied back from a view
+        elif profile.api_key == units.HIDDEN:  # copied back from a view
             problems.append(
-                f"{key}.api_key: '<hidden>' is what llmgw shows in place of a key; give the key"
+                f"{key}.api_key: {units.HIDDEN!r} is what llmgw shows in place of a key; "
+                "give the key"
             )
     if profile.sleep_after is not None:
         if engine is not None and engine.sleeps is None:

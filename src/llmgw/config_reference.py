@@ -3,7 +3,7 @@
 The tables are read from the JSON Schema that :class:`llmgw.admin.schema.SchemaBuilder`
 writes for :class:`llmgw.config.Config` (the one walk over the attrs classes: keys,
 types, defaults, which keys are tables), and each key's explanation from the comments
-above its field in its class's source (llmgw/config.py; llmgw/domain/catalog.py for
+above its field in its class's source (llmgw/config/schema.py; llmgw/domain/catalog.py for
 the models), or a field's ``description`` metadata. So the reference changes with the
 schema; a test checks the committed one is current.
 

@@ -13,9 +13,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from llmgw import catalog as cat
-from llmgw.config import ConfigError, convert
+from llmgw.config import JSON_WORDING, ConfigError, structure_as
 from llmgw.domain.catalog import ModelConfig
-from llmgw.store.base import Store, model_to_dict
+from llmgw.store.base import Store, model_from_dict, model_to_dict
 
 log = logging.getLogger("llmgw.models")
 
@@ -45,9 +45,9 @@ def no_control_plane(name: str) -> ModelChangeError:
 
 
 def parse_model(data: Mapping[str, Any]) -> ModelConfig:
-    """A catalog entry from JSON in the configuration's shape (checked by the caller,
-    in the API's words); ConfigError names keys."""
-    return convert(data, ModelConfig)
+    """A catalog entry from a JSON body in the configuration's shape; ConfigError names
+    keys, in JSON's words. The catalog's rules are :meth:`ModelRegistry.put`'s."""
+    return structure_as(data, ModelConfig, JSON_WORDING)
 
 
 class ModelRegistry:
@@ -130,7 +130,7 @@ class ModelRegistry:
         for stored in await self.store.list_models():
             name = str(stored.config.get("name", "?"))
             try:
-                model = convert(stored.config, ModelConfig)
+                model = model_from_dict(stored.config)
             except ConfigError as exc:
                 skipped[name] = f"cannot be read: {'; '.join(exc.problems)}"
                 warnings.append(_skipped(name, skipped[name]))

@@ -1,4 +1,5 @@
-"""Durations, byte sizes and listen addresses as operators write them in configuration.
+"""Durations, byte sizes, listen addresses and hidden secrets as operators write (and
+read) them in configuration.
 
 Durations are held as float seconds, sizes as int bytes; both parse from the
 human forms (``"250ms"``, ``"1h30m"``, ``"32MiB"``, ``"40GB"``) and plain numbers,
@@ -17,6 +18,10 @@ import attrs
 # configuration's converter dispatches on the alias object itself.
 Seconds = typing.NewType("Seconds", float)
 Bytes = typing.NewType("Bytes", int)
+
+#: What llmgw writes in place of a secret it shows (``--print-config``, the admin API's
+#: models); copied back into a configuration or a body, it is refused, not sent.
+HIDDEN = "<hidden>"
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")

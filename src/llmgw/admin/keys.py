@@ -23,9 +23,8 @@ from quart import Response
 
 from llmgw.admin.contract import ApiError, json_reply
 from llmgw.admin.inputs import json_object
-from llmgw.admin.schema import structure_strict
 from llmgw.admin.views import unstructure
-from llmgw.config import ConfigError
+from llmgw.config import JSON_WORDING, ConfigError, structure_as
 from llmgw.domain.keys import KeyRecord
 from llmgw.store.base import DuplicateKeyName, Store
 
@@ -213,7 +212,7 @@ async def create_key(app: AdminContext) -> Response:
     store = require_store(app)
     body = await json_object()
     try:
-        request = structure_strict(body, KeyCreate)
+        request = structure_as(body, KeyCreate, JSON_WORDING)
     except ConfigError as exc:
         param = exc.problems[0].split(":", 1)[0]
         raise ApiError(400, "; ".join(exc.problems), "invalid_value", param=param) from None

@@ -26,10 +26,9 @@ from quart import Response
 
 from llmgw.admin.contract import ApiError, json_reply
 from llmgw.admin.inputs import json_object
-from llmgw.admin.schema import JSON_WORDING
 from llmgw.admin.views import unstructure
 from llmgw.catalog import replica_bound
-from llmgw.config import ConfigError, hide_profile_keys, shape_problems
+from llmgw.config import JSON_WORDING, ConfigError, hide_profile_keys, shape_problems
 from llmgw.control import views
 from llmgw.domain.catalog import ModelConfig
 from llmgw.models import ModelChangeError, parse_model
@@ -150,22 +149,20 @@ def _check_replicas(body: dict[str, Any]) -> None:
     counts = [("replicas", body.get("replicas"))]
     if isinstance(autoscale, dict):
         counts += [(f"autoscale.{k}", autoscale.get(k)) for k in ("min_replicas", "max_replicas")]
-    # The catalog's bound, asked before structuring so that the keys are the body's own
-    # (the catalog's check names them `models[i].`).
+    # The catalog's bound, asked here before the registry's catalog check so that the
+    # keys are the body's own (the catalog's check names them `models[i].`).
     for key, n in counts:
         if isinstance(n, int) and not isinstance(n, bool) and (problems := replica_bound(key, n)):
             raise _invalid(problems)
 
 
 def _parse(body: dict[str, Any]) -> ModelConfig:
-    problems = shape_problems(body, ModelConfig, wording=JSON_WORDING)
-    if problems:
-        raise _invalid(problems)
-    _check_replicas(body)
     try:
-        return parse_model(body)
+        model = parse_model(body)
     except ConfigError as exc:
         raise _invalid(exc.problems) from None
+    _check_replicas(body)
+    return model
 
 
 def _location(name: str) -> dict[str, str]:
@@ -198,6 +195,8 @@ async def create_model(app: AdminContext) -> Response:
 async def patch_model(app: AdminContext, name: str) -> Response:
     registry = _registry(app)
     changes = await json_object()
+    # Only some keys: structured once merged over the model (ModelRegistry.patch), their
+    # shapes checked here so that a malformed body is a 400 before any 404 or 409.
     problems = shape_problems(changes, ModelConfig, wording=JSON_WORDING)
     if problems:
         raise _invalid(problems)

@@ -1,14 +1,20 @@
-"""JSON Schema from attrs classes, and strict parsing of request bodies into them.
+"""JSON Schema from attrs classes.
 
 The admin API's JSON is produced by cattrs from frozen attrs view classes, and its
-request bodies are structured by cattrs into attrs classes. :class:`SchemaBuilder`
-reads the same classes (field names, types, defaults) and writes the JSON Schema
-(2020-12, as OpenAPI 3.1 uses) that the OpenAPI document refers to, so the shapes
-are written once.
+request bodies are structured into attrs classes by the one structuring path
+(:func:`llmgw.config.structure_as`). :class:`SchemaBuilder` reads the same classes
+(field names, types, defaults) and writes the JSON Schema (2020-12, as OpenAPI 3.1
+uses) that the OpenAPI document and the configuration reference refer to, so the
+shapes are written once.
+
+It walks the annotations as the structuring path's shape check does, but for another
+end: a document describing every field, where the shape check finds the faults of one
+value. What a type is (an array, a mapping, a union, a field's type) both ask
+:mod:`llmgw.config.annotations`.
 
 Two styles, because two converters write JSON:
 
-* ``"view"``: the views converter (:func:`llmgw.control.views.unstructure`): enums
+* ``"view"``: the views converter (:func:`llmgw.jsonviews.unstructure`): enums
   as their values, tuples and frozensets as arrays, every field present.
 * ``"config"``: the configuration's converter (:data:`llmgw.config.converter`):
   durations and sizes as strings (``"5s"``, ``"80GB"``) on output, and also as
@@ -27,30 +33,20 @@ from __future__ import annotations
 
 import enum
 import inspect
-import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import attrs
 
-from llmgw.config import Wording, converter, structure_as
+from llmgw.config import converter
+from llmgw.config.annotations import field_types, is_array, is_mapping, union_args
 from llmgw.units import Bytes, Seconds
 
-__all__ = ["SchemaBuilder", "structure_strict"]
+__all__ = ["SchemaBuilder"]
 
 Style = Literal["view", "config"]
 Mode = Literal["input", "output"]
-
-_ARRAYS = (tuple, list, frozenset, set, Sequence, typing.Sequence)
-_MAPPINGS = (dict, Mapping, typing.Mapping)
-
-
-def _union_args(tp: Any) -> tuple[Any, ...] | None:
-    origin = typing.get_origin(tp)
-    if origin is typing.Union or origin is types.UnionType:
-        return typing.get_args(tp)
-    return None
 
 
 def _is_newtype(tp: Any) -> bool:
@@ -97,7 +93,7 @@ class SchemaBuilder:
         self, cls: type, mode: Mode = "output", style: Style = "view"
     ) -> dict[str, Any]:
         """The object schema of attrs class `cls` itself (not a reference)."""
-        hints = typing.get_type_hints(cls)
+        hints = field_types(cls)
         properties: dict[str, Any] = {}
         required: list[str] = []
         for field in attrs.fields(cls):
@@ -147,7 +143,7 @@ class SchemaBuilder:
             return _bytes(mode)
         if _is_newtype(tp):
             return self.of_type(tp.__supertype__, mode, style)
-        if (args := _union_args(tp)) is not None:
+        if (args := union_args(tp)) is not None:
             return _union([self.of_type(a, mode, style) for a in args])
         origin, args = typing.get_origin(tp), typing.get_args(tp)
         if origin is Literal:
@@ -156,9 +152,9 @@ class SchemaBuilder:
             if all(isinstance(v, str) for v in values):
                 schema = {"type": "string", **schema}
             return schema
-        if origin in _ARRAYS or tp in _ARRAYS:
+        if is_array(tp):
             return self._array(origin or tp, args, mode, style)
-        if origin in _MAPPINGS or tp in _MAPPINGS:
+        if is_mapping(tp):
             value = self.of_type(args[1], mode, style) if args else {}
             return {"type": "object", "additionalProperties": value}
         if isinstance(tp, type) and issubclass(tp, enum.Enum):
@@ -263,34 +259,3 @@ def _union(parts: list[dict[str, Any]]) -> dict[str, Any]:
                 only["enum"] = [*only["enum"], None]
             return only
     return {"anyOf": schemas}
-
-
-# -- strict request bodies ----------------------------------------------------------
-
-
-def _json_kind(value: Any) -> str:
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if value is None:
-        return "null"
-    return type(value).__name__
-
-
-#: Shape problems of a JSON request body, in JSON's words ("expected an array").
-JSON_WORDING = Wording(_json_kind, table="an object", wants="expected")
-
-
-T = typing.TypeVar("T")
-
-
-def structure_strict(data: Mapping[str, Any], cls: type[T]) -> T:
-    """`data` as a `cls`, by the configuration's strict converter (no coercion, no
-    unknown keys, an array where one is meant: cattrs would take ``"abc"`` for
-    ``("a", "b", "c")``); raises :class:`ConfigError` naming every key at fault."""
-    return structure_as(data, cls, JSON_WORDING)

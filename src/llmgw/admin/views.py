@@ -8,12 +8,12 @@ answers is exactly what the OpenAPI document, generated from these classes, says
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
 import attrs
-from cattrs.preconf.json import make_converter
 
 from llmgw.control import views
+from llmgw.jsonviews import from_dict, unstructure
 from llmgw.router.breaker import BreakerState
 
 __all__ = [
@@ -28,19 +28,6 @@ __all__ = [
     "from_dict",
     "unstructure",
 ]
-
-_structurer = make_converter()
-T = TypeVar("T")
-
-
-def from_dict(data: Any, cls: type[T]) -> T:
-    """A dict the router built, as its view class (a missing key is a bug: it raises)."""
-    return _structurer.structure(data, cls)
-
-
-def unstructure(value: Any) -> Any:
-    """A view value as plain JSON-able data (the control plane's converter)."""
-    return views.unstructure(value)
 
 
 @attrs.frozen

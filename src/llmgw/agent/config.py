@@ -20,8 +20,9 @@ Every key has a flag of the same name (``node_id`` is ``--node-id``, ``labels`` 
 server's configuration: a flag replaces the file's value, except that ``--label``
 flags merge into the file's labels key by key (tables merge, arrays replace).
 
-The file is structured by llmgw.config's converter (strict types, durations, unknown
-keys named with a "did you mean"), then :func:`check` names every bad value by its key;
+The file is structured by the configuration's one structuring path
+(llmgw.config.structure_as: strict types, durations, unknown keys named with a "did you
+mean"), then :func:`check` names every bad value by its key;
 the command line checks its flags with the same rules under the flags' names.
 """
 

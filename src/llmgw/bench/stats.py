@@ -163,7 +163,10 @@ def summarize(samples: Sequence[Sample], duration: float) -> Summary:
     )
 
 
-# One converter for every bench value: attrs classes to plain dicts and back.
+# One converter for every bench value: attrs classes to plain dicts and back. Its own:
+# a bench's results are its output format (llmgw-ctl bench --json, --samples), read
+# back by from_json; the admin API's views (llmgw.jsonviews) are another format, and
+# input from operators goes through llmgw.config.structure_as.
 converter = cattrs.Converter()
 
 

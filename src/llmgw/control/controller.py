@@ -10,9 +10,10 @@ to engines directly: they keep serving while the control plane restarts.
 After a start it waits one `settle` period before placing anything, so agents that
 still run replicas can reconnect and have them adopted instead of duplicated.
 
-The operator's cordons (and drains) are kept in the `store` when one is given: read
-back before the first agent is accepted, so a node cordoned before a restart is
-cordoned when its agent reconnects. Without a store they live in memory only.
+The operator's cordons (and drains) are kept in the `store` when one is given
+(:mod:`llmgw.control.cordons`): read back before the first agent is accepted, so a
+node cordoned before a restart is cordoned when its agent reconnects. Without a store
+they live in memory only.
 
 With a :class:`~llmgw.control.leadership.Leadership` (several instances on one store)
 it acts only while this instance leads: each term starts from nothing (a fresh
@@ -26,19 +27,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import secrets
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any
 
-import attrs
 import trio
 
 from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig
 from llmgw.control.activity import ActivityTracker
+from llmgw.control.adoption import ShardReport, placement_from_reports
 from llmgw.control.autoscale import ReplicaSample, initial
+from llmgw.control.cordons import CordonChange, Cordons, CordonStore
 from llmgw.control.inventory import (
     Event,
     Inventory,
@@ -46,9 +47,7 @@ from llmgw.control.inventory import (
     NodeBecameUnreachable,
     NodeLost,
     NodeRecord,
-    ShardReport,
     UnknownNode,
-    placement_from_reports,
 )
 from llmgw.control.leadership import Leadership, epoch_floor
 from llmgw.control.placement import NodeCapacity
@@ -58,7 +57,7 @@ from llmgw.domain.catalog import ModelConfig
 from llmgw.domain.endpoints import Endpoint, EndpointSink
 from llmgw.domain.fleet import NodeState, ReplicaState, ShardState
 from llmgw.logs import fields
-from llmgw.store.base import StoredCordon, StoreError
+from llmgw.store.base import StoreError
 from llmgw.transport.base import AgentConnection, AgentListener, ConnectionClosed
 from llmgw.transport.messages import (
     CommandResult,
@@ -134,8 +133,6 @@ OUTBOX_SIZE = 1024
 # previous pass's duration (so passes use at most ~1/(1+PASS_SPACING) of the loop).
 MIN_PASS_GAP = 0.02
 PASS_SPACING = 4.0
-# How long a shutdown waits for cordon changes still queued for the store.
-FLUSH_TIMEOUT = 5.0
 
 #: The kinds of command the controller sends agents, as `Controller.commands` counts them.
 COMMAND_KINDS = ("start", "drain", "stop")
@@ -159,26 +156,6 @@ class NodeInUse(InventoryError):
     replicas are still placed on it."""
 
 
-class CordonStore(Protocol):
-    """Where cordons persist (a :class:`~llmgw.store.base.Store` is one)."""
-
-    async def put_cordon(self, node_id: str, *, drain: bool) -> None: ...
-
-    async def delete_cordon(self, node_id: str) -> bool: ...
-
-    async def list_cordons(self) -> list[StoredCordon]: ...
-
-
-@attrs.define
-class CordonChange:
-    """One cordon change for the store: `drain` None removes the node's row."""
-
-    node_id: str
-    drain: bool | None
-    done: trio.Event = attrs.field(factory=trio.Event)
-    error: StoreError | None = None
-
-
 class Controller:
     def __init__(
         self,
@@ -195,6 +172,7 @@ class Controller:
     ) -> None:
         self.control = control
         self.store = store
+        self.cordons = Cordons(store)
         self.catalog = catalog
         self.sink = sink
         self.heartbeat_interval = heartbeat_interval
@@ -233,9 +211,6 @@ class Controller:
         self.commands: dict[str, int] = dict.fromkeys(COMMAND_KINDS, 0)
         # Called after every pass (the router's cold-start waits: ColdStarts.check).
         self.on_pass: list[Callable[[], None]] = []
-        # Cordon changes, written to the store in order by one task (a drain from a
-        # synchronous caller cannot await the write).
-        self._persist, self._persisting = trio.open_memory_channel[CordonChange](math.inf)
 
     # -- the catalog ---------------------------------------------------------------
 
@@ -259,7 +234,7 @@ class Controller:
         :meth:`persisted` with what this returns to know it is stored."""
         self.inventory.cordon(node_id, on, drain=drain)
         self.poke()
-        return self._queue(node_id, drain if on else None)
+        return self.cordons.queue(node_id, drain if on else None)
 
     def forget_node(self, node_id: str) -> CordonChange:
         """Remove a node that is gone from the inventory (and its cordon). Refused with
@@ -269,13 +244,13 @@ class Controller:
         A node that has not registered since a restart but has a stored cordon loses
         that cordon. Raises UnknownNode."""
         if node_id not in self.inventory and self.inventory.drop_stored_cordon(node_id):
-            return self._queue(node_id, None)
+            return self.cordons.queue(node_id, None)
         refusal = self.forget_refusal(node_id)
         if refusal is not None:
             raise NodeInUse(refusal)
         self.inventory.remove(node_id)
         self.poke()
-        return self._queue(node_id, None)
+        return self.cordons.queue(node_id, None)
 
     def forget_refusal(self, node_id: str) -> str | None:
         """Why :meth:`forget_node` would refuse `node_id` now, or None. Raises
@@ -307,64 +282,7 @@ class Controller:
         """Wait until `change` is in the store (at once without one); the
         :class:`~llmgw.store.base.StoreError` it failed with, else None. The change is
         made either way: only a restart would undo a failed one."""
-        if self.store is None:
-            return None
-        await change.done.wait()
-        return change.error
-
-    def _queue(self, node_id: str, drain: bool | None) -> CordonChange:
-        change = CordonChange(node_id, drain)
-        if self.store is not None:
-            self._persist.send_nowait(change)
-        return change
-
-    async def _persist_loop(self) -> None:
-        current: CordonChange | None = None
-        try:
-            async for change in self._persisting:
-                current = change
-                await self._write(change)
-                current = None
-        finally:
-            # At shutdown, what is queued (or was cut off mid-write) is still written:
-            # a drain's caller does not wait for it, and a restart would undo it.
-            with trio.CancelScope(shield=True), trio.move_on_after(FLUSH_TIMEOUT):
-                if current is not None:
-                    await self._write(current)
-                while True:
-                    try:
-                        change = self._persisting.receive_nowait()
-                    except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                        break
-                    await self._write(change)
-
-    async def _write(self, change: CordonChange) -> None:
-        assert self.store is not None
-        try:
-            if change.drain is None:
-                await self.store.delete_cordon(change.node_id)
-            else:
-                await self.store.put_cordon(change.node_id, drain=change.drain)
-        except StoreError as exc:
-            log.error("node %s: cordon not stored (lost at a restart): %s", change.node_id, exc)
-            change.error = exc
-        finally:
-            change.done.set()  # whoever waits is told, even when cancelled
-
-    async def _restore_cordons(self) -> None:
-        assert self.store is not None
-        try:
-            stored = await self.store.list_cordons()
-        except StoreError as exc:
-            log.error("cordons not read from the store (nodes start uncordoned): %s", exc)
-            return
-        for cordon in stored:
-            log.info(
-                "node %s: %s (from the store)",
-                cordon.node_id,
-                "draining" if cordon.drain else "cordoned",
-            )
-            self.inventory.restore_cordon(cordon.node_id, drain=cordon.drain)
+        return await self.cordons.persisted(change)
 
     def deployable(self) -> list[ModelConfig]:
         return [m for m in self.catalog.models if m.profiles]
@@ -415,10 +333,10 @@ class Controller:
     ) -> None:
         self.started_at = self.clock()
         if self.leadership is None and self.store is not None:
-            await self._restore_cordons()  # before any agent registers
+            await self.cordons.restore(self.inventory)  # before any agent registers
         async with trio.open_nursery() as nursery:
             if self.store is not None:
-                nursery.start_soon(self._persist_loop)
+                nursery.start_soon(self.cordons.run)
             await nursery.start(listener.serve, self._serve_agent)
             task_status.started()
             if self.leadership is None:
@@ -442,7 +360,7 @@ class Controller:
         self._settled = False
         self.epoch = secrets.token_hex(4)
         if self.store is not None:
-            await self._restore_cordons()
+            await self.cordons.restore(self.inventory)
         self._accepting = True
         try:
             async with trio.open_nursery() as term:

@@ -1,9 +1,10 @@
 """JSON views of the control plane for the admin API (DESIGN §8-§9).
 
 Frozen view values, built from the controller's state at one moment and turned into
-JSON-able dicts with a cattrs JSON converter (enums become their values, tuples and
-frozensets lists). The numbers shared with the fleet metrics (who holds which GPU,
-replica counts per model) are computed here once, by small pure functions.
+JSON-able dicts by the views' one converter (:mod:`llmgw.jsonviews`: enums become
+their values, tuples and frozensets lists). The numbers shared with the fleet metrics
+(who holds which GPU, replica counts per model) are computed here once, by small pure
+functions.
 
 Times: the controller's clock is monotonic and means nothing outside the process,
 so every moment is given as wall-clock Unix seconds (`since`, `last_heartbeat`)
@@ -36,18 +37,17 @@ Shapes (``GET /api/v1/...``):
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
-from cattrs.preconf.json import make_converter
 
 from llmgw.control.inventory import NodeRecord
 from llmgw.control.placement import Hint, ProfileAttempt, Unplaceable
 from llmgw.control.reconciler import ReplicaInfo
 from llmgw.domain.fleet import NodeState, ReplicaState
+from llmgw.jsonviews import unstructure
 
 if TYPE_CHECKING:
     from llmgw.control.controller import Controller
@@ -72,17 +72,6 @@ __all__ = [
     "schedulable_free",
     "unstructure",
 ]
-
-_converter = make_converter()
-_converter.register_unstructure_hook_func(
-    lambda t: isinstance(t, type) and issubclass(t, enum.Enum), lambda e: e.value
-)
-
-
-def unstructure(value: Any) -> Any:
-    """A view value as plain JSON-able data."""
-    return _converter.unstructure(value)
-
 
 # -- shared numbers (also used by the fleet metrics) -------------------------------------
 

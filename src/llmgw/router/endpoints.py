@@ -48,7 +48,7 @@ class EndpointState:
         self.endpoint = endpoint
         self.breaker = breaker
         self.sample: EngineSample | None = None
-        # Its engine answered 404 to a client API sent natively (router.app.Native):
+        # Its engine answered 404 to a client API sent natively (router.call.Native):
         # it gets the translation from then on.
         self.lacks_native = False
         self.last_scrape: float | None = None  # time of the last successful scrape

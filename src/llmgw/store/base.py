@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import attrs
 
-from llmgw.config import converter
+from llmgw.config import JSON_WORDING, converter, structure_as
 from llmgw.domain.catalog import ModelConfig
 from llmgw.domain.keys import KeyRecord
 from llmgw.domain.usage import UsageRecord
@@ -139,11 +139,12 @@ def model_to_dict(model: ModelConfig) -> dict[str, Any]:
 
 
 def model_from_dict(data: dict[str, Any]) -> ModelConfig:
-    """The inverse of :func:`model_to_dict`; raises what the config converter raises.
+    """The inverse of :func:`model_to_dict`, by the one structuring path (the store keeps
+    it as JSON); raises ConfigError naming the keys at fault.
 
     Validating a catalog that includes it is the caller's job (``catalog.check_models``).
     """
-    return converter.structure(data, ModelConfig)
+    return structure_as(data, ModelConfig, JSON_WORDING)
 
 
 def redact_url(url: str) -> str:

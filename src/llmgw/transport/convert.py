@@ -168,6 +168,10 @@ def _map_durations(
 
 # -- the converter -------------------------------------------------------------------
 
+# The agent protocol's own converter, not the configuration's or the views': it maps
+# values field by field onto protobuf messages (durations as google.protobuf.Duration,
+# a profile's api_key never sent), and what it structures comes from a peer's protobuf
+# decoder, not from a person: its errors are one line for the log, not keys to fix.
 # forbid_extra_keys: a proto field the attrs class lacks is a schema mismatch, not noise
 # (a newer peer's unknown fields never reach here: the protobuf decoder drops them).
 _converter = cattrs.Converter(unstruct_collection_overrides={tuple: list}, forbid_extra_keys=True)
