@@ -39,7 +39,7 @@ import trio.lowlevel
 
 from llmgw.domain.usage import Usage, UsageRecord
 from llmgw.store import TimedUsage, UsageBatcher, open_store
-from llmgw.store._common import ThreadedStore
+from llmgw.store.sql.threaded import ThreadedStore
 
 
 def records(n: int, keys: list[str]) -> list[UsageRecord]:

@@ -17,7 +17,8 @@ import trio
 
 from llmgw.config import ModelConfig
 from llmgw.store import open_store
-from llmgw.store._common import ThreadedStore, put_model
+from llmgw.store.sql.runtime import put_model
+from llmgw.store.sql.threaded import ThreadedStore
 
 from .procs import server, sim, wait_for
 

@@ -13,8 +13,8 @@ import trio
 from llmgw.domain.keys import KeyRecord
 from llmgw.router.limits import LimitExceeded, SharedLimits, lease_size
 from llmgw.store import open_store
-from llmgw.store._common import ThreadedStore
 from llmgw.store.base import Store, StoreError
+from llmgw.store.sql.threaded import ThreadedStore
 from tests.test_store import WallClock, backend, url  # noqa: F401 - fixtures
 from tests.waiting import wait_until
 

@@ -32,11 +32,12 @@ from llmgw.store import (
     model_from_dict,
     open_store,
 )
-from llmgw.store._common import DB, ThreadedStore
 from llmgw.store.migrations import Migration, latest
 from llmgw.store.migrations.postgres import MIGRATIONS as PG_MIGRATIONS
 from llmgw.store.migrations.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from llmgw.store.postgres import PostgresStore
+from llmgw.store.sql.db import DB
+from llmgw.store.sql.threaded import ThreadedStore
 from llmgw.store.sqlite import SQLiteStore, sqlite_path
 from llmgw.testing_procs import reserve_port
 from tests.pg_cluster import TempCluster

@@ -75,6 +75,21 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
+def parse_or_fail(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """`argv` parsed by `p`; an error is one line (`fail`, exit 2) instead of argparse's
+    usage dump."""
+    p.exit_on_error = False
+    try:
+        # parse_known_args: parse_args reports unknown arguments through p.error, which
+        # ignores exit_on_error.
+        args, extra = p.parse_known_args(argv)
+    except argparse.ArgumentError as e:
+        fail(p.prog, str(e), EXIT_USAGE)
+    if extra:
+        fail(p.prog, f"unrecognized arguments: {' '.join(extra)}", EXIT_USAGE)
+    return args
+
+
 # -- --log-level, --log-format ----------------------------------------------------------
 
 

@@ -28,6 +28,7 @@ from llmgw_cli._common import (
     add_log_flags,
     duration_at_least,
     fail,
+    parse_or_fail,
     parser,
 )
 
@@ -178,14 +179,7 @@ def resolve(args: argparse.Namespace) -> AgentConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = build_parser()
-    p.exit_on_error = False
-    try:
-        args, extra = p.parse_known_args(argv)
-    except argparse.ArgumentError as e:
-        fail(PROG, str(e), EXIT_USAGE)
-    if extra:
-        fail(PROG, f"unrecognized arguments: {' '.join(extra)}", EXIT_USAGE)
+    args = parse_or_fail(build_parser(), argv)
 
     # -- usage and configuration: exit 2, one line --------------------------------------
     try:

@@ -37,6 +37,7 @@ from llmgw_cli._common import (
     float_in,
     int_in,
     os_error_line,
+    parse_or_fail,
     parser,
     ready_file,
     setup_logging,
@@ -329,15 +330,7 @@ async def _run(config: SimConfig, ready: str | None = None, startup_delay: float
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = build_parser()
-    # Errors become one line (`fail`) instead of argparse's usage dump.
-    p.exit_on_error = False
-    try:
-        args, extra = p.parse_known_args(argv)
-    except argparse.ArgumentError as e:
-        fail(PROG, str(e), EXIT_USAGE)
-    if extra:
-        fail(PROG, f"unrecognized arguments: {' '.join(extra)}", EXIT_USAGE)
+    args = parse_or_fail(build_parser(), argv)
     try:
         config = config_from_args(args)
     except ValueError as e:

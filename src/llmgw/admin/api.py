@@ -1,7 +1,8 @@
 """The admin listener's routes: `/metrics`, `/healthz`, `/readyz` and `/api/v1/...`.
 
-`/metrics` renders inside the request, on the trio thread, so collectors read
-trio-owned state without locks.
+Handlers live in one module per resource: :mod:`llmgw.admin.health` (health and
+routing), :mod:`~llmgw.admin.fleet_api` (the control plane), :mod:`~llmgw.admin.keys`,
+:mod:`~llmgw.admin.usage`, :mod:`~llmgw.admin.models_api`, :mod:`~llmgw.admin.debug`.
 
 Every route is a :class:`~llmgw.admin.contract.Route` in :attr:`AdminApp.routes`:
 the handler with its contract, from which both the app's URL rules
@@ -35,12 +36,11 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
-from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Blueprint, Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
-from llmgw.admin import debug, keys, models_api, openapi, usage
+from llmgw.admin import debug, fleet_api, health, keys, models_api, openapi, usage
 from llmgw.admin.context import Traffic
 from llmgw.admin.contract import (
     API_PREFIX,
@@ -51,8 +51,8 @@ from llmgw.admin.contract import (
     Out,
     Route,
     json_bytes,
-    json_reply,
 )
+from llmgw.admin.fleet_api import ROUTER_ONLY
 from llmgw.admin.inputs import check_query
 from llmgw.admin.views import (
     AdmissionView,
@@ -62,8 +62,6 @@ from llmgw.admin.views import (
     PlacementList,
     ReadyView,
     ReplicaList,
-    from_dict,
-    unstructure,
 )
 from llmgw.admin.web import TRUSTED, asgi, build_app
 from llmgw.catalog import Catalog
@@ -80,8 +78,6 @@ if TYPE_CHECKING:
 __all__ = ["API_PREFIX", "ROUTER_ONLY", "AdminApp"]
 
 log = logging.getLogger("llmgw.admin")
-
-ROUTER_ONLY = "no control plane: this server runs in router-only mode"
 
 NO_AUTH_STORE = (
     "admin_auth needs a store to look admin keys up in: configure store.url, or bind the "
@@ -152,7 +148,7 @@ class AdminApp:
             Route(
                 "GET",
                 "/metrics",
-                self.metrics,
+                partial(health.metrics, self),
                 "metrics",
                 "Prometheus metrics",
                 "health",
@@ -161,7 +157,7 @@ class AdminApp:
             Route(
                 "GET",
                 "/healthz",
-                self.healthz,
+                partial(health.healthz, self),
                 "healthz",
                 "Liveness: the process answers",
                 "health",
@@ -170,7 +166,7 @@ class AdminApp:
             Route(
                 "GET",
                 "/readyz",
-                self.readyz,
+                partial(health.readyz, self),
                 "readyz",
                 "Readiness: the router can serve (an endpoint has been scraped)",
                 "health",
@@ -188,7 +184,7 @@ class AdminApp:
             Route(
                 "GET",
                 "/api/v1/endpoints",
-                self.endpoints,
+                partial(health.endpoints, self),
                 "listEndpoints",
                 "Endpoints with their live numbers and scores",
                 "routing",
@@ -197,7 +193,7 @@ class AdminApp:
             Route(
                 "GET",
                 "/api/v1/admission",
-                self.admission,
+                partial(health.admission, self),
                 "getAdmission",
                 "Admission queues per pool and band",
                 "routing",
@@ -206,7 +202,7 @@ class AdminApp:
             Route(
                 "GET",
                 "/api/v1/nodes",
-                self.nodes,
+                partial(fleet_api.nodes, self),
                 "listNodes",
                 "Nodes with their GPUs, engines and shards",
                 fleet,
@@ -215,7 +211,7 @@ class AdminApp:
             Route(
                 "GET",
                 "/api/v1/nodes/{id}",
-                self.node,
+                partial(fleet_api.node, self),
                 "getNode",
                 "One node",
                 fleet,
@@ -227,7 +223,7 @@ class AdminApp:
             Route(
                 "POST",
                 "/api/v1/nodes/{id}/drain",
-                self.drain_node,
+                partial(fleet_api.drain_node, self),
                 "drainNode",
                 "Cordon a node and move its replicas elsewhere, make before break",
                 fleet,
@@ -239,7 +235,7 @@ class AdminApp:
             Route(
                 "POST",
                 "/api/v1/nodes/{id}/cordon",
-                self.cordon_node,
+                partial(fleet_api.cordon_node, self),
                 "cordonNode",
                 "Cordon a node: no new shards, its replicas stay (ends a drain)",
                 fleet,
@@ -252,7 +248,7 @@ class AdminApp:
             Route(
                 "POST",
                 "/api/v1/nodes/{id}/uncordon",
-                self.uncordon_node,
+                partial(fleet_api.uncordon_node, self),
                 "uncordonNode",
                 "Undo a cordon or drain: the node takes new shards again",
                 fleet,
@@ -265,7 +261,7 @@ class AdminApp:
             Route(
                 "DELETE",
                 "/api/v1/nodes/{id}",
-                self.forget_node,
+                partial(fleet_api.forget_node, self),
                 "forgetNode",
                 "Forget a lost or unreachable node (and its cordon)",
                 fleet,
@@ -285,7 +281,7 @@ class AdminApp:
             Route(
                 "GET",
                 "/api/v1/replicas",
-                self.replicas,
+                partial(fleet_api.replicas, self),
                 "listReplicas",
                 "Replicas, and per model desired against actual",
                 fleet,
@@ -294,7 +290,7 @@ class AdminApp:
             Route(
                 "GET",
                 "/api/v1/placement",
-                self.placement,
+                partial(fleet_api.placement, self),
                 "getPlacement",
                 "Why replicas could not be placed",
                 fleet,
@@ -675,21 +671,7 @@ class AdminApp:
                 403, f"key {record.id} ({record.name}) is not an admin key", "not_admin_key"
             )
 
-    # -- health and routing ---------------------------------------------------------------
-
-    async def metrics(self) -> Response:
-        body = await self.traffic.metrics_text()
-        return Response(body, 200, content_type=CONTENT_TYPE_LATEST)
-
-    async def healthz(self) -> Response:
-        return json_reply(200, unstructure(HealthView("ok")))
-
-    async def readyz(self) -> Response:
-        """Ready when the router can serve: at least one endpoint has been scraped."""
-        serving = [s for s in self.router.endpoints.all() if s.sample is not None]
-        ok = self.ready() and bool(serving)
-        view = ReadyView("ready" if ok else "not ready", len(serving))
-        return json_reply(200 if ok else 503, unstructure(view))
+    # -- this API's document --------------------------------------------------------------
 
     async def openapi(self) -> Response:
         if self._openapi is None:
@@ -699,98 +681,3 @@ class AdminApp:
     def openapi_document(self) -> dict[str, Any]:
         """The OpenAPI 3.1 document of this app, as configured (auth, bands)."""
         return openapi.document(self)
-
-    async def endpoints(self) -> Response:
-        view = from_dict({"endpoints": self.router.endpoint_views()}, EndpointList)
-        return json_reply(200, unstructure(view))
-
-    async def admission(self) -> Response:
-        """Live queues per pool and band, and each pool's saturation."""
-        view = from_dict(self.traffic.admission_view(), AdmissionView)
-        return json_reply(200, unstructure(view))
-
-    # -- the control plane ------------------------------------------------------------
-
-    def _controller(self) -> Controller:
-        if self.controller is None:
-            raise ApiError(404, ROUTER_ONLY, "no_control_plane")
-        return self.controller
-
-    async def nodes(self) -> Response:
-        """Every node with its GPUs, engines and shards."""
-        return json_reply(200, views.nodes_json(self._controller()))
-
-    async def node(self, id: str) -> Response:
-        """One node, by id."""
-        controller = self._controller()
-        node_id = id
-        body = views.node_json(controller, node_id)
-        if body is None:
-            raise ApiError(404, f"no node {node_id!r}", "node_not_found")
-        return json_reply(200, body)
-
-    async def replicas(self) -> Response:
-        """Every replica, and per model desired against actual counts."""
-        return json_reply(200, views.replicas_json(self._controller()))
-
-    async def placement(self) -> Response:
-        """Why replicas of each model that misses some could not be placed."""
-        return json_reply(200, views.placement_json(self._controller()))
-
-    async def drain_node(self, id: str) -> Response:
-        """Cordon the node and move its replicas elsewhere, make before break."""
-        controller = self._controller()
-        node_id = id
-        if controller.inventory.get(node_id) is None:
-            raise ApiError(404, f"no node {node_id!r}", "node_not_found")
-        controller.drain_node(node_id)
-        return json_reply(202, views.node_json(controller, node_id))
-
-    async def cordon_node(self, id: str) -> Response:
-        """Cordon the node without moving its replicas; a drain in progress stops."""
-        return await self._set_cordon(id, on=True)
-
-    async def uncordon_node(self, id: str) -> Response:
-        """Let placement use the node again; a drain in progress stops."""
-        return await self._set_cordon(id, on=False)
-
-    async def _set_cordon(self, node_id: str, *, on: bool) -> Response:
-        controller = self._controller()
-        if controller.inventory.get(node_id) is None:
-            raise ApiError(404, f"no node {node_id!r}", "node_not_found")
-        change = controller.cordon_node(node_id, on)
-        body = views.node_json(controller, node_id)  # before the await: it may go meanwhile
-        failure = await controller.persisted(change)
-        if failure is not None:
-            done = "cordoned" if on else "uncordoned"
-            raise ApiError(
-                503,
-                f"node {node_id!r} is {done} now, but the store failed (a restart would "
-                f"undo it): {failure}",
-                "store_unavailable",
-            )
-        return json_reply(200, body)
-
-    async def forget_node(self, id: str) -> Response:
-        """Remove a node that is gone from the inventory; refused (409) while its agent
-        is connected or replicas are placed on it."""
-        controller = self._controller()
-        node_id = id
-        last = views.node_json(controller, node_id)
-        # A cordon read back from the store for a node that never came back: only
-        # forgetting it removes the row.
-        stored_only = last is None and controller.inventory.stored_cordon(node_id) is not None
-        if last is None and not stored_only:
-            raise ApiError(404, f"no node {node_id!r}", "node_not_found")
-        refusal = None if stored_only else controller.forget_refusal(node_id)
-        if refusal is not None:
-            raise ApiError(409, refusal, "node_in_use")
-        failure = await controller.persisted(controller.forget_node(node_id))
-        if failure is not None:
-            raise ApiError(
-                503,
-                f"node {node_id!r} is forgotten now, but the store failed to drop its cordon "
-                f"(a restart would bring the cordon back): {failure}",
-                "store_unavailable",
-            )
-        return json_reply(200, last) if last is not None else Response("", 204)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from quart import Blueprint
 
     from llmgw.admin.contract import Route
@@ -43,6 +45,7 @@ class AdminContext(Protocol):
     store: Store | None
     models: ModelRegistry | None
     admin_auth: bool
+    ready: Callable[[], bool]
     max_body_bytes: int
     body_timeout: float | None
     hosts: frozenset[str] | None

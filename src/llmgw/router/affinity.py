@@ -18,8 +18,8 @@ salted per process, which is fine here: the table never leaves the process.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from llmgw.router.usage import BYTES_PER_TOKEN
 
@@ -30,6 +30,33 @@ __all__ = [
     "prefix_hashes",
     "prompt_text_for_affinity",
 ]
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _trim_lru(
+    entries: OrderedDict[K, V], size: int, cutoff: float, last_use: Callable[[V], float]
+) -> None:
+    """Evict the least recently used entries beyond `size`, then those last used before
+    `cutoff`: both from the old end (the entries are in last-use order)."""
+    while len(entries) > size:
+        entries.popitem(last=False)
+    while entries:
+        # The oldest entry is first; once it is fresh, all are.
+        key, value = next(iter(entries.items()))
+        if last_use(value) >= cutoff:
+            break
+        del entries[key]
+
+
+def _entry_used(entry: tuple[str, float]) -> float:
+    return entry[1]
+
+
+def _holders_used(holders: dict[str, tuple[float, int]]) -> float:
+    # An entry's last use is its newest mark.
+    return max(seen for seen, _ in holders.values())
 
 
 class SessionTable:
@@ -76,16 +103,7 @@ class SessionTable:
         self._trim(now)
 
     def _trim(self, now: float) -> None:
-        entries = self._entries
-        while len(entries) > self.size:
-            entries.popitem(last=False)
-        cutoff = now - self.ttl
-        while entries:
-            # The oldest entry is first; once it is fresh, all are.
-            key, (_, used) = next(iter(entries.items()))
-            if used >= cutoff:
-                break
-            del entries[key]
+        _trim_lru(self._entries, self.size, now - self.ttl, _entry_used)
 
 
 def prefix_hashes(text: str, block_chars: int, max_blocks: int, seed: str = "") -> tuple[int, ...]:
@@ -211,16 +229,7 @@ class PrefixTable:
         self._trim(now)
 
     def _trim(self, now: float) -> None:
-        entries = self._entries
-        while len(entries) > self.size:
-            entries.popitem(last=False)
-        cutoff = now - self.ttl
-        while entries:
-            h, holders = next(iter(entries.items()))
-            # An entry's last use is its newest mark.
-            if max(seen for seen, _ in holders.values()) >= cutoff:
-                break
-            del entries[h]
+        _trim_lru(self._entries, self.size, now - self.ttl, _holders_used)
 
 
 def _append_content(parts: list[str], content: object, budget: int) -> int:

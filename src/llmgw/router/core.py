@@ -21,7 +21,7 @@ from llmgw.config import Config, EndpointConfig
 from llmgw.domain.catalog import ModelConfig
 from llmgw.domain.endpoints import Endpoint
 from llmgw.domain.engine_metrics import EngineSample
-from llmgw.domain.usage import Caller, UsageRecord, UsageSink
+from llmgw.domain.usage import Caller, Usage, UsageRecord, UsageSink
 from llmgw.router.access import AccessLog
 from llmgw.router.admission import AdmissionController
 from llmgw.router.affinity import PrefixIndex, SessionTable
@@ -342,24 +342,19 @@ class Router:
             self.auth.used(caller.key_id, usage.prompt_tokens + usage.completion_tokens)
         # Every request that reached an engine is recorded, failures without a usage
         # block too (with no tokens): usage reports and the dashboard count errors.
-        if self.usage_sinks:
-            record = UsageRecord(
-                model=model.name,
-                endpoint=ident,
-                status=code,
-                usage=usage if usage is not None else NO_USAGE,
-                latency=latency,
-                ttft=delivery.ttft,
-                key_id=caller.key_id,
-                band=caller.band,
-                tenant=caller.tenant,
-                retries=retries,
-                request_id=request_id,
-                path=path,
-                queue_wait=queue_wait,
-            )
-            for sink in self.usage_sinks:
-                sink.record(record)
+        self._record_usage(
+            model.name,
+            ident,
+            code,
+            usage if usage is not None else NO_USAGE,
+            latency,
+            caller,
+            ttft=delivery.ttft,
+            retries=retries,
+            request_id=request_id,
+            path=path,
+            queue_wait=queue_wait,
+        )
 
     def refused(
         self,
@@ -376,13 +371,45 @@ class Router:
     ) -> None:
         """Account a request for `model` that llmgw answered with an error itself (no
         endpoint served it): usage records and the dashboard count it as a failure."""
+        self._record_usage(
+            model,
+            None,
+            status,
+            NO_USAGE,
+            latency,
+            caller,
+            retries=retries,
+            request_id=request_id,
+            path=path,
+            queue_wait=queue_wait,
+            error=error,
+        )
+
+    def _record_usage(
+        self,
+        model: str,
+        endpoint: str | None,
+        status: int,
+        usage: Usage,
+        latency: float,
+        caller: Caller,
+        *,
+        ttft: float | None = None,
+        retries: int,
+        request_id: str | None,
+        path: str | None,
+        queue_wait: float | None,
+        error: str | None = None,
+    ) -> None:
+        """One request's record, with who sent it, to every usage sink."""
         if self.usage_sinks:
             record = UsageRecord(
                 model=model,
-                endpoint=None,
+                endpoint=endpoint,
                 status=status,
-                usage=NO_USAGE,
+                usage=usage,
                 latency=latency,
+                ttft=ttft,
                 key_id=caller.key_id,
                 band=caller.band,
                 tenant=caller.tenant,

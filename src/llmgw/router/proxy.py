@@ -178,6 +178,19 @@ def _relayed(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     ]
 
 
+async def _send_whole(
+    send: Send,
+    response: UpstreamResponse,
+    extra_headers: list[tuple[bytes, bytes]],
+    payload: bytes,
+) -> None:
+    """Relay an engine's answer whose whole body is in, in one response to the client."""
+    headers = _relayed(response.headers_raw) + extra_headers
+    headers.append((b"content-length", b"%d" % len(payload)))
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
 async def _read_prefix(response: UpstreamResponse, limit: int) -> bytes:
     """Up to about `limit` bytes of the body (all of it when shorter)."""
     parts: list[bytes] = []
@@ -356,12 +369,7 @@ class Upstream:
                 usage = Usage.from_openai(json.loads(payload).get("usage"))
             except (ValueError, AttributeError):
                 usage = None
-        out_headers = _relayed(response.headers_raw) + extra_headers
-        out_headers.append((b"content-length", b"%d" % len(payload)))
-        await send(
-            {"type": "http.response.start", "status": response.status_code, "headers": out_headers}
-        )
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        await _send_whole(send, response, extra_headers, payload)
         return Delivery(response.status_code, usage)
 
     def _bad_body(self, exc: BadResponse) -> str:
@@ -441,12 +449,7 @@ class Upstream:
                 f"the body of a {response.status_code} answer did not come within {limit:g}s",
                 phase=phase,
             )
-        headers = _relayed(response.headers_raw) + extra_headers
-        headers.append((b"content-length", b"%d" % len(payload)))
-        await send(
-            {"type": "http.response.start", "status": response.status_code, "headers": headers}
-        )
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        await _send_whole(send, response, extra_headers, payload)
         return Delivery(response.status_code)
 
     async def _whole_body(self, response: UpstreamResponse, deadline: float) -> bytes | None:

@@ -29,10 +29,12 @@ import psycopg
 import trio
 from psycopg.pq import TransactionStatus
 
-from llmgw.store._common import DB, USAGE_COLUMNS, Call, Row, ThreadedStore
 from llmgw.store.base import StoreClosed, StoreError, StoreUnavailable, redact_url
 from llmgw.store.migrations import Migration
 from llmgw.store.migrations.postgres import MIGRATIONS
+from llmgw.store.sql.db import DB, Row
+from llmgw.store.sql.threaded import Call, ThreadedStore
+from llmgw.store.sql.usage import USAGE_COLUMNS
 
 __all__ = ["PostgresStore"]
 

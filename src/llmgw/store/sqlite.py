@@ -32,10 +32,12 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
-from llmgw.store._common import DB, USAGE_COLUMNS, Call, Row, ThreadedStore
 from llmgw.store.base import StoreClosed, StoreError, StoreUnavailable, UnsupportedStoreURL
 from llmgw.store.migrations import Migration
 from llmgw.store.migrations.sqlite import MIGRATIONS
+from llmgw.store.sql.db import DB, Row
+from llmgw.store.sql.threaded import Call, ThreadedStore
+from llmgw.store.sql.usage import USAGE_COLUMNS
 
 __all__ = ["SQLiteStore", "sqlite_path"]
 

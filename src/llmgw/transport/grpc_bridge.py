@@ -233,6 +233,29 @@ class Pipe(Generic[T]):
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(event.set)
 
+    # -- what both sides do without waiting (under the lock) ------------------------------
+
+    def _put_now(self, item: T, wake_consumer: Callable[[], None]) -> bool:
+        """Buffer `item` if there is room (True); PipeClosed once closed."""
+        if self._reason is not None:
+            raise PipeClosed(self._reason)
+        if len(self._items) < self._capacity:
+            self._items.append(item)
+            wake_consumer()
+            return True
+        return False
+
+    def _take_now(self, wake_producer: Callable[[], None]) -> tuple[T] | None:
+        """The next item, boxed (an item may be None), or None when there is none yet;
+        PipeClosed once closed and drained."""
+        if self._items:
+            item = self._items.popleft()
+            wake_producer()
+            return (item,)
+        if self._reason is not None:
+            raise PipeClosed(self._reason)
+        return None
+
     # -- either side ---------------------------------------------------------------------
 
     def close(self, reason: str, *, discard: bool = False) -> None:
@@ -251,11 +274,7 @@ class Pipe(Generic[T]):
         await trio.lowlevel.checkpoint_if_cancelled()
         while True:
             with self._lock:
-                if self._reason is not None:
-                    raise PipeClosed(self._reason)
-                if len(self._items) < self._capacity:
-                    self._items.append(item)
-                    self._wake_aio()
+                if self._put_now(item, self._wake_aio):
                     break
                 if self._trio_waiter is None:
                     self._trio_waiter = trio.Event()
@@ -267,30 +286,23 @@ class Pipe(Generic[T]):
         await trio.lowlevel.checkpoint_if_cancelled()
         while True:
             with self._lock:
-                if self._items:
-                    item = self._items.popleft()
-                    self._wake_aio()
+                taken = self._take_now(self._wake_aio)
+                if taken is not None:
                     break
-                if self._reason is not None:
-                    raise PipeClosed(self._reason)
                 if self._trio_waiter is None:
                     self._trio_waiter = trio.Event()
                 event = self._trio_waiter
             await event.wait()  # cancellable: nothing was taken
         # Shielded: once taken, the item is returned, never lost to a cancel.
         await trio.lowlevel.cancel_shielded_checkpoint()
-        return item
+        return taken[0]
 
     # -- asyncio side -----------------------------------------------------------------------
 
     async def aio_put(self, item: T) -> None:
         while True:
             with self._lock:
-                if self._reason is not None:
-                    raise PipeClosed(self._reason)
-                if len(self._items) < self._capacity:
-                    self._items.append(item)
-                    self._wake_trio()
+                if self._put_now(item, self._wake_trio):
                     return
                 if self._aio_waiter is None:
                     self._aio_waiter = asyncio.Event()
@@ -300,12 +312,9 @@ class Pipe(Generic[T]):
     async def aio_get(self) -> T:
         while True:
             with self._lock:
-                if self._items:
-                    item = self._items.popleft()
-                    self._wake_trio()
-                    return item
-                if self._reason is not None:
-                    raise PipeClosed(self._reason)
+                taken = self._take_now(self._wake_trio)
+                if taken is not None:
+                    return taken[0]
                 if self._aio_waiter is None:
                     self._aio_waiter = asyncio.Event()
                 event = self._aio_waiter

@@ -90,7 +90,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             )
             """,
             # Partial: a revoked key's name is free again. The predicate is spelled as
-            # the INSERT's ON CONFLICT clause spells it (llmgw.store._common.insert_key).
+            # the INSERT's ON CONFLICT clause spells it (llmgw.store.sql.keys.insert_key).
             "CREATE UNIQUE INDEX api_keys_live_name ON api_keys (name)"
             " WHERE revoked_at IS NULL AND NOT legacy_duplicate",
         ),

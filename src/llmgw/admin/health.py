@@ -1,0 +1,54 @@
+"""Health and routing: ``/metrics``, ``/healthz``, ``/readyz`` and the router's live
+views ``/api/v1/endpoints`` and ``/api/v1/admission``.
+
+`/metrics` renders inside the request, on the trio thread, so collectors read
+trio-owned state without locks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from quart import Response
+
+from llmgw.admin.contract import json_reply
+from llmgw.admin.views import (
+    AdmissionView,
+    EndpointList,
+    HealthView,
+    ReadyView,
+    from_dict,
+    unstructure,
+)
+
+if TYPE_CHECKING:
+    from llmgw.admin.context import AdminContext
+
+
+async def metrics(app: AdminContext) -> Response:
+    body = await app.traffic.metrics_text()
+    return Response(body, 200, content_type=CONTENT_TYPE_LATEST)
+
+
+async def healthz(app: AdminContext) -> Response:
+    return json_reply(200, unstructure(HealthView("ok")))
+
+
+async def readyz(app: AdminContext) -> Response:
+    """Ready when the router can serve: at least one endpoint has been scraped."""
+    serving = [s for s in app.router.endpoints.all() if s.sample is not None]
+    ok = app.ready() and bool(serving)
+    view = ReadyView("ready" if ok else "not ready", len(serving))
+    return json_reply(200 if ok else 503, unstructure(view))
+
+
+async def endpoints(app: AdminContext) -> Response:
+    view = from_dict({"endpoints": app.router.endpoint_views()}, EndpointList)
+    return json_reply(200, unstructure(view))
+
+
+async def admission(app: AdminContext) -> Response:
+    """Live queues per pool and band, and each pool's saturation."""
+    view = from_dict(app.traffic.admission_view(), AdmissionView)
+    return json_reply(200, unstructure(view))
