@@ -7,9 +7,11 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -187,6 +189,38 @@ def test_a_store_that_fails_during_authentication_is_a_503_with_retry_after(
         error = r.json()["error"]
         assert error["code"] == "store_unavailable" and error["type"] == "server_error"
         assert name not in r.text  # nothing of the store's address reaches the client
+
+
+def test_a_sqlite_store_that_fails_during_authentication_is_a_503_with_retry_after(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "llmgw.db"
+    config = f'[store]\nurl = "sqlite:///{db}"\n'
+    with sim(model="m") as (_, base), server("--endpoint", f"s0={base}=m", config=config) as srv:
+        key = httpx.post(f"{srv.admin}/api/v1/keys", json={"name": "alice"}, timeout=10)
+        assert key.status_code == 201, key.text
+        ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+        def post(secret: str) -> httpx.Response:
+            return httpx.post(
+                f"{srv.base}/v1/chat/completions",
+                json=ask,
+                headers={"authorization": f"Bearer {secret}"},
+                timeout=10,
+            )
+
+        assert post(f"{SECRET_PREFIX}unknown1").status_code == 401  # the store answers
+        # The store breaks under the running server: its keys table is gone.
+        with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as other:
+            other.execute("DROP TABLE api_keys")
+        for secret in (f"{SECRET_PREFIX}unknown2", key.json()["secret"]):
+            r = post(secret)
+            assert r.status_code == 503, r.text
+            assert r.headers["retry-after"] == "1"
+            error = r.json()["error"]
+            assert error["code"] == "store_unavailable" and error["type"] == "server_error"
+            assert str(db) not in r.text and "api_keys" not in r.text
+        assert httpx.get(f"{srv.admin}/healthz", timeout=10).status_code == 200
 
 
 def raw_exchange(base: str, data: bytes, *, half_close: bool) -> bytes:
