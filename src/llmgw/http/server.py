@@ -1,11 +1,13 @@
 """llmgw's HTTP/1.1 server: serves an ASGI app on trio.
 
+Requests are parsed (llhttp through httptools, strictly) in :mod:`llmgw.http.request`.
+
 Both listeners of `llmgw-server`, and `llmgw-sim`, run on it. It replaced hypercorn
 because on the proxy's path hypercorn's layers (h11's state machine both ways, a task
 per request and an idle-timer task per connection, an event object per message) were
 about a third of the router's CPU per request, against a target of 0.5 ms
-(benchmarks/README.md). Requests are parsed by llhttp, Node.js's parser, through
-httptools (as uvicorn does): this module adds the I/O, deadlines and limits around it.
+(benchmarks/README.md). This module adds the I/O, deadlines and limits around the
+request parser.
 
 * HTTP/1.1 with keep-alive and pipelined requests (answered in order); HTTP/1.0 with
   one request per connection. Request bodies framed by Content-Length or chunked;
@@ -23,7 +25,7 @@ httptools (as uvicorn does): this module adds the I/O, deadlines and limits arou
   no byte of for `send_timeout` cuts the connection, and the app sees a disconnect.
   A kept-alive connection idle for `keep_alive_timeout` is closed. A stream may
   otherwise last as long as the app lets it.
-* Limits: a head of at most :data:`MAX_HEAD_BYTES` (``431``), trailers of at most 4 KiB,
+* Limits: the parser's on a head (:data:`MAX_HEAD_BYTES`, ``431``) and on trailers,
   at most 256 KiB of pipelined requests read ahead, and `max_connections` at once
   (past it: a ``503`` in one write, and the connection closes).
 * ``http.disconnect``: once the request body is read, the app's next `receive()`
@@ -37,12 +39,9 @@ httptools (as uvicorn does): this module adds the I/O, deadlines and limits arou
 
 Not here: TLS, HTTP/2, WebSocket and other upgrades (a request asking for one is
 answered as a plain request, then the connection closes), ASGI lifespan events
-(llmgw's apps hold no lifespan state). Parsing is strict where leniency lets a front
-proxy and this server disagree about where a request ends (request smuggling): bare
-CR or LF, NUL, whitespace before a header's colon, folded lines, Content-Length
-together with Transfer-Encoding, two Content-Lengths, malformed chunk sizes,
-extensions or trailers, codings other than ``chunked``: all 400 (or 501), and the
-connection is closed. Refusals are OpenAI-shaped errors, like the apps' own.
+(llmgw's apps hold no lifespan state). A request the parser refuses (it is strict
+against request smuggling) is answered with the parser's status (400, 431, 501, ...),
+and the connection is closed. Refusals are OpenAI-shaped errors, like the apps' own.
 """
 
 from __future__ import annotations
@@ -55,18 +54,18 @@ import math
 import re
 import socket
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote
 
 import attrs
-import httptools
 import trio
 
 from llmgw.http import sockio
 from llmgw.http.asgi import App, error_body
+from llmgw.http.request import MAX_HEAD_BYTES as MAX_HEAD_BYTES
+from llmgw.http.request import Refusal, Request, RequestReader
 from llmgw.units import Address
 
 __all__ = ["ClientDisconnected", "HttpServerConfig", "serve", "serve_listeners"]
@@ -74,10 +73,6 @@ __all__ = ["ClientDisconnected", "HttpServerConfig", "serve", "serve_listeners"]
 log = logging.getLogger("llmgw.http.server")
 
 _RECV = 65536
-#: Largest request head (request line and headers) accepted; larger: 431.
-MAX_HEAD_BYTES = 64 * 1024
-#: Largest trailer section of a chunked body (its fields are read and dropped).
-_MAX_TRAILER_BYTES = 4096
 #: Bytes of pipelined requests buffered while a response is in flight; past this the
 #: connection is not read until the response ends (and a disconnect goes unnoticed).
 _MAX_PIPELINED = 256 * 1024
@@ -138,14 +133,6 @@ class HttpServerConfig:
 class ClientDisconnected(OSError):
     """Raised by `send()` once the client has gone (ASGI 2.4: an OSError), so that an
     app writing a long stream stops at once instead of writing into nothing."""
-
-
-class _Refusal(Exception):
-    """The request cannot be served; answer `status` and close the connection."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 async def serve(
@@ -308,186 +295,11 @@ def _url(sockname: Any) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-class _Request:
-    """One request as the parser delivers it (requests queue in arrival order)."""
-
-    __slots__ = (
-        "body",
-        "chunked",
-        "complete",
-        "expect_continue",
-        "fed",
-        "head_bytes",
-        "head_done",
-        "headers",
-        "keep_alive",
-        "method",
-        "received",
-        "trailer_bytes",
-        "url",
-        "version",
-    )
-
-    def __init__(self) -> None:
-        self.url = b""
-        self.method = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.head_bytes = 0  # the head so far: target, names and values with separators
-        self.fed = 0  # bytes fed to the parser while this head was incomplete (feed())
-        self.head_done = False  # the head is complete and valid: the request is served
-        self.version = "1.1"
-        self.keep_alive = True
-        self.expect_continue = False
-        self.chunked = False
-        self.body = bytearray()  # arrived, not yet handed to the app
-        self.received = 0  # body bytes so far
-        self.trailer_bytes = 0
-        self.complete = False  # the whole message is parsed
-
-
-class _RequestReader:
-    """Bytes in, requests out: llhttp (through httptools) frames and checks them, and
-    this adds what llmgw refuses beyond RFC 9112's syntax. No I/O.
-
-    Requests queue in `requests` as their first byte arrives; one is ready when its
-    head is (`head_done`), and its body collects in `body` as it comes. When the input
-    breaks, `error` says how and nothing after it is parsed; a request whose head was
-    not complete then is dropped from the queue, so the ones before it are still
-    served and the error answered after them.
-    """
-
-    __slots__ = ("_begun", "_parser", "_refusal", "error", "requests", "stopped")
-
-    def __init__(self) -> None:
-        self._parser = httptools.HttpRequestParser(self)
-        self.requests: deque[_Request] = deque()
-        self.error: _Refusal | None = None
-        self.stopped = False  # an upgrade (or CONNECT): the rest is not HTTP/1.1
-        self._refusal: _Refusal | None = None
-        self._begun = 0  # requests begun so far
-
-    def feed(self, data: bytes) -> None:
-        if self.error is not None or self.stopped:
-            return
-        requests = self.requests
-        carried = bool(requests) and not requests[-1].complete
-        begun = self._begun
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # llmgw serves no upgrades: the request is answered as a plain one, and the
-            # connection closes after it (its next bytes are another protocol's).
-            self.stopped = True
-        except httptools.HttpParserError as exc:
-            refusal = self._refusal or _Refusal(400, f"malformed request: {_reason(exc)}")
-            self._fail(refusal)
-            return
-        tail = requests[-1] if requests else None
-        if tail is not None and not tail.head_done:
-            # llhttp hands a header over only once the next one starts, buffering it
-            # until then, so `_grow` cannot see a line still coming. Count the bytes
-            # fed instead: all of this read belongs to the head if the head was under
-            # way before it or began it. A head that began after another request's
-            # bytes in one read counts from the next read (at most one read more).
-            began = self._begun - begun
-            if began == 0 or (began == 1 and not carried):
-                tail.fed += len(data)
-                if tail.fed > MAX_HEAD_BYTES:
-                    self._fail(_too_large())
-
-    def _fail(self, refusal: _Refusal) -> None:
-        self.error = refusal
-        if self.requests and not self.requests[-1].head_done:
-            self.requests.pop()
-
-    def _refuse(self, status: int, message: str) -> None:
-        self._refusal = _Refusal(status, message)
-        raise self._refusal
-
-    def _grow(self, request: _Request, n: int) -> None:
-        request.head_bytes += n
-        if request.head_bytes > MAX_HEAD_BYTES:
-            self._refusal = _too_large()
-            raise self._refusal
-
-    # -- httptools callbacks ------------------------------------------------------
-
-    def on_message_begin(self) -> None:
-        self._begun += 1
-        self.requests.append(_Request())
-
-    def on_url(self, url: bytes) -> None:
-        request = self.requests[-1]
-        if not request.url:
-            request.method = self._parser.get_method()
-            if request.method == b"PRI":
-                self._refuse(505, "only HTTP/1.1 and HTTP/1.0 are served")  # HTTP/2's preface
-        # The request line: method SP target SP HTTP/1.x CRLF.
-        self._grow(request, len(url) if request.url else len(request.method) + len(url) + 12)
-        request.url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        request = self.requests[-1]
-        size = len(name) + len(value) + 4
-        if request.head_done:  # a trailer field: read and dropped
-            request.trailer_bytes += size
-            if request.trailer_bytes > _MAX_TRAILER_BYTES:
-                self._refuse(400, f"the trailer section exceeds {_MAX_TRAILER_BYTES} bytes")
-            return
-        self._grow(request, size)
-        # llhttp drops the whitespace before a value, not after it (RFC 9112 5: OWS).
-        request.headers.append((name.lower(), value.rstrip(b" \t")))
-
-    def on_headers_complete(self) -> None:
-        request = self.requests[-1]
-        parser = self._parser
-        version = parser.get_http_version()
-        if version not in ("1.1", "1.0"):
-            self._refuse(505, "only HTTP/1.1 and HTTP/1.0 are served")
-        self._grow(request, 2)  # the blank line
-        request.version = version
-        request.keep_alive = version == "1.1" and parser.should_keep_alive()
-        hosts = 0
-        for name, value in request.headers:
-            if name == b"host":
-                hosts += 1
-            elif name == b"transfer-encoding":
-                # llhttp accepts any codings that end in chunked; llmgw decodes none.
-                if value.lower() != b"chunked" or request.chunked:
-                    self._refuse(501, "only the chunked transfer coding is supported")
-                if version == "1.0":
-                    self._refuse(400, "chunked bodies need HTTP/1.1")
-                request.chunked = True
-            elif name == b"expect":
-                if value.lower() != b"100-continue":
-                    self._refuse(417, "only Expect: 100-continue is supported")
-                request.expect_continue = version == "1.1"
-        if version == "1.1" and hosts != 1:
-            self._refuse(400, "an HTTP/1.1 request needs exactly one Host header")
-        request.head_done = True
-
-    def on_body(self, body: bytes) -> None:
-        request = self.requests[-1]
-        request.body += body
-        request.received += len(body)
-
-    def on_message_complete(self) -> None:
-        self.requests[-1].complete = True
-
-
 def _only_disconnects(exc: Exception) -> bool:
     """`exc` is ClientDisconnected, or a group (from the app's nurseries) of only that."""
     if isinstance(exc, BaseExceptionGroup):
         return exc.split(ClientDisconnected)[1] is None
     return isinstance(exc, ClientDisconnected)
-
-
-def _reason(exc: Exception) -> str:
-    return str(exc.args[0]) if exc.args else type(exc).__name__
-
-
-def _too_large() -> _Refusal:
-    return _Refusal(431, f"the request head exceeds {MAX_HEAD_BYTES} bytes")
 
 
 class _Connection:
@@ -520,8 +332,8 @@ class _Connection:
         self.server = server
         self.sock = sock
         self.scope = trio.CancelScope()
-        self.reader = _RequestReader()
-        self.request = _Request()
+        self.reader = RequestReader()
+        self.request = Request()
         self.busy = False
         self.peer_closed = False  # the client closed its side (or reset the connection)
         # The connection ends with client bytes possibly unread (a refused request, a
@@ -534,12 +346,12 @@ class _Connection:
             self.client = self.serverside = None
         self._reset(self.request)
 
-    def _reset(self, request: _Request) -> None:
+    def _reset(self, request: Request) -> None:
         self.request = request
         self.closing = not request.keep_alive  # close the connection once this response ends
         self.continue_due = request.expect_continue
         self.request_read = False  # the app has had the last part of the request body
-        self.bad_body: _Refusal | None = None
+        self.bad_body: Refusal | None = None
         self.started = False
         self.ended = False
         self.head: bytes | None = None  # a response head held for the first body bytes
@@ -558,7 +370,7 @@ class _Connection:
             self._reset(request)
             try:
                 scope = self._scope(request)
-            except _Refusal as refusal:
+            except Refusal as refusal:
                 await self._refuse(refusal.status, str(refusal))
                 return
             self.busy = True
@@ -576,7 +388,7 @@ class _Connection:
 
     # -- request head -----------------------------------------------------------
 
-    async def _next_head(self, fresh: bool) -> _Request | None:
+    async def _next_head(self, fresh: bool) -> Request | None:
         """The next request with its head complete, or None when the connection should
         close (the client closed it, the input broke, or a deadline passed)."""
         config = self.server.config
@@ -623,7 +435,7 @@ class _Connection:
                 idle = False
                 deadline = trio.current_time() + timeout if timeout is not None else math.inf
 
-    def _scope(self, request: _Request) -> dict[str, Any]:
+    def _scope(self, request: Request) -> dict[str, Any]:
         target = request.url
         method = request.method
         raw_path, _, query = target.partition(b"?")
@@ -633,7 +445,7 @@ class _Connection:
             elif target == b"*" and method == b"OPTIONS":
                 raw_path = b"*"
             else:
-                raise _Refusal(400, "malformed request target")
+                raise Refusal(400, "malformed request target")
         # llhttp admits only visible ASCII in a target.
         path = raw_path.decode("ascii")
         if "%" in path:
@@ -706,7 +518,7 @@ class _Connection:
                 if config.on_body_timeout is not None:
                     config.on_body_timeout()
                 key = f" ({config.body_timeout_key})" if config.body_timeout_key else ""
-                self.bad_body = _Refusal(
+                self.bad_body = Refusal(
                     408,
                     f"the request body did not arrive within {timeout:g}s{key};"
                     f" {request.received} bytes came",
