@@ -18,6 +18,7 @@ import h11
 import pytest
 import trio
 
+from llmgw.http.asgi import WATCH_DISCONNECT
 from llmgw.http.server import MAX_HEAD_BYTES, HttpServerConfig, serve
 from llmgw.units import Address
 
@@ -33,6 +34,9 @@ class App:
         self.disconnected = trio.Event()
         self.holding = trio.Event()  # /slow has its request and waits for `release`
         self.release = trio.Event()
+        self.gone = 0  # on_gone calls of the WATCH_DISCONNECT extension
+        self.left = trio.Event()  # set by each of them
+        self.extension_watching = trio.Event()  # /extwatch holds its request, watched
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.calls += 1
@@ -58,6 +62,25 @@ class App:
             message = await receive()
             if message["type"] == "http.disconnect":
                 self.disconnected.set()
+            return
+        if path in ("/extwatch", "/extslow"):
+            # The server's own watch, as llmgw's router uses it: cancel on a disconnect.
+            watch = scope["extensions"][WATCH_DISCONNECT]
+            with trio.CancelScope() as cancel:
+
+                def on_gone() -> None:
+                    self.gone += 1
+                    self.left.set()
+                    cancel.cancel()
+
+                watching = watch(on_gone)
+                assert watching is not None  # the body is read
+                with watching:
+                    if path == "/extwatch":
+                        self.extension_watching.set()
+                        await trio.sleep_forever()  # until the client leaves
+                    await trio.sleep(0.05)  # /extslow: answered while watched
+                    await self._json(send, 200, {"path": path, "body": body.decode()})
             return
         if path == "/slow":
             self.holding.set()
@@ -410,6 +433,43 @@ async def test_the_app_learns_of_a_client_that_leaves_after_its_request() -> Non
                 await server.app.watching.wait()  # the request is the app's: now leave
         with trio.fail_after(WAIT):
             await server.app.disconnected.wait()
+
+
+async def test_the_watch_extension_tells_of_a_client_that_leaves_and_only_then() -> None:
+    async with running() as server:
+        async with connect(server) as client:
+            await client.send(request("POST", "/extwatch", b"{}"))
+            with trio.fail_after(WAIT):
+                await server.app.extension_watching.wait()  # watched: now leave
+        with trio.fail_after(WAIT):
+            await server.app.left.wait()
+        assert server.app.gone == 1
+        # Kept alive, watched each time, answered each time: the watcher hands the
+        # socket back after every request, and reads a request pipelined meanwhile.
+        async with connect(server) as client:
+            for i in range(3):
+                await client.request("POST", "/extslow", b"%d" % i)
+                head, body = await client.response()
+                assert head.status_code == 200 and json.loads(body)["body"] == str(i)
+        # A request pipelined behind a watched one is read by the watcher, which still
+        # sees the client leave after it (a half-close counts as leaving).
+        async with connect(server) as client:
+            server.app.extension_watching = trio.Event()
+            server.app.left = trio.Event()
+            await client.send(request("POST", "/extwatch", b"{}"))
+            with trio.fail_after(WAIT):
+                await server.app.extension_watching.wait()
+            await client.send(request("GET", "/next"))
+            await client.stream.send_eof()
+            with trio.fail_after(WAIT):
+                await server.app.left.wait()
+        assert server.app.gone == 2
+        async with connect(server) as client:
+            await client.send(request("POST", "/extslow", b"a") + request("GET", "/after"))
+            got = await client.raw_until(b'"/after"')
+            assert got.count(b"HTTP/1.1 200 ") == 2
+            assert got.index(b'{"path": "/extslow", "body": "a"}') < got.index(b'"/after"')
+        assert server.app.gone == 2
 
 
 async def test_an_early_answer_keeps_the_connection_only_if_the_body_came_with_it() -> None:

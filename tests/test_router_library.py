@@ -56,6 +56,55 @@ async def test_router_serves_from_a_library_caller() -> None:
         assert records[0].usage.completion_tokens == 3 and not records[0].usage.estimated
 
 
+async def test_under_a_server_without_the_watch_extension_a_disconnect_cancels() -> None:
+    """Under an ASGI server that does not offer WATCH_DISCONNECT (hypercorn serves the
+    TLS client port), the router waits on receive() in a task of the request's own."""
+    with sim(model="m") as (_, base):
+        config = llmgw.load_config(
+            data={
+                "listen": "127.0.0.1:0",
+                "admin_listen": "127.0.0.1:0",
+                "store": {"url": ""},
+                "endpoints": [{"id": "s0", "url": base, "models": ["m"]}],
+            },
+            environ={},
+        )
+        router = llmgw.Router(config)
+        body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
+        body += b'"max_tokens": 5000, "stream": true}'
+        first_event = trio.Event()
+        requested = False
+
+        async def receive() -> dict[str, object]:
+            nonlocal requested
+            if not requested:
+                requested = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await first_event.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, object]) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                first_event.set()
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "query_string": b"",
+            "headers": [(b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 1),
+        }
+        with trio.fail_after(30):
+            await router.app(scope, receive, send)  # returns once the stream is cut
+        await router.upstream.aclose()
+        counted = router.metrics.registry.get_sample_value(
+            "llmgw_client_disconnects_total", {"model": "m", "phase": "stream"}
+        )
+        assert counted == 1
+        assert router.endpoints.get("s0").inflight == 0  # type: ignore[union-attr]
+
+
 async def test_a_client_gone_at_a_send_is_counted_as_a_disconnect() -> None:
     """The server may notice a client that left at a send (the write fails) before its
     receive() reports http.disconnect: the router counts it either way. (A CI run with

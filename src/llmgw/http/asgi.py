@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 Scope = MutableMapping[str, Any]
@@ -18,6 +19,16 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _JSON = [(b"content-type", b"application/json")]
+
+#: The scope extension llmgw's own server (:mod:`llmgw.http.server`) offers in place
+#: of a task per request that waits on ``receive()`` for ``http.disconnect``: a
+#: callable ``watch(on_gone)`` returning a context manager (None until the request
+#: body is all read); while inside it and the response is not complete, the server
+#: calls ``on_gone()`` once if the client closes the connection. One task per connection does the
+#: watching, so a request pays no task, nursery or cancel scope of its own for it
+#: (benchmarks/README.md, "The disconnect watch").
+WATCH_DISCONNECT = "llmgw.watch_disconnect"
+Watch = Callable[[Callable[[], None]], AbstractContextManager[object] | None]
 
 
 def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:

@@ -31,6 +31,9 @@ request parser.
 * ``http.disconnect``: once the request body is read, the app's next `receive()`
   returns when the client closes the connection, so a proxy can cancel its upstream.
   A client that only half-closes its side counts as gone (as nginx's default has it).
+  The scope's :data:`~llmgw.http.asgi.WATCH_DISCONNECT` extension does the same
+  without a task of the app's own: one watcher task per connection, started with its
+  first watched request, waits for the end while a request is watched.
 * Graceful shutdown: stop accepting, close idle connections, let requests in flight
   finish for up to `graceful_timeout`, then cancel them.
 * Closing: a connection that ends with client bytes possibly unread (a refusal, a
@@ -63,7 +66,7 @@ import attrs
 import trio
 
 from llmgw.http import sockio
-from llmgw.http.asgi import App, error_body
+from llmgw.http.asgi import WATCH_DISCONNECT, App, error_body
 from llmgw.http.request import MAX_HEAD_BYTES as MAX_HEAD_BYTES
 from llmgw.http.request import Refusal, Request, RequestReader
 from llmgw.units import Address
@@ -174,6 +177,8 @@ class _Server:
         self.config = config
         self.draining = False
         self.connections: set[_Connection] = set()
+        # Where connections (and their disconnect watchers) run; set by run().
+        self.nursery: trio.Nursery | None = None
 
     async def run(
         self,
@@ -182,6 +187,7 @@ class _Server:
         task_status: trio.TaskStatus[list[str]],
     ) -> None:
         async with trio.open_nursery() as connections:
+            self.nursery = connections
             async with trio.open_nursery() as accepting:
                 for listener in listeners:
                     accepting.start_soon(self._accept, listener, connections)
@@ -240,6 +246,8 @@ class _Server:
             log.exception("connection from %s failed", connection.client)
         finally:
             self.connections.discard(connection)
+            if connection.watcher is not None:
+                connection.watcher.scope.cancel()
             sockio.close(sock)
 
 
@@ -326,6 +334,7 @@ class _Connection:
         "sock",
         "started",
         "unread",
+        "watcher",
     )
 
     def __init__(self, server: _Server, sock: socket.socket) -> None:
@@ -339,6 +348,7 @@ class _Connection:
         # The connection ends with client bytes possibly unread (a refused request, a
         # body the app did not read): close it lingering. Idle ones close at once.
         self.unread = False
+        self.watcher: _Watcher | None = None  # started by the first watched request
         try:
             self.client: tuple[str, int] | None = sock.getpeername()[:2]
             self.serverside: tuple[str, int] | None = sock.getsockname()[:2]
@@ -465,6 +475,7 @@ class _Connection:
             "headers": request.headers,
             "client": self.client,
             "server": self.serverside,
+            "extensions": {WATCH_DISCONNECT: self.watch},
         }
 
     # -- running the app ------------------------------------------------------------
@@ -545,6 +556,13 @@ class _Connection:
             return False
         self.reader.feed(data)
         return True
+
+    def watch(self, on_gone: Callable[[], None]) -> _Watched | None:
+        """The WATCH_DISCONNECT extension: `on_gone` is called once if the client closes
+        the connection while the returned context is entered. The app must not call
+        `receive()` meanwhile (the watcher is the connection's reader then). None
+        while the request body is not all read: the app waits on `receive()` then."""
+        return _Watched(self, on_gone) if self.request_read else None
 
     async def _wait_disconnect(self) -> MutableMapping[str, Any]:
         """Block until the client closes the connection (its request is read)."""
@@ -668,3 +686,92 @@ class _Connection:
 
 # response framing
 _RAW, _CHUNK, _NO_BODY = range(3)
+
+
+class _Watched:
+    """One request's disconnect watch (:meth:`_Connection.watch`)."""
+
+    __slots__ = ("connection", "on_gone")
+
+    def __init__(self, connection: _Connection, on_gone: Callable[[], None]) -> None:
+        self.connection = connection
+        self.on_gone = on_gone
+
+    def __enter__(self) -> _Watched:
+        connection = self.connection
+        if connection.peer_closed:  # it went while the body was read
+            self.on_gone()
+            return self
+        watcher = connection.watcher
+        if watcher is None:
+            nursery = connection.server.nursery
+            assert nursery is not None
+            watcher = connection.watcher = _Watcher(connection)
+            nursery.start_soon(watcher.run)
+        watcher.watched = self
+        watcher.lot.unpark()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        watcher = self.connection.watcher
+        if watcher is not None and watcher.watched is self:
+            watcher.watched = None
+            if watcher.waiting is not None:
+                # Its wait for the socket ends here (trio unregisters it at once), so
+                # the connection's own reads may follow straight away.
+                watcher.waiting.cancel()
+
+
+class _Watcher:
+    """A connection's disconnect watcher: a task that sleeps between watched requests
+    and, during one, reads the connection the way `receive()` would (pipelined bytes
+    go to the parser) until the client closes it. Cheaper than a task per request:
+    waking a parked task and cancelling its wait is about half the CPU of a nursery,
+    a new task and its cancellation (benchmarks/README.md)."""
+
+    __slots__ = ("connection", "lot", "scope", "waiting", "watched")
+
+    def __init__(self, connection: _Connection) -> None:
+        self.connection = connection
+        self.lot = trio.lowlevel.ParkingLot()
+        self.scope = trio.CancelScope()  # the task's life: the connection's
+        self.waiting: trio.CancelScope | None = None
+        self.watched: _Watched | None = None
+
+    async def run(self) -> None:
+        connection = self.connection
+        sock = connection.sock
+        reader = connection.reader
+        with self.scope:
+            while True:
+                watched = self.watched
+                if watched is None:
+                    await self.lot.park()
+                    continue
+                with trio.CancelScope() as self.waiting:
+                    await trio.lowlevel.wait_readable(sock)
+                self.waiting = None
+                # Woken, but no longer watching: the connection reads for itself now.
+                if self.watched is not watched:
+                    continue
+                try:
+                    data = sock.recv(_RECV)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    connection.peer_closed = connection.closing = True
+                    self.watched = None
+                    if not connection.ended:
+                        watched.on_gone()
+                    continue
+                # The next request, pipelined: the parser keeps it for the connection.
+                connection.pipelined += len(data)
+                reader.feed(data)
+                if (
+                    connection.pipelined >= _MAX_PIPELINED
+                    or reader.error is not None
+                    or reader.stopped
+                ):
+                    self.watched = None  # no room to watch for the end any more

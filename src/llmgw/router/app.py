@@ -16,6 +16,7 @@ import json
 import re
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -25,11 +26,13 @@ import trio
 from llmgw.domain.keys import KeyRecord
 from llmgw.domain.usage import UsageRecord
 from llmgw.http.asgi import (
+    WATCH_DISCONNECT,
     BodyTooLarge,
     ClientLeft,
     Receive,
     Scope,
     Send,
+    Watch,
     answer_non_http,
     error_body,
     header,
@@ -459,15 +462,29 @@ class ClientApp:
                 call.trace, f"{route.operation} {body.model}", started
             )
         refused: HttpError | None = None
+        extensions = scope.get("extensions")
+        watch_disconnect: Watch | None = (
+            extensions.get(WATCH_DISCONNECT) if extensions is not None else None
+        )
+        cancel = trio.CancelScope()
+        watching = watch_disconnect(partial(watch.left, cancel)) if watch_disconnect else None
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch.run, receive, nursery.cancel_scope)
-                try:
-                    await self._dispatch.serve(call)
-                except HttpError as err:
-                    refused = err  # raised outside, so no exception group wraps it
-                finally:
-                    nursery.cancel_scope.cancel()
+            if watching is not None:
+                # llmgw's own server watches for us, with no task of this request's.
+                with cancel, watching:
+                    try:
+                        await self._dispatch.serve(call)
+                    except HttpError as err:
+                        refused = err
+            else:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(watch.run, receive, nursery.cancel_scope)
+                    try:
+                        await self._dispatch.serve(call)
+                    except HttpError as err:
+                        refused = err  # raised outside, so no exception group wraps it
+                    finally:
+                        nursery.cancel_scope.cancel()
         finally:
             # Counted however it was noticed: the watcher's receive(), or a failed send.
             if watch.gone:
@@ -589,11 +606,17 @@ class _DisconnectWatch:
         self.gone = False
         self.complete = False
 
+    def left(self, scope: trio.CancelScope) -> None:
+        """The client closed the connection: unless the answer is all handed over,
+        the request is cancelled (and with it the engine's)."""
+        if not self.complete:
+            self.gone = True
+            scope.cancel()
+
     async def run(self, receive: Receive, scope: trio.CancelScope) -> None:
+        """The watch as a task, under an ASGI server without WATCH_DISCONNECT."""
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                if not self.complete:
-                    self.gone = True
-                    scope.cancel()
+                self.left(scope)
                 return
