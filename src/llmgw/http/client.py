@@ -212,7 +212,8 @@ class Response:
         return self.content
 
     async def aclose(self) -> None:
-        """Release the connection: pooled when the body was read to its end, else closed."""
+        """Release the connection: pooled when the body was read to its end, else closed.
+        Never waits, so never a checkpoint: llmgw.router.proxy closes with no shield."""
         self._discard()
 
 

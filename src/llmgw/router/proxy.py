@@ -165,6 +165,11 @@ class _HttpxResponse:
 async def _close(response: UpstreamResponse) -> None:
     """Close even when cancelled (a client that left must still free the engine's slot),
     but never wait long for it."""
+    if not isinstance(response, _HttpxResponse):
+        # llmgw's own client closes without waiting (no checkpoint, so no Cancelled
+        # either): the shielded scope below would cost CPU on every request for nothing.
+        await response.aclose()
+        return
     with trio.CancelScope(shield=True) as scope:
         scope.deadline = trio.current_time() + 1.0
         await response.aclose()
