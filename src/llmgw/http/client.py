@@ -142,6 +142,11 @@ class Response:
             self._finished()
 
     @property
+    def complete(self) -> bool:
+        """The whole body is in hand (came with the head): reading it will not wait."""
+        return self._parser.complete
+
+    @property
     def declared_length(self) -> int | None:
         """The body's Content-Length, when the engine sent one."""
         return self._parser.length

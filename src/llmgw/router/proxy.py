@@ -109,6 +109,11 @@ class UpstreamResponse(Protocol):
     headers_raw: list[tuple[bytes, bytes]]
     content: bytes
 
+    @property
+    def complete(self) -> bool:
+        """The whole body is in hand: reading it will not wait."""
+        ...
+
     async def read_some(self) -> bytes: ...
 
     async def aread(self, limit: int | None = None) -> bytes: ...
@@ -133,6 +138,10 @@ class _HttpxResponse:
         self.status_code = response.status_code
         self.headers_raw = list(response.headers.raw)
         self.content = b""
+
+    @property
+    def complete(self) -> bool:
+        return False  # httpx reads the body only when asked
 
     async def read_some(self) -> bytes:
         if self._chunks is None:
@@ -460,13 +469,15 @@ class Upstream:
     async def _whole_body(self, response: UpstreamResponse, deadline: float) -> bytes | None:
         """The whole body, at most `max_response_bytes`, by `deadline` (None once it has
         passed); a body refused or cut short is an AttemptFailed."""
-        with trio.CancelScope(deadline=deadline):
-            try:
+        try:
+            if response.complete:  # came with the head (a small answer): no wait to bound
                 return await response.aread(self.max_response_bytes)
-            except BadResponse as exc:
-                raise AttemptFailed(Outcome.BAD_RESPONSE, self._bad_body(exc)) from None
-            except UpstreamError as exc:
-                raise AttemptFailed(Outcome.BROKEN_STREAM, f"upstream body broke: {exc}") from None
+            with trio.CancelScope(deadline=deadline):
+                return await response.aread(self.max_response_bytes)
+        except BadResponse as exc:
+            raise AttemptFailed(Outcome.BAD_RESPONSE, self._bad_body(exc)) from None
+        except UpstreamError as exc:
+            raise AttemptFailed(Outcome.BROKEN_STREAM, f"upstream body broke: {exc}") from None
         return None
 
     async def _relay(
