@@ -725,9 +725,8 @@ class _Watched:
 class _Watcher:
     """A connection's disconnect watcher: a task that sleeps between watched requests
     and, during one, reads the connection the way `receive()` would (pipelined bytes
-    go to the parser) until the client closes it. Cheaper than a task per request:
-    waking a parked task and cancelling its wait is about half the CPU of a nursery,
-    a new task and its cancellation (benchmarks/README.md)."""
+    go to the parser) until the client closes it. No nursery, task or cancel scope is
+    made per request (benchmarks/README.md, "the floor under llmgw")."""
 
     __slots__ = ("connection", "lot", "scope", "waiting", "watched")
 
