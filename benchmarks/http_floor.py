@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import shutil
 import sys
 import time
 from typing import Any
@@ -119,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         mode, port, upstreams = args.serve
         serve(mode, int(port), upstreams.split(","))
         return 0
-    wrk = shutil.which("wrk")
+    wrk = _wrk.find()
     if wrk is None:
         raise SystemExit(_wrk.INSTALL_HINT)
     with c.fleet() as fleet:

@@ -60,16 +60,7 @@ async def test_under_a_server_without_the_watch_extension_a_disconnect_cancels()
     """Under an ASGI server that does not offer WATCH_DISCONNECT (hypercorn serves the
     TLS client port), the router waits on receive() in a task of the request's own."""
     with sim(model="m") as (_, base):
-        config = llmgw.load_config(
-            data={
-                "listen": "127.0.0.1:0",
-                "admin_listen": "127.0.0.1:0",
-                "store": {"url": ""},
-                "endpoints": [{"id": "s0", "url": base, "models": ["m"]}],
-            },
-            environ={},
-        )
-        router = llmgw.Router(config)
+        router = _router(base)
         body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
         body += b'"max_tokens": 5000, "stream": true}'
         first_event = trio.Event()
@@ -87,22 +78,11 @@ async def test_under_a_server_without_the_watch_extension_a_disconnect_cancels()
             if message["type"] == "http.response.body" and message.get("body"):
                 first_event.set()
 
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/v1/chat/completions",
-            "query_string": b"",
-            "headers": [(b"content-type", b"application/json")],
-            "client": ("127.0.0.1", 1),
-        }
+        scope = _chat_scope()
         with trio.fail_after(30):
             await router.app(scope, receive, send)  # returns once the stream is cut
         await router.upstream.aclose()
-        counted = router.metrics.registry.get_sample_value(
-            "llmgw_client_disconnects_total", {"model": "m", "phase": "stream"}
-        )
-        assert counted == 1
-        assert router.endpoints.get("s0").inflight == 0  # type: ignore[union-attr]
+        _assert_one_disconnect_and_nothing_in_flight(router)
 
 
 async def test_a_client_gone_at_a_send_is_counted_as_a_disconnect() -> None:
@@ -111,16 +91,7 @@ async def test_a_client_gone_at_a_send_is_counted_as_a_disconnect() -> None:
     a second copy of the suite beside it caught the send path winning, and the
     disconnect uncounted.)"""
     with sim(model="m") as (_, base):
-        config = llmgw.load_config(
-            data={
-                "listen": "127.0.0.1:0",
-                "admin_listen": "127.0.0.1:0",
-                "store": {"url": ""},
-                "endpoints": [{"id": "s0", "url": base, "models": ["m"]}],
-            },
-            environ={},
-        )
-        router = llmgw.Router(config)
+        router = _router(base)
         body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
         body += b'"max_tokens": 500, "stream": true}'
         requested = False
@@ -142,14 +113,7 @@ async def test_a_client_gone_at_a_send_is_counted_as_a_disconnect() -> None:
                 if bodies == 2:
                     raise OSError("the client has gone")
 
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/v1/chat/completions",
-            "query_string": b"",
-            "headers": [(b"content-type", b"application/json")],
-            "client": ("127.0.0.1", 1),
-        }
+        scope = _chat_scope()
         with trio.fail_after(30):
             try:
                 await router.app(scope, receive, send)
@@ -159,8 +123,38 @@ async def test_a_client_gone_at_a_send_is_counted_as_a_disconnect() -> None:
                 else:
                     assert isinstance(exc, OSError), exc
         await router.upstream.aclose()
-        counted = router.metrics.registry.get_sample_value(
-            "llmgw_client_disconnects_total", {"model": "m", "phase": "stream"}
-        )
-        assert counted == 1
-        assert router.endpoints.get("s0").inflight == 0  # type: ignore[union-attr]
+        _assert_one_disconnect_and_nothing_in_flight(router)
+
+
+def _router(base: str) -> llmgw.Router:
+    """A Router with no store in front of the one engine at `base` (model m)."""
+    config = llmgw.load_config(
+        data={
+            "listen": "127.0.0.1:0",
+            "admin_listen": "127.0.0.1:0",
+            "store": {"url": ""},
+            "endpoints": [{"id": "s0", "url": base, "models": ["m"]}],
+        },
+        environ={},
+    )
+    return llmgw.Router(config)
+
+
+def _chat_scope() -> dict[str, object]:
+    """An ASGI scope of a chat request, as a server without extensions makes it."""
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+    }
+
+
+def _assert_one_disconnect_and_nothing_in_flight(router: llmgw.Router) -> None:
+    counted = router.metrics.registry.get_sample_value(
+        "llmgw_client_disconnects_total", {"model": "m", "phase": "stream"}
+    )
+    assert counted == 1
+    assert router.endpoints.get("s0").inflight == 0  # type: ignore[union-attr]
