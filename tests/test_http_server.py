@@ -18,6 +18,7 @@ import h11
 import pytest
 import trio
 
+from llmgw.http import request as request_module
 from llmgw.http.asgi import WATCH_DISCONNECT
 from llmgw.http.server import MAX_HEAD_BYTES, HttpServerConfig, serve
 from llmgw.units import Address
@@ -470,6 +471,28 @@ async def test_the_watch_extension_tells_of_a_client_that_leaves_and_only_then()
             assert got.count(b"HTTP/1.1 200 ") == 2
             assert got.index(b'{"path": "/extslow", "body": "a"}') < got.index(b'"/after"')
         assert server.app.gone == 2
+
+
+async def test_a_failing_watcher_ends_its_connection_and_not_the_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with running() as server:
+        async with connect(server) as client:
+            await client.send(request("POST", "/extwatch", b"{}"))
+            with trio.fail_after(WAIT):
+                await server.app.extension_watching.wait()
+
+            def broken(self: object, data: bytes) -> None:
+                raise RuntimeError("a bug in the parser")
+
+            with monkeypatch.context() as patched:
+                patched.setattr(request_module.RequestReader, "feed", broken)
+                await client.send(b"GET /next HTTP/1.1\r\n")  # read by the watcher
+                assert await client.closed()  # this connection ends...
+        async with connect(server) as other:  # ...the server goes on
+            await other.request("GET", "/after")
+            head, body = await other.response()
+            assert head.status_code == 200 and json.loads(body)["path"] == "/after"
 
 
 async def test_an_early_answer_keeps_the_connection_only_if_the_body_came_with_it() -> None:

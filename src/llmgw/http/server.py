@@ -738,6 +738,16 @@ class _Watcher:
         self.watched: _Watched | None = None
 
     async def run(self) -> None:
+        # It runs beside the connections, not in one: a bug met here must end this
+        # connection only (as _Server._connection has it), never the server.
+        try:
+            await self._watch()
+        except Exception:
+            log.exception("the disconnect watcher of %s failed", self.connection.client)
+            self.watched = None
+            self.connection.scope.cancel()
+
+    async def _watch(self) -> None:
         connection = self.connection
         sock = connection.sock
         reader = connection.reader
