@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -140,14 +141,17 @@ def test_malformed_input_gets_an_error_or_a_close_and_the_server_lives_on(
     async def main() -> None:
         async with running(echo, header_timeout=0.5) as server:
             async with connect(server) as client:
-                await send_in_pieces(client, data, cuts)
-                await client.stream.send_eof()  # nothing more comes: no waiting for a body
-                with trio.fail_after(WAIT):
-                    got = b""
-                    while chunk := await client.stream.receive_some(65536):
-                        got += chunk
-                        if b"\r\n\r\n" in got and not got.startswith(b"HTTP/1.1 100 "):
-                            break
+                got = b""
+                # A close may come as a reset, before the client is done sending (a CI
+                # run met one at send_eof): the connection ends either way.
+                with contextlib.suppress(trio.BrokenResourceError):
+                    await send_in_pieces(client, data, cuts)
+                    await client.stream.send_eof()  # nothing more comes: no waiting for a body
+                    with trio.fail_after(WAIT):
+                        while chunk := await client.stream.receive_some(65536):
+                            got += chunk
+                            if b"\r\n\r\n" in got and not got.startswith(b"HTTP/1.1 100 "):
+                                break
                 if got:
                     assert got.startswith(b"HTTP/1.1 "), got[:100]
             async with connect(server) as client:  # still serving
