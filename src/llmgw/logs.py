@@ -91,13 +91,7 @@ class TextFormatter(logging.Formatter):
         pairs: list[str] = []
         blocks: list[str] = []
         for key, value in values.items():
-            # None and int (most of an access line) inline: a call per field was a
-            # third of formatting one.
-            if value is None:
-                pairs.append(f"{key}=-")
-            elif type(value) is int:
-                pairs.append(f"{key}={value}")
-            elif isinstance(value, (list, tuple)):
+            if isinstance(value, (list, tuple)):
                 if value:
                     blocks.append(f"\n  {key}:" + "".join(f"\n    {v}" for v in value))
             else:
