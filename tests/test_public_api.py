@@ -51,3 +51,40 @@ def test_a_fresh_import_has_the_names_without_protobuf_or_grpc() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "Controller Inventory Reconciler []"
+
+
+def test_a_worker_process_loads_the_data_plane_only() -> None:
+    # Each of llmgw-server's workers (one per core by default) is a fresh interpreter
+    # that imports llmgw.workers.worker; the control plane, the admin app and TLS's
+    # hypercorn stay in the control process. Each of these cost a worker 2-17 MB.
+    code = (
+        "import sys\n"
+        "import llmgw.workers.worker\n"
+        "roots = ('grpc', 'google.protobuf', 'quart', 'quart_trio', 'flask', 'hypercorn',\n"
+        "         'jinja2', 'llmgw.admin', 'llmgw.control.controller', 'llmgw.dashboard',\n"
+        "         'llmgw.server', 'sqlite3', 'psycopg')\n"
+        "print(sorted({m.split('.')[0] if not m.startswith('llmgw') else m\n"
+        "              for m in sys.modules if m.startswith(roots)}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_names_load_their_modules_on_first_use() -> None:
+    code = (
+        "import sys, llmgw\n"
+        "before = 'llmgw.control.controller' in sys.modules\n"
+        "listed = 'Controller' in dir(llmgw)\n"
+        "print(before, listed, llmgw.Controller.__module__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["False", "True", "llmgw.control.controller"]
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        llmgw.Nope  # noqa: B018

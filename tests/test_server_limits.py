@@ -9,12 +9,13 @@ import sys
 
 import pytest
 
-from llmgw.server import FD_RESERVE, _all_loopback, connection_cap
+from llmgw.router.listener import FD_RESERVE, connection_cap
+from llmgw.server import _all_loopback
 
 # A child process, so that the limits it sets are its own.
 _CAP = """
 import json, resource, sys
-from llmgw.server import connection_cap
+from llmgw.router.listener import connection_cap
 soft, hard = int(sys.argv[1]), int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 cap = connection_cap(int(sys.argv[3]))

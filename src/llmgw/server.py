@@ -33,11 +33,12 @@ from llmgw.domain.endpoints import Endpoint, EndpointSink
 from llmgw.domain.usage import UsageSink
 from llmgw.http.asgi import split, under
 from llmgw.http.hyper import ReloadableTls, TlsFiles, serve_hypercorn
-from llmgw.http.server import HttpServerConfig, serve_listeners
+from llmgw.http.server import serve_listeners
 from llmgw.models import ModelRegistry
 from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router, catalog_for
 from llmgw.router.limits import SharedLimits
+from llmgw.router.listener import client_listener_config
 from llmgw.store import open_store
 from llmgw.store.base import Store, StoreError
 from llmgw.store.usage import UsageBatcher
@@ -63,36 +64,6 @@ def control_timings(control: ControlConfig) -> tuple[float, float]:
     not heard from by then would be unreachable anyway), at most 10 s as before."""
     heartbeat = min(HEARTBEAT_INTERVAL, control.unreachable_after / 3)
     return heartbeat, min(2 * HEARTBEAT_INTERVAL, float(control.unreachable_after))
-
-
-#: File descriptors kept back from the connection cap: the store, logs, scrapes, the
-#: agent port and its streams.
-FD_RESERVE = 128
-
-
-def connection_cap(configured: int) -> int:
-    """Connections each listener serves at once: `configured` (router.max_connections),
-    or with 0 what the open-file limit allows.
-
-    The soft limit is first raised to the hard one (systemd's default soft limit is
-    1024, far below what a proxy needs; the hard one is usually far higher). Each
-    proxied request holds its client's connection and one to an engine, so the cap
-    is half of what the reserve leaves."""
-    if configured:
-        return configured
-    try:
-        import resource
-    except ImportError:  # not POSIX
-        return 1024
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    return max(16, (soft - FD_RESERVE) // 2)
 
 
 #: What :func:`serve` hands `on_listening` once every listener is bound: for each
@@ -572,25 +543,6 @@ async def _serve(
                 on_listening(listening)
             task_status.started(router)
         background.cancel_scope.cancel()
-
-
-def client_listener_config(config: Config, router: Router, name: str) -> HttpServerConfig:
-    """llmgw's own HTTP server's settings for the listener `name` of `router`."""
-    timeouts = config.router.timeouts
-    # Streams last minutes: a response may take as long as the proxy's phases let it;
-    # but a client that takes none of it for `idle` is cut, like an engine that sends
-    # nothing for that long.
-    timed_out = router.metrics.client_timeouts
-    return HttpServerConfig(
-        header_timeout=timeouts.client_header,
-        body_timeout=timeouts.client_body,
-        body_timeout_key="router.timeouts.client_body",
-        send_timeout=timeouts.idle,
-        max_connections=connection_cap(config.router.max_connections),
-        graceful_timeout=config.router.drain_timeout,
-        on_header_timeout=timed_out.labels(name, "header").inc,
-        on_body_timeout=timed_out.labels(name, "body").inc,
-    )
 
 
 def background_dir(nursery: trio.Nursery) -> str:

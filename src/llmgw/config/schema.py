@@ -260,7 +260,7 @@ class RouterConfig:
     # The largest request body taken from a client (413 past it).
     max_body_bytes: Bytes = Bytes(32 * 1024 * 1024)
     # Client connections each listener serves at once (past it: 503 and close); 0:
-    # derived from the open-file limit at start (llmgw.server.connection_cap).
+    # derived from the open-file limit at start (llmgw.router.listener.connection_cap).
     max_connections: int = 0
     # What the router takes from an engine: a non-streaming answer (an embeddings batch
     # is the large case) and one SSE event of a stream, at most. Beyond, the attempt

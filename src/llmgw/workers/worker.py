@@ -23,6 +23,7 @@ import signal
 import socket
 from collections.abc import Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -33,16 +34,18 @@ from llmgw.domain.catalog import ModelConfig
 from llmgw.domain.usage import UsageRecord
 from llmgw.http.asgi import App, split, under
 from llmgw.http.forward import Forward
-from llmgw.http.hyper import ReloadableTls, TlsFiles, serve_hypercorn
 from llmgw.http.server import serve_listeners
 from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router
 from llmgw.router.limits import SharedLimits
-from llmgw.server import client_listener_config
+from llmgw.router.listener import client_listener_config
 from llmgw.store import open_store
 from llmgw.store.base import Store
 from llmgw.workers import sockets, wire
 from llmgw.workers.merge import families
+
+if TYPE_CHECKING:
+    from llmgw.http.hyper import ReloadableTls
 
 log = logging.getLogger("llmgw.workers")
 
@@ -131,6 +134,9 @@ class Worker:
         config = self.config
         listeners = sockets.listen(self.hello.client)
         if config.listen_tls is not None:
+            # hypercorn serves TLS only; a plaintext worker need not load it.
+            from llmgw.http.hyper import ReloadableTls, TlsFiles
+
             files = config.listen_tls
             self.tls = ReloadableTls(TlsFiles(files.cert, files.key, files.client_ca))
         app: App = self.router.app
@@ -151,6 +157,8 @@ class Worker:
             await background.start(self.router.run)
             async with trio.open_nursery() as serving:
                 if self.tls is not None:
+                    from llmgw.http.hyper import serve_hypercorn
+
                     await serving.start(
                         partial(
                             serve_hypercorn,
