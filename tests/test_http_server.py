@@ -19,8 +19,9 @@ import pytest
 import trio
 
 from llmgw.http import request as request_module
+from llmgw.http import server as server_module
 from llmgw.http.asgi import WATCH_DISCONNECT
-from llmgw.http.server import MAX_HEAD_BYTES, HttpServerConfig, serve
+from llmgw.http.server import MAX_HEAD_BYTES, WATCH_AFTER, HttpServerConfig, serve
 from llmgw.units import Address
 
 WAIT = 5.0  # any single wait in these tests; far above what each should take
@@ -64,7 +65,7 @@ class App:
             if message["type"] == "http.disconnect":
                 self.disconnected.set()
             return
-        if path in ("/extwatch", "/extslow"):
+        if path in ("/extwatch", "/extslow", "/extquick"):
             # The server's own watch, as llmgw's router uses it: cancel on a disconnect.
             watch = scope["extensions"][WATCH_DISCONNECT]
             with trio.CancelScope() as cancel:
@@ -80,7 +81,8 @@ class App:
                     if path == "/extwatch":
                         self.extension_watching.set()
                         await trio.sleep_forever()  # until the client leaves
-                    await trio.sleep(0.05)  # /extslow: answered while watched
+                    if path == "/extslow":  # answered while watched
+                        await trio.sleep(WATCH_AFTER * 1.5)
                     await self._json(send, 200, {"path": path, "body": body.decode()})
             return
         if path == "/slow":
@@ -471,6 +473,37 @@ async def test_the_watch_extension_tells_of_a_client_that_leaves_and_only_then()
             assert got.count(b"HTTP/1.1 200 ") == 2
             assert got.index(b'{"path": "/extslow", "body": "a"}') < got.index(b'"/after"')
         assert server.app.gone == 2
+
+
+async def test_a_request_answered_within_watch_after_is_never_watched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started: list[object] = []
+    real = server_module._Watcher.run
+
+    async def counted(self: object) -> None:
+        started.append(self)
+        await real(self)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(server_module._Watcher, "run", counted)
+    # Answered before the mark (set far off: no stall of this machine can pass it),
+    # so no watcher is started.
+    with monkeypatch.context() as patched:
+        patched.setattr(server_module, "WATCH_AFTER", 60.0)
+        async with running() as server, connect(server) as client:
+            for i in range(5):
+                await client.request("POST", "/extquick", b"%d" % i)
+                head, body = await client.response()
+                assert head.status_code == 200 and json.loads(body)["body"] == str(i)
+        assert started == []
+    # Held past WATCH_AFTER, a request is watched: one watcher, kept for the next ones.
+    async with running() as server, connect(server) as client:
+        for i in range(2):
+            await client.request("POST", "/extslow", b"%d" % i)
+            head, _ = await client.response()
+            assert head.status_code == 200
+        assert len(started) == 1
+    assert server.app.gone == 0
 
 
 async def test_a_failing_watcher_ends_its_connection_and_not_the_server(

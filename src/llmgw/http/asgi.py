@@ -24,9 +24,11 @@ _JSON = [(b"content-type", b"application/json")]
 #: of a task per request that waits on ``receive()`` for ``http.disconnect``: a
 #: callable ``watch(on_gone)`` returning a context manager (None until the request
 #: body is all read); while inside it and the response is not complete, the server
-#: calls ``on_gone()`` once if the client closes the connection. One task per connection does the
-#: watching, so a request pays no task, nursery or cancel scope of its own for it
-#: (benchmarks/README.md, "The disconnect watch").
+#: calls ``on_gone()`` once if the client closes the connection, noticed from
+#: WATCH_AFTER (0.1 s) after the request entered it. One task per connection does the
+#: watching, so a request pays no task, nursery or cancel scope of its own for it,
+#: and one answered before the mark pays nothing (benchmarks/README.md, "The
+#: disconnect watch").
 WATCH_DISCONNECT = "llmgw.watch_disconnect"
 Watch = Callable[[Callable[[], None]], AbstractContextManager[object] | None]
 
