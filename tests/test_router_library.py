@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import trio
 
@@ -126,7 +128,53 @@ async def test_a_client_gone_at_a_send_is_counted_as_a_disconnect() -> None:
         _assert_one_disconnect_and_nothing_in_flight(router)
 
 
-def _router(base: str) -> llmgw.Router:
+async def test_an_injected_httpx_client_carries_unary_answers_and_streams() -> None:
+    """A caller's own httpx client serves every endpoint (https:// engines take the
+    same path, router/upstream_httpx.py): answers, streams and usage come through."""
+    with sim(model="m") as (_, base):
+        async with httpx.AsyncClient() as injected:
+            router = _router(base, upstream=injected)
+            for stream in (False, True):
+                body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
+                body += b'"max_tokens": 4, "stream": %s}' % (b"true" if stream else b"false")
+                with trio.fail_after(30):
+                    sent = await _call(router, body)
+                assert sent[0]["status"] == 200
+                text = b"".join(m.get("body", b"") for m in sent[1:])  # type: ignore[misc]
+                if stream:
+                    assert text.rstrip().endswith(b"data: [DONE]")
+                    assert text.count(b'"delta"') >= 4
+                else:
+                    assert json.loads(text)["usage"]["completion_tokens"] == 4
+            assert router.upstream.pool._targets == {}  # llmgw's own client never dialled
+            served = router.metrics.registry.get_sample_value(
+                "llmgw_completion_tokens_total", {"model": "m", "endpoint": "s0"}
+            )
+            assert served == 8
+
+
+async def _call(router: llmgw.Router, body: bytes) -> list[dict[str, object]]:
+    """The messages the router's app sends for one chat request with `body`."""
+    requested = False
+
+    async def receive() -> dict[str, object]:
+        nonlocal requested
+        if not requested:
+            requested = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    await router.app(_chat_scope(), receive, send)
+    return sent
+
+
+def _router(base: str, upstream: httpx.AsyncClient | None = None) -> llmgw.Router:
     """A Router with no store in front of the one engine at `base` (model m)."""
     config = llmgw.load_config(
         data={
@@ -137,7 +185,7 @@ def _router(base: str) -> llmgw.Router:
         },
         environ={},
     )
-    return llmgw.Router(config)
+    return llmgw.Router(config, upstream=upstream)
 
 
 def _chat_scope() -> dict[str, object]:

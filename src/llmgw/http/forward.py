@@ -11,9 +11,13 @@ believes it (llmgw.workers.pool.trust_forwarded_client).
 
 from __future__ import annotations
 
-import httpx
+from typing import TYPE_CHECKING
 
 from llmgw.http.asgi import BodyTooLarge, ClientLeft, Receive, Scope, Send, read_body
+from llmgw.http.ondemand import OnDemandClient
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["CLIENT_HEADER", "MAX_FORM_BYTES", "Forward"]
 
@@ -51,11 +55,19 @@ class Forward:
         host: str | None = None,
         timeout: float = 30.0,
     ) -> None:
-        transport = httpx.AsyncHTTPTransport(uds=uds) if uds is not None else None
         self.host = host
-        self.client = httpx.AsyncClient(transport=transport, base_url=base_url, timeout=timeout)
+
+        def make() -> httpx.AsyncClient:
+            import httpx  # on first use (llmgw.http.ondemand)
+
+            transport = httpx.AsyncHTTPTransport(uds=uds) if uds is not None else None
+            return httpx.AsyncClient(transport=transport, base_url=base_url, timeout=timeout)
+
+        self._client = OnDemandClient(make)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        import httpx  # on first use (llmgw.http.ondemand)
+
         try:
             body = await read_body(scope, receive, MAX_FORM_BYTES)
         except BodyTooLarge:
@@ -76,7 +88,7 @@ class Forward:
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
         try:
-            answer = await self.client.request(
+            answer = await self._client.get().request(
                 scope["method"], target.decode("latin-1"), headers=headers, content=body
             )
         except httpx.HTTPError:
@@ -92,7 +104,7 @@ class Forward:
         await send({"type": "http.response.body", "body": answer.content})
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self._client.aclose()
 
 
 async def _plain(send: Send, status: int, text: bytes) -> None:

@@ -20,7 +20,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import httpx
 import trio
 
 from llmgw.domain.keys import KeyRecord
@@ -218,6 +217,8 @@ class ClientApp:
                 router.auth.check_model(key, home.model, home.model)
             except AuthError as exc:
                 raise auth_error(exc) from None
+        import httpx  # on first use (llmgw.http.ondemand)
+
         url = state.endpoint.url.rstrip("/") + scope["path"]
         headers = [(b"x-request-id", scope[REQUEST_ID]), *state.endpoint.headers]
         limit = router.config.router.max_response_bytes

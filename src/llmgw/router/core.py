@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import trio
 from prometheus_client import generate_latest
 
@@ -39,6 +38,9 @@ from llmgw.router.scraper import Scraper
 from llmgw.router.sleep import Sleeper
 from llmgw.router.tracing import Tracing
 from llmgw.router.usage import NO_USAGE
+
+if TYPE_CHECKING:
+    import httpx
 
 NOBODY = Caller()
 
@@ -221,7 +223,7 @@ class Router:
         finally:
             with trio.CancelScope(shield=True):
                 await self.upstream.aclose()
-                await self.scraper.client.aclose()
+                await self.scraper.aclose()
                 await self.sleeper.aclose()
                 if self.tracing is not None:
                     await self.tracing.aclose()  # the last spans, bounded by its timeout

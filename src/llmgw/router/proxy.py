@@ -21,11 +21,10 @@ import contextlib
 import json
 import math
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
-import httpx
 import trio
 
 from llmgw.config import Timeouts
@@ -38,10 +37,14 @@ from llmgw.http.client import (
     ConnectFailed,
     ConnectTimeout,
     Pool,
+    Response,
     UpstreamError,
 )
 from llmgw.router.breaker import Outcome, classify_status
 from llmgw.router.usage import estimate_prompt_tokens
+
+if TYPE_CHECKING:
+    import httpx
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
@@ -121,60 +124,10 @@ class UpstreamResponse(Protocol):
     async def aclose(self) -> None: ...
 
 
-def _httpx_error(exc: httpx.HTTPError) -> UpstreamError:
-    # httpx's messages may carry the URL; the class says what happened.
-    if isinstance(exc, httpx.RemoteProtocolError | httpx.DecodingError):
-        return BadResponse(f"httpx: {type(exc).__name__}")
-    return UpstreamError(f"httpx: {type(exc).__name__}")
-
-
-class _HttpxResponse:
-    """An httpx response seen through UpstreamResponse (https endpoints, an injected
-    client); httpx's errors become UpstreamError."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self._response = response
-        self._chunks: AsyncIterator[bytes] | None = None
-        self.status_code = response.status_code
-        self.headers_raw = list(response.headers.raw)
-        self.content = b""
-
-    @property
-    def complete(self) -> bool:
-        return False  # httpx reads the body only when asked
-
-    async def read_some(self) -> bytes:
-        if self._chunks is None:
-            self._chunks = self._response.aiter_raw()
-        try:
-            while True:
-                chunk = await anext(self._chunks)
-                if chunk:
-                    return chunk
-        except StopAsyncIteration:
-            return b""
-        except httpx.HTTPError as exc:
-            raise _httpx_error(exc) from None
-
-    async def aread(self, limit: int | None = None) -> bytes:
-        parts: list[bytes] = []
-        size = 0
-        while chunk := await self.read_some():
-            size += len(chunk)
-            if limit is not None and size > limit:
-                raise BodyTooLarge(f"a body over the limit of {limit} bytes")
-            parts.append(chunk)
-        self.content = b"".join(parts)
-        return self.content
-
-    async def aclose(self) -> None:
-        await self._response.aclose()
-
-
 async def _close(response: UpstreamResponse) -> None:
     """Close even when cancelled (a client that left must still free the engine's slot),
     but never wait long for it."""
-    if not isinstance(response, _HttpxResponse):
+    if isinstance(response, Response):
         # llmgw's own client closes without waiting (no checkpoint, so no Cancelled
         # either): the shielded scope below would cost CPU on every request for nothing.
         await response.aclose()
@@ -263,22 +216,13 @@ class Upstream:
         self._client = client
         self.pool = Pool(timeouts.dial)
 
-    def _new_client(self) -> httpx.AsyncClient:
-        t = self.timeouts
-        return httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=t.dial, read=None, write=None, pool=None),
-            transport=httpx.AsyncHTTPTransport(
-                retries=0,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-                socket_options=[(6, 1, 1)],  # IPPROTO_TCP, TCP_NODELAY, on
-            ),
-        )
-
     @property
     def client(self) -> httpx.AsyncClient:
         """The httpx client for endpoints the native client does not handle."""
         if self._client is None:
-            self._client = self._new_client()
+            from llmgw.router import upstream_httpx  # first use only: see its docstring
+
+            self._client = upstream_httpx.new_client(self.timeouts)
         return self._client
 
     async def aclose(self) -> None:
@@ -291,20 +235,9 @@ class Upstream:
     ) -> UpstreamResponse:
         if self._injected is None and url.startswith("http://"):
             return await self.pool.post(url, body, headers)
-        client = self.client
-        request = client.build_request("POST", url, content=body, headers=headers)
-        try:
-            response = _HttpxResponse(await client.send(request, stream=True))
-        except httpx.ConnectTimeout:
-            raise ConnectTimeout("connect timeout") from None
-        except httpx.ConnectError as exc:
-            raise ConnectFailed(f"httpx: {type(exc).__name__}") from None
-        except httpx.HTTPError as exc:
-            raise _httpx_error(exc) from None
-        if not 100 <= response.status_code <= 599:  # h11 takes any three digits
-            await response.aclose()
-            raise BadResponse(f"status {response.status_code} is outside 100-599")
-        return response
+        from llmgw.router import upstream_httpx
+
+        return await upstream_httpx.send(self.client, url, body, headers)
 
     async def _open(
         self,

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import httpx
 import trio
 
 from llmgw.config import ScoringConfig
 from llmgw.domain.engine_metrics import parse_metrics
+from llmgw.http.ondemand import OnDemandClient
 from llmgw.router.endpoints import EndpointRegistry, EndpointState
 from llmgw.router.metrics import RouterMetrics
+
+if TYPE_CHECKING:
+    import httpx
 
 # A vLLM page is ~100 KB (histograms, a few label sets); far more is not a metrics page.
 MAX_METRICS_BYTES = 8 * 1024 * 1024
@@ -30,6 +34,12 @@ PROPS_EVERY = 60.0
 
 class PageTooLarge(Exception):
     pass
+
+
+def _new_client() -> httpx.AsyncClient:
+    import httpx  # on first use (llmgw.http.ondemand)
+
+    return httpx.AsyncClient(timeout=None)
 
 
 async def read_bounded(
@@ -84,10 +94,17 @@ class Scraper:
         self.metrics = metrics
         self.interval = interval
         self.timeout = timeout
-        self.client = client or httpx.AsyncClient(timeout=None)
+        self._client = OnDemandClient(_new_client, client)
         self._wake = trio.Event()
         # Called after every pass, so admission re-reads saturation from fresh numbers.
         self.on_pass: Callable[[], None] | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        return self._client.get()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
 
     def poke(self) -> None:
         """Scrape now (e.g. right after a new endpoint was added)."""
@@ -108,6 +125,8 @@ class Scraper:
                 nursery.start_soon(self.scrape_one, state)
 
     async def scrape_one(self, state: EndpointState) -> None:
+        import httpx  # on first use (llmgw.http.ondemand)
+
         ident = state.endpoint.id
         self.metrics.scrapes.labels(ident).inc()
         started = trio.current_time()
@@ -150,6 +169,8 @@ class Scraper:
             await self._read_slots(state, base)
 
     async def _read_slots(self, state: EndpointState, base: str) -> None:
+        import httpx  # on first use (llmgw.http.ondemand)
+
         try:
             with trio.fail_after(self.timeout):
                 body = await read_bounded(

@@ -23,14 +23,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import httpx
 import trio
 
+from llmgw.http.ondemand import OnDemandClient
 from llmgw.router.breaker import Outcome
 from llmgw.router.endpoints import EndpointRegistry, EndpointState
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.proxy import AttemptFailed
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["CHECK_EVERY", "Sleeper"]
 
@@ -45,6 +49,12 @@ SLEEP_TIMEOUT = 120.0
 WAKE_TIMEOUT = 120.0
 
 
+def _new_client() -> httpx.AsyncClient:
+    import httpx  # on first use (llmgw.http.ondemand)
+
+    return httpx.AsyncClient(timeout=SLEEP_TIMEOUT)
+
+
 class Sleeper:
     def __init__(
         self,
@@ -56,7 +66,7 @@ class Sleeper:
     ) -> None:
         self.endpoints = endpoints
         self.metrics = metrics
-        self.client = client or httpx.AsyncClient(timeout=SLEEP_TIMEOUT)
+        self._client = OnDemandClient(_new_client, client)
         self.on_woke = on_woke
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -81,11 +91,13 @@ class Sleeper:
         return now - state.used_at >= after
 
     async def _sleep(self, state: EndpointState) -> None:
+        import httpx  # on first use (llmgw.http.ondemand)
+
         model = state.endpoint.models[0]
         async with state.sleep_lock:
             try:
                 with trio.fail_after(SLEEP_TIMEOUT):
-                    r = await self.client.post(
+                    r = await self._client.get().post(
                         f"{state.endpoint.url.rstrip('/')}/sleep",
                         params={"level": "1"},
                         headers=list(state.endpoint.headers),
@@ -111,6 +123,8 @@ class Sleeper:
         wake. Called by an attempt, with the attempt counted in flight."""
         if not state.asleep:
             return
+        import httpx  # on first use (llmgw.http.ondemand)
+
         model = state.endpoint.models[0]
         async with state.sleep_lock:
             if not state.asleep:  # another attempt woke it meanwhile
@@ -118,7 +132,7 @@ class Sleeper:
             started = trio.current_time()
             try:
                 with trio.fail_after(WAKE_TIMEOUT):
-                    r = await self.client.post(
+                    r = await self._client.get().post(
                         f"{state.endpoint.url.rstrip('/')}/wake_up",
                         headers=list(state.endpoint.headers),
                     )
@@ -148,4 +162,4 @@ class Sleeper:
             log.info("endpoint %s woke in %.2fs", state.endpoint.id, trio.current_time() - started)
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self._client.aclose()
