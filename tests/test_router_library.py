@@ -151,6 +151,17 @@ async def test_an_injected_httpx_client_carries_unary_answers_and_streams() -> N
                 "llmgw_completion_tokens_total", {"model": "m", "endpoint": "s0"}
             )
             assert served == 8
+            # The stream's gaps between writes, in the inter-token latency histogram.
+            gaps = router.metrics.registry.get_sample_value(
+                "llmgw_inter_token_latency_seconds_count", {"model": "m"}
+            )
+            assert gaps is not None and gaps >= 1
+            every = router.metrics.registry.get_sample_value(
+                "llmgw_inter_token_latency_seconds_bucket", {"model": "m", "le": "+Inf"}
+            )
+            assert every == gaps
+            text = (await router.metrics_text()).decode()
+            assert 'llmgw_inter_token_latency_seconds_bucket{le="0.001",model="m"}' in text
 
 
 async def _call(router: llmgw.Router, body: bytes) -> list[dict[str, object]]:

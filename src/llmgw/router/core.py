@@ -321,9 +321,7 @@ class Router:
         if delivery.ttft is not None:
             m.ttft.labels(model.name).observe(delivery.ttft)
         if delivery.itl:
-            itl = m.itl.labels(model.name)
-            for gap in delivery.itl:
-                itl.observe(gap)
+            m.itl.observe_all(model.name, delivery.itl)
         usage = delivery.usage
         if usage is not None:
             m.prompt_tokens.labels(model.name, ident).inc(usage.prompt_tokens)

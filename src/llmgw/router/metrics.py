@@ -22,9 +22,10 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from llmgw.domain.histogram import Histogram as Buckets
 from llmgw.domain.usage import UsageRecord
 from llmgw.router.admission import AdmissionStats
 from llmgw.router.breaker import BreakerState
@@ -102,13 +103,12 @@ class RouterMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.itl = Histogram(
+        self.itl = GapHistograms(
             "llmgw_inter_token_latency_seconds",
             "Time between consecutive streamed events.",
-            ["model"],
-            buckets=TOKEN_LATENCY_BUCKETS,
-            registry=r,
+            TOKEN_LATENCY_BUCKETS,
         )
+        r.register(self.itl)
         self.overhead = Histogram(
             "llmgw_router_overhead_seconds",
             "Time spent in llmgw itself before the request went upstream "
@@ -310,6 +310,34 @@ class KeyMetrics:
 
 
 _BREAKER_STATES = tuple(BreakerState)
+
+
+class GapHistograms(Collector):
+    """A histogram family by model for values observed by the dozen per request (the
+    gaps between a stream's events): prometheus_client's Histogram costs ~1.7 us an
+    observation, this ~0.3 us (llmgw.domain.histogram)."""
+
+    def __init__(self, name: str, documentation: str, bounds: tuple[float, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = bounds
+        self._by_model: dict[str, Buckets] = {}
+
+    def observe_all(self, model: str, values: list[float]) -> None:
+        h = self._by_model.get(model)
+        if h is None:
+            h = self._by_model[model] = Buckets(self.bounds)
+        for value in values:
+            h.observe(value)
+
+    def describe(self) -> list[HistogramMetricFamily]:
+        return [HistogramMetricFamily(self.name, self.documentation, labels=["model"])]
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=["model"])
+        for model, h in self._by_model.items():
+            family.add_metric([model], h.buckets(), h.sum)
+        yield family
 
 
 class _EndpointCollector(Collector):

@@ -29,7 +29,6 @@ fills each sample:
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from collections.abc import Callable, Iterator
 
@@ -43,6 +42,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from llmgw.domain.engines import DIALECTS, Dialect
+from llmgw.domain.histogram import Histogram
 from llmgw.sim.model import EngineConfig, Finished, ScheduledStep, Stats
 
 # The sim speaks every metric dialect the router reads.
@@ -65,32 +65,6 @@ E2E_BUCKETS = (
 
 #: Window for SGLang's gen_throughput gauge.
 THROUGHPUT_WINDOW_S = 5.0
-
-
-class Histogram:
-    """Cumulative-bucket histogram state (what Prometheus exposes), no locking."""
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # last slot is +Inf
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    def buckets(self) -> list[tuple[str, float]]:
-        out: list[tuple[str, float]] = []
-        total = 0
-        for bound, n in zip(self.bounds, self.counts, strict=False):
-            total += n
-            out.append((repr(float(bound)), float(total)))
-        out.append(("+Inf", float(total + self.counts[-1])))
-        return out
 
 
 class Recorder:
