@@ -25,6 +25,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 import trio
@@ -83,7 +84,7 @@ def describe(exc: BaseException) -> str:
 class Target:
     """A parsed `http://host:port/path` URL, ready to be sent."""
 
-    __slots__ = ("host", "key", "path", "port", "prefix")
+    __slots__ = ("host", "key", "path", "port", "prefix", "rest")
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
@@ -99,7 +100,9 @@ class Target:
         netloc = parts.netloc.rpartition("@")[2]
         if _BAD_TARGET.search(path) or _BAD_TARGET.search(netloc):
             raise ValueError(f"a URL with spaces or control characters: {url!r}")
-        self.prefix = b"POST " + path.encode() + b" HTTP/1.1\r\nhost: " + netloc.encode() + b"\r\n"
+        # The request line after its method, and the host line.
+        self.rest = b" " + path.encode() + b" HTTP/1.1\r\nhost: " + netloc.encode() + b"\r\n"
+        self.prefix = b"POST" + self.rest
 
 
 class _Conn:
@@ -286,6 +289,19 @@ class Pool:
         # One write for a small request; a large body is written after its head, not
         # copied behind it (three 32 MiB requests held 96 MiB more).
         data = (b"".join(head) + body,) if len(body) <= _JOIN_BELOW else (b"".join(head), body)
+        return await self._send(target, data)
+
+    async def get(self, url: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> Response:
+        """GET `url`; return once the response's status and headers are in. No
+        Accept-Encoding is sent: the body comes as the server keeps it, uncompressed."""
+        target = self.target(url)
+        head = [b"GET", target.rest]
+        for k, v in headers:
+            head += (k, b": ", v, b"\r\n")
+        head.append(b"\r\n")
+        return await self._send(target, (b"".join(head),))
+
+    async def _send(self, target: Target, data: tuple[bytes, ...]) -> Response:
         # A pooled connection the server closed meanwhile fails before any byte of
         # an answer; that is retried once on a new connection.
         while True:
