@@ -20,15 +20,24 @@ __all__ = ["OnDemandClient"]
 
 
 class OnDemandClient:
-    """``get()`` makes the client with `make` the first time (or returns `given`)."""
+    """``get()`` makes the client with `make` the first time (or returns `given`).
 
-    __slots__ = ("_client", "_make")
+    Where llmgw's own client (:mod:`llmgw.http.client`, plain ``http://`` only) can
+    carry a request, it does: :meth:`takes` says which URLs are httpx's instead. A
+    `given` client (a library caller's, a test's MockTransport) takes them all."""
+
+    __slots__ = ("_client", "_given", "_make")
 
     def __init__(
         self, make: Callable[[], httpx.AsyncClient], given: httpx.AsyncClient | None = None
     ) -> None:
         self._make = make
         self._client = given
+        self._given = given is not None
+
+    def takes(self, url: str) -> bool:
+        """Whether `url` goes through httpx rather than llmgw's own client."""
+        return self._given or not url.startswith("http://")
 
     @property
     def made(self) -> bool:

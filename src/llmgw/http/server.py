@@ -750,7 +750,7 @@ class _Watched:
     def start(self) -> None:
         """Watch from now on (the server calls it WATCH_AFTER after __enter__)."""
         connection = self.connection
-        if connection.peer_closed:
+        if connection.peer_closed:  # a write found it gone meanwhile
             self.on_gone()
             return
         watcher = connection.watcher

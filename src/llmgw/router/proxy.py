@@ -40,6 +40,7 @@ from llmgw.http.client import (
     Response,
     UpstreamError,
 )
+from llmgw.http.ondemand import OnDemandClient
 from llmgw.router.breaker import Outcome, classify_status
 from llmgw.router.usage import estimate_prompt_tokens
 
@@ -210,34 +211,26 @@ class Upstream:
         self.timeouts = timeouts
         self.max_response_bytes = max_response_bytes
         self.max_event_bytes = max_event_bytes
-        # Plain http:// endpoints go through llmgw's own HTTP/1.1 client (see
-        # llmgw.http.client); httpx serves anything else, and an injected client serves all.
-        self._injected = client
-        self._client = client
         self.pool = Pool(timeouts.dial)
+        self._client = OnDemandClient(self._new_client, client)
 
-    @property
-    def client(self) -> httpx.AsyncClient:
-        """The httpx client for endpoints the native client does not handle."""
-        if self._client is None:
-            from llmgw.router import upstream_httpx  # first use only: see its docstring
+    def _new_client(self) -> httpx.AsyncClient:
+        from llmgw.router import upstream_httpx  # first use only: see its docstring
 
-            self._client = upstream_httpx.new_client(self.timeouts)
-        return self._client
+        return upstream_httpx.new_client(self.timeouts)
 
     async def aclose(self) -> None:
         await self.pool.aclose()
-        if self._client is not None:
-            await self._client.aclose()
+        await self._client.aclose()
 
     async def _send(
         self, url: str, body: bytes, headers: list[tuple[bytes, bytes]]
     ) -> UpstreamResponse:
-        if self._injected is None and url.startswith("http://"):
+        if not self._client.takes(url):
             return await self.pool.post(url, body, headers)
         from llmgw.router import upstream_httpx
 
-        return await upstream_httpx.send(self.client, url, body, headers)
+        return await upstream_httpx.send(self._client.get(), url, body, headers)
 
     async def _open(
         self,

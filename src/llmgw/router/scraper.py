@@ -124,9 +124,7 @@ class Scraper:
         self.interval = interval
         self.timeout = timeout
         # Plain http:// pages come through llmgw's own client (about a sixth of
-        # httpx's CPU per scrape, and no httpx in the process); https:// and an
-        # injected client go through httpx.
-        self._injected = client
+        # httpx's CPU per scrape, and no httpx in the process).
         self._client = OnDemandClient(_new_client, client)
         self._pool = Pool(timeout)
         self._wake = trio.Event()
@@ -146,9 +144,9 @@ class Scraper:
     ) -> bytes:
         """GET `url`'s body, at most `limit` bytes: PageTooLarge past it (stopping
         there), FetchFailed for a non-2xx answer or a broken exchange."""
-        if self._injected is None and url.startswith("http://"):
+        if not self._client.takes(url):
             return await _read_native(self._pool, url, limit, headers)
-        return await _read_httpx(self.client, url, limit, headers)
+        return await _read_httpx(self._client.get(), url, limit, headers)
 
     def poke(self) -> None:
         """Scrape now (e.g. right after a new endpoint was added)."""
