@@ -27,6 +27,14 @@ DOCUMENTED = {
 }
 
 
+def _fresh(code: str) -> str:
+    """What `code` prints in a fresh interpreter: no other test's imports in it."""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return out.stdout
+
+
 @pytest.mark.parametrize("name", sorted(DOCUMENTED))
 def test_a_documented_name_is_the_defining_modules_object(name: str) -> None:
     assert name in llmgw.__all__
@@ -47,10 +55,7 @@ def test_a_fresh_import_has_the_names_without_protobuf_or_grpc() -> None:
         "heavy = sorted(m for m in sys.modules if m.startswith(('google.protobuf', 'grpc')))\n"
         "print(Controller.__name__, Inventory.__name__, Reconciler.__name__, heavy)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert out.stdout.strip() == "Controller Inventory Reconciler []"
+    assert _fresh(code).strip() == "Controller Inventory Reconciler []"
 
 
 def test_a_worker_process_loads_the_data_plane_only() -> None:
@@ -67,10 +72,7 @@ def test_a_worker_process_loads_the_data_plane_only() -> None:
         "print(sorted({m.split('.')[0] if not m.startswith('llmgw') else m\n"
         "              for m in sys.modules if m.startswith(roots)}))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert out.stdout.strip() == "[]"
+    assert _fresh(code).strip() == "[]"
 
 
 def test_the_names_load_their_modules_on_first_use() -> None:
@@ -80,10 +82,7 @@ def test_the_names_load_their_modules_on_first_use() -> None:
         "listed = 'Controller' in dir(llmgw)\n"
         "print(before, listed, llmgw.Controller.__module__)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert out.stdout.split() == ["False", "True", "llmgw.control.controller"]
+    assert _fresh(code).split() == ["False", "True", "llmgw.control.controller"]
 
 
 def test_an_unknown_name_is_an_attribute_error() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 
 import httpx
 import trio
@@ -66,15 +67,12 @@ async def test_under_a_server_without_the_watch_extension_a_disconnect_cancels()
         body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
         body += b'"max_tokens": 5000, "stream": true}'
         first_event = trio.Event()
-        requested = False
 
-        async def receive() -> dict[str, object]:
-            nonlocal requested
-            if not requested:
-                requested = True
-                return {"type": "http.request", "body": body, "more_body": False}
+        async def leave() -> dict[str, object]:
             await first_event.wait()
             return {"type": "http.disconnect"}
+
+        receive = _receive(body, leave)
 
         async def send(message: dict[str, object]) -> None:
             if message["type"] == "http.response.body" and message.get("body"):
@@ -96,16 +94,7 @@ async def test_a_client_gone_at_a_send_is_counted_as_a_disconnect() -> None:
         router = _router(base)
         body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
         body += b'"max_tokens": 500, "stream": true}'
-        requested = False
-
-        async def receive() -> dict[str, object]:
-            nonlocal requested
-            if not requested:
-                requested = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await trio.sleep_forever()  # never a disconnect: only the send says so
-            raise AssertionError("unreachable")
-
+        receive = _receive(body, _stay)  # never a disconnect: only the send says so
         bodies = 0
 
         async def send(message: dict[str, object]) -> None:
@@ -166,23 +155,38 @@ async def test_an_injected_httpx_client_carries_unary_answers_and_streams() -> N
 
 async def _call(router: llmgw.Router, body: bytes) -> list[dict[str, object]]:
     """The messages the router's app sends for one chat request with `body`."""
-    requested = False
-
-    async def receive() -> dict[str, object]:
-        nonlocal requested
-        if not requested:
-            requested = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await trio.sleep_forever()
-        raise AssertionError("unreachable")
-
     sent: list[dict[str, object]] = []
 
     async def send(message: dict[str, object]) -> None:
         sent.append(message)
 
-    await router.app(_chat_scope(), receive, send)
+    await router.app(_chat_scope(), _receive(body, _stay), send)
     return sent
+
+
+Message = dict[str, object]
+
+
+def _receive(
+    body: bytes, then: Callable[[], Awaitable[Message]]
+) -> Callable[[], Awaitable[Message]]:
+    """An ASGI receive() that gives `body` whole, then whatever `then` gives."""
+    requested = False
+
+    async def receive() -> Message:
+        nonlocal requested
+        if not requested:
+            requested = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await then()
+
+    return receive
+
+
+async def _stay() -> Message:
+    """A client that stays to the end."""
+    await trio.sleep_forever()
+    raise AssertionError("unreachable")
 
 
 def _router(base: str, upstream: httpx.AsyncClient | None = None) -> llmgw.Router:
