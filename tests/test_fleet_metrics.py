@@ -364,7 +364,7 @@ def test_decisions_are_counted_passes_and_commands_by_kind() -> None:
     s.controller.reconcile()
     assert decisions() == (1, {"start": 2, "drain": 0, "stop": 0})
     ready, _starting = sorted(s.controller.reconciler.replicas)
-    report(s, ready, ShardState.READY, endpoint_url="http://10.0.0.1:8000")
+    report(s, ready, ShardState.READY)
     s.controller.reconcile()  # nothing to do: the pass counts, no command does
     assert decisions() == (2, {"start": 2, "drain": 0, "stop": 0})
     # The model leaves the catalog: the ready replica drains, the starting one stops.
@@ -386,7 +386,7 @@ def test_failed_starts_and_engine_exits_by_model_and_every_reason() -> None:
     assert failures("llmgw_fleet_replica_start_failures_total") == none  # from 0
     s.controller.reconcile()
     serving, starting = sorted(s.controller.reconciler.replicas)
-    report(s, serving, ShardState.READY, endpoint_url="http://10.0.0.1:8000")
+    report(s, serving, ShardState.READY)
     report(s, starting, ShardState.FAILED, message="exited with status 1", exit_code=1)
     report(s, serving, ShardState.FAILED, message="killed by SIGKILL", exit_code=-9)
     assert failures("llmgw_fleet_replica_start_failures_total") == {**none, "exited": 1}

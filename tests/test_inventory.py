@@ -491,7 +491,7 @@ def test_placement_from_reports_rebuilds_a_two_node_replica() -> None:
     # and the reconciler adopts what both agents run: published, nothing stopped
     (placement,) = rebuilt.placements
     head = shard("r1", 0, 3, endpoint_url="http://gpu-1:20000")
-    actions = restarted().adopt(placement, [head, shard("r1", 1, 3)], 5.0)
+    actions = restarted().adopt(placement, [head, shard("r1", 1, 3)], 5.0, address="gpu-1")
     assert actions.commands == ()
     assert actions.router == (Publish("r1", "llama", "http://gpu-1:20000"),)
 

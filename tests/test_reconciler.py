@@ -66,9 +66,15 @@ def stops(actions: Actions) -> list[tuple[str, str, int, int]]:
     ]
 
 
+def url_of(cmd: StartShard, node_id: str = "a") -> str:
+    """Where the engine of `cmd` serves on a node of node(): its address, its port."""
+    return f"http://10.0.0.{len(node_id)}:{cmd.port}"
+
+
 def ready(
-    cmd: StartShard, *, url: str | None = "http://e", capacity: int | None = None
+    cmd: StartShard, *, url: str | None = None, capacity: int | None = None
 ) -> ShardStatus:
+    """Ready as its agent reports it, at `url` (None: naming no URL)."""
     return ShardStatus(
         cmd.replica_id,
         cmd.rank,
@@ -89,12 +95,12 @@ def test_places_starts_and_publishes_when_every_shard_is_ready() -> None:
     assert r.step(1.0, [model(2)], [node("a", 1), node("b", 1)]) == Actions()
     node_id, cmd = started[0]
     out = r.shard_reported(node_id, ready(cmd), 2.0)
-    assert out.router == (Publish(cmd.replica_id, "m", "http://e"),)
+    assert out.router == (Publish(cmd.replica_id, "m", url_of(cmd)),)
     assert r.replicas[cmd.replica_id].state is ReplicaState.READY
     # The capacity its agent launched it with goes to the router with it.
     node_id, cmd = started[1]
     out = r.shard_reported(node_id, ready(cmd, capacity=48), 2.0)
-    assert out.router == (Publish(cmd.replica_id, "m", "http://e", 48),)
+    assert out.router == (Publish(cmd.replica_id, "m", url_of(cmd), 48),)
 
 
 def test_multi_node_shards_agree_on_master_and_ranks() -> None:
@@ -143,12 +149,45 @@ def test_ready_resets_the_backoff() -> None:
     assert r.backoff_until("m") is None
 
 
+def test_the_url_published_is_the_servers_and_a_report_naming_another_is_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The router is given the head node's registered address and the port the server
+    assigned, never what an agent says; a ready report naming another port or host is
+    refused (logged), the replica stopped and placed again after the backoff."""
+    r = Reconciler(CONTROL)
+    ((n, cmd),) = starts(r.step(0.0, [model()], [node("a", 1)]))
+    for url in (
+        f"http://10.0.0.1:{cmd.port + 1}",  # another port
+        f"http://10.0.0.9:{cmd.port}",  # another host
+        f"http://10.0.0.1:{cmd.port}@evil:{cmd.port}",  # the same, seemingly
+        f"https://10.0.0.1:{cmd.port}",
+    ):
+        out = r.shard_reported(n, ready(cmd, url=url), 1.0)
+        assert out.router == (Unpublish(cmd.replica_id, drain=False),), url
+        assert stops(out) == [(n, cmd.replica_id, 0, cmd.epoch)]
+        assert cmd.replica_id not in r.replicas
+        assert "not the URL it was assigned" in caplog.text and url in caplog.text
+        assert r.backoff_until("m") is not None
+        caplog.clear()
+        ((n, cmd),) = starts(r.step(r.backoff_until("m") or 0.0, [model()], [node("a", 1)]))
+    assert r.refused_urls == 4
+    # The same URL spelled otherwise, or none reported: the server's URL is published.
+    out = r.shard_reported(n, ready(cmd, url=f"HTTP://10.0.0.1:{cmd.port}/"), 100.0)
+    assert out.router == (Publish(cmd.replica_id, "m", url_of(cmd)),)
+    # An adopted replica is published at its head's address as the controller knows it.
+    adopter = Reconciler(CONTROL, first_epoch=cmd.epoch + 1)
+    placement = r.replicas[cmd.replica_id].placement
+    out = adopter.adopt(placement, [ready(cmd)], 101.0, address="10.0.0.1")
+    assert out.router == (Publish(cmd.replica_id, "m", url_of(cmd)),)
+
+
 def test_surplus_replicas_drain_then_stop() -> None:
     r = Reconciler(CONTROL)
     nodes = [node("a", 2)]
     started = starts(r.step(0.0, [model(2)], nodes))
     for n, cmd in started:
-        r.shard_reported(n, ready(cmd, url=f"http://{cmd.replica_id}"), 1.0)
+        r.shard_reported(n, ready(cmd), 1.0)
     out = r.step(2.0, [model(1)], nodes)
     (drain,) = [c.message for c in out.commands]
     assert isinstance(drain, DrainShard)
@@ -234,7 +273,7 @@ def test_engine_exits_of_serving_replicas_are_counted_by_how_they_ended() -> Non
     nodes = [node("a", 2)]
     (n, killed), (_, other) = starts(r.step(0.0, [model(2)], nodes))
     for cmd in (killed, other):
-        r.shard_reported(n, ready(cmd, url=f"http://{cmd.replica_id}"), 1.0)
+        r.shard_reported(n, ready(cmd), 1.0)
     gone = ShardStatus(killed.replica_id, 0, killed.epoch, ShardState.FAILED, exit_code=-9)
     r.shard_reported(n, gone, 2.0)
     # A draining replica's engine that ends on its own is an exit too, counted once.
@@ -277,8 +316,8 @@ def test_adopted_replicas_are_kept_and_new_epochs_are_higher() -> None:
     # A restarted server (its epochs start later, as the controller's wall clock ones
     # do) adopts what the agent still runs.
     second = Reconciler(CONTROL, first_epoch=1000)
-    out = second.adopt(placement, [ready(cmd)], 5.0)
-    assert out.router == (Publish(cmd.replica_id, "m", "http://e"),)
+    out = second.adopt(placement, [ready(cmd)], 5.0, address="10.0.0.1")
+    assert out.router == (Publish(cmd.replica_id, "m", url_of(cmd)),)
     assert starts(second.step(6.0, [model()], [node("a", 1), node("b", 1)])) == []
     more = starts(second.step(7.0, [model(2)], [node("a", 1), node("b", 1)]))
     assert len(more) == 1 and more[0][1].epoch > placement.epoch
@@ -293,7 +332,7 @@ def test_a_lost_nodes_replica_is_stopped_not_taken_back_when_the_node_returns() 
     r.shard_reported(n, ready(old), 1.0)
     other = "b" if n == "a" else "a"
     ((_, new),) = starts(r.step(70.0, [model()], [node(n, 1, NodeState.LOST), node(other, 1)]))
-    r.shard_reported(other, ready(new, url="http://new"), 71.0)
+    r.shard_reported(other, ready(new), 71.0)
     # The node registers again, still running the old epoch's shard: ours once, not now.
     assert r.minted(old.epoch) and old.replica_id not in r.replicas
     out = r.shard_reported(n, ready(old), 80.0)
@@ -424,7 +463,7 @@ def test_a_desired_count_given_for_a_model_replaces_its_replicas() -> None:
     started = starts(r.step(0.0, [static, scaled], nodes, {"scaled": 3}))
     assert sorted(c.model for _, c in started) == ["scaled", "scaled", "scaled", "static"]
     for n, cmd in started:
-        r.shard_reported(n, ready(cmd, url=f"http://{cmd.replica_id}"), 1.0)
+        r.shard_reported(n, ready(cmd), 1.0)
     # Scaled down by drain (no stream cut), one replica; the static model is untouched.
     out = r.step(2.0, [static, scaled], nodes, {"scaled": 2})
     (drain,) = [c.message for c in out.commands]

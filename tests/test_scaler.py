@@ -70,9 +70,7 @@ def bring_up(controller: Controller, now: float) -> None:
     """Every starting replica reports ready."""
     for r in list(controller.reconciler.replicas.values()):
         if r.state is ReplicaState.STARTING:
-            status = ShardStatus(
-                r.replica_id, 0, r.placement.epoch, ShardState.READY, endpoint_url="http://e"
-            )
+            status = ShardStatus(r.replica_id, 0, r.placement.epoch, ShardState.READY)
             controller.reconciler.shard_reported("n-1", status, now)
 
 

@@ -603,7 +603,9 @@ async def test_send_waits_while_the_peer_does_not_read() -> None:
     reading = trio.Event()
     received = 0
     all_received = trio.Event()
-    big = Register(NodeInfo(node_id="gpu-1", hostname="h" * 20_000, address="10.0.0.1"))
+    # About 20 KB, within the protocol's bounds (llmgw.transport.limits).
+    labels = {f"k{i}": "v" * 320 for i in range(60)}
+    big = Register(NodeInfo(node_id="gpu-1", hostname="h", address="10.0.0.1", labels=labels))
     sent = 0
 
     async def handler(conn: AgentConnection) -> None:

@@ -42,11 +42,13 @@ from llmgw.control.autoscale import ReplicaSample, initial
 from llmgw.control.cordons import CordonChange, Cordons, CordonStore
 from llmgw.control.inventory import (
     Event,
+    InvalidRegistration,
     Inventory,
     InventoryError,
     NodeBecameUnreachable,
     NodeLost,
     NodeRecord,
+    NodeRemoved,
     UnknownNode,
 )
 from llmgw.control.leadership import Leadership, epoch_floor
@@ -58,7 +60,9 @@ from llmgw.domain.endpoints import Endpoint, EndpointSink
 from llmgw.domain.fleet import NodeState, ReplicaState, ShardState
 from llmgw.logs import fields
 from llmgw.store.base import StoreError
+from llmgw.transport import limits
 from llmgw.transport.base import AgentConnection, AgentListener, ConnectionClosed
+from llmgw.transport.limits import MAX_LOST_NODES, MAX_NAME
 from llmgw.transport.messages import (
     CommandResult,
     DrainShard,
@@ -101,7 +105,14 @@ def _log_expired(event: Event) -> None:
                 node_id=event.node_id, silent_for=round(event.silent_for, 3), replicas=replicas
             ),
         )
-    else:  # pragma: no cover - expire makes only the two above
+    elif isinstance(event, NodeRemoved):
+        log.info(
+            "forgetting node %s: lost longer than the %d other lost nodes kept",
+            event.node_id,
+            MAX_LOST_NODES,
+            extra=fields(node_id=event.node_id),
+        )
+    else:  # pragma: no cover - expire makes only the three above
         log.warning("node %s: %s", getattr(event, "node_id", "?"), type(event).__name__)
 
 
@@ -423,7 +434,7 @@ class Controller:
             events = self.inventory.expire(self.clock())
             for event in events:
                 _log_expired(event)
-            if any(isinstance(e, NodeLost) for e in events):
+            if any(isinstance(e, NodeLost | NodeRemoved) for e in events):
                 self.poke()
 
     def reconcile(self) -> None:
@@ -493,7 +504,9 @@ class Controller:
                 continue
             shards = [r.status for r in reports if r.status.replica_id == placement.replica_id]
             log.info("adopting replica %s (epoch %d)", placement.replica_id, placement.epoch)
-            self._apply(self.reconciler.adopt(placement, shards, now))
+            head = self.inventory.get(placement.head.node_id)
+            address = head.info.address if head is not None else None
+            self._apply(self.reconciler.adopt(placement, shards, now, address=address))
         if not quiet:
             for refused in rebuilt.refused:
                 log.warning("not adopting %s: %s", refused.replica_id, refused.reason)
@@ -536,17 +549,27 @@ class Controller:
                 self._term_connections.discard(scope)
 
     async def _serve_registered(self, conn: AgentConnection, first: Register) -> None:
-        node_id = first.node.node_id
+        node_id = first.node.node_id[:MAX_NAME]  # for the log: it may be over the bounds
         now = self.clock()
         try:
-            self.inventory.register(first, now, identity=conn.peer_identity)
+            if (found := limits.problem(first)) is not None:
+                raise InvalidRegistration(f"over the agent protocol's bounds: {found}")
+            self.inventory.register(first, now, identity=conn.peer_identity, peer=conn.peer_address)
         except InventoryError as exc:
             log.warning("refused registration of %r: %s", node_id, exc)
             await conn.send(Refused(f"registration of {node_id!r} refused: {exc}"))
             return  # the listener closes the connection
         record = self.inventory.get(node_id)
         session = record.session if record is not None else None
-        log.info("node %s registered with %d GPUs", node_id, len(first.node.gpus))
+        address = record.info.address if record is not None else first.node.address
+        log.info("node %s registered with %d GPUs at %s", node_id, len(first.node.gpus), address)
+        if conn.peer_address is not None and address != conn.peer_address:
+            log.info(
+                "node %s: address %s is not %s, where it connects from",
+                node_id,
+                address,
+                conn.peer_address,
+            )
         # Commands go through an outbox per connection, so the reconciler (which runs
         # synchronously) never waits on a slow agent; the sender task drains it.
         outbox, pending = trio.open_memory_channel[ServerMessage](OUTBOX_SIZE)
@@ -577,6 +600,8 @@ class Controller:
                 self.inventory.disconnected(node_id, self.clock(), session=session)
 
     def _on_message(self, node_id: str, session: int | None, message: Any) -> None:
+        if (found := limits.problem(message)) is not None:
+            raise ProtocolViolation(f"a message over the agent protocol's bounds: {found}")
         now = self.clock()
         if isinstance(message, Heartbeat):
             self.inventory.heartbeat(node_id, message, now, session=session)

@@ -30,6 +30,9 @@ Node states
   must not tear down a multi-node replica, so the state follows time alone.
 * Unreachable nodes keep their shards: their replicas keep serving. A heartbeat
   returns the node to ready and emits only :class:`NodeReady`.
+* At most `max_lost` lost nodes are kept (:data:`~llmgw.transport.limits.MAX_LOST_NODES`):
+  beyond, the longest lost are forgotten (:class:`NodeRemoved`), their cordons kept for
+  when they register again. Nodes that left do not hold memory forever.
 * Lost is sticky: heartbeats and shard statuses from a lost node are refused with
   :class:`ReregisterRequired` (never silently resurrected); only a registration brings
   it back. Losing a node clears its shards (they are listed in :class:`NodeLost`): its
@@ -80,7 +83,9 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from llmgw.config import ControlConfig
+from llmgw.control.addresses import AddressRefused, registered_address
 from llmgw.domain.fleet import Gpu, NodeInfo, NodeState
+from llmgw.transport.limits import MAX_LOST_NODES
 from llmgw.transport.messages import Heartbeat, Register, ShardStatus
 
 __all__ = [
@@ -319,8 +324,11 @@ class Inventory:
     latest one.
     """
 
-    def __init__(self, config: ControlConfig | None = None) -> None:
+    def __init__(
+        self, config: ControlConfig | None = None, *, max_lost: int = MAX_LOST_NODES
+    ) -> None:
         config = config or ControlConfig()
+        self.max_lost = max_lost
         self.unreachable_after = float(config.unreachable_after)
         self.lost_after = float(config.lost_after)
         if not 0 < self.unreachable_after < self.lost_after:
@@ -359,19 +367,34 @@ class Inventory:
 
     # -- agent messages --------------------------------------------------------------
 
-    def register(self, msg: Register, now: float, *, identity: str | None = None) -> list[Event]:
+    def register(
+        self,
+        msg: Register,
+        now: float,
+        *,
+        identity: str | None = None,
+        peer: str | None = None,
+    ) -> list[Event]:
         """A node's first message on a connection: new or returning (from any state, even
         lost), it becomes ready and everything known of it is replaced by the message.
+        Its address is the registered one (:func:`~llmgw.control.addresses.registered_address`,
+        from what it declares and `peer`, the address its connection comes from).
 
         Raises :class:`IdentityMismatch` when `identity` (the transport's verified peer
         identity) is given and is not the node id, :class:`InvalidRegistration` for an
-        empty node id."""
+        empty node id or an address it may not have."""
         info = msg.node
         node_id = info.node_id
         if not node_id:
             raise InvalidRegistration("a node registered without a node id")
         if identity is not None and identity != node_id:
             raise IdentityMismatch(node_id, identity)
+        try:
+            address = registered_address(info.address, peer, identity)
+        except AddressRefused as exc:
+            raise InvalidRegistration(str(exc)) from None
+        if address != info.address:
+            info = attrs.evolve(info, address=address)
         now = self._tick(now)
         session = next(self._sessions)
         shards = _latest_by_key(msg.shards)
@@ -464,7 +487,31 @@ class Inventory:
     # -- time ------------------------------------------------------------------------
 
     def expire(self, now: float) -> list[Event]:
-        """Every timer transition due at `now`, in the order they fell due."""
+        """Every timer transition due at `now`, in the order they fell due; then, beyond
+        `max_lost` lost nodes, the longest lost are forgotten (:class:`NodeRemoved`)."""
+        events = self._expire(now)
+        if any(isinstance(e, NodeLost) for e in events):
+            events.extend(self._forget_lost())
+        return events
+
+    def _forget_lost(self) -> list[Event]:
+        """Forget the longest-lost nodes beyond `max_lost`: nodes that left must not hold
+        memory forever (each new node id a plaintext agent makes up would stay). A
+        forgotten node's cordon is kept for when it registers again."""
+        lost = sorted(
+            (n for n in self._nodes.values() if n.state is NodeState.LOST),
+            key=lambda n: (n.since, n.info.node_id),
+        )
+        events: list[Event] = []
+        for node in lost[: max(0, len(lost) - self.max_lost)]:
+            node_id = node.info.node_id
+            del self._nodes[node_id]
+            if node.cordoned:
+                self._pending_cordons[node_id] = node.draining
+            events.append(NodeRemoved(node_id, NodeState.LOST))
+        return events
+
+    def _expire(self, now: float) -> list[Event]:
         now = self._tick(now)
         due: list[tuple[float, str, Event]] = []
         for node_id, node in self._nodes.items():

@@ -43,6 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 from llmgw.config import ControlConfig
+from llmgw.control.addresses import engine_url, same_url
 from llmgw.control.durations import Durations
 from llmgw.control.placement import (
     HintCode,
@@ -151,6 +152,9 @@ class Replica(_Placed):
     since: float
     shards: dict[int, ShardStatus] = attrs.field(factory=dict)
     url: str | None = None
+    # The head node's registered address when placed (or adopted): with the head's
+    # port, the URL the router is given (llmgw.control.addresses), never a reported one.
+    address: str | None = None
     # What the router sends the engine with each request (its profile's API key).
     headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), repr=False)
     sleep_after: float | None = None  # see Publish
@@ -220,6 +224,7 @@ class Reconciler:
         # Ports nodes reported held by another process: node id -> port -> when.
         self.refused_ports: dict[str, dict[int, float]] = {}
         self.resent = 0  # commands sent again since this reconciler started
+        self.refused_urls = 0  # ready reports refused for naming another engine URL
         self.first_epoch = first_epoch
         self._epochs = itertools.count(first_epoch)
         self._commands = itertools.count(1)
@@ -508,6 +513,7 @@ class Reconciler:
             placement,
             ReplicaState.STARTING,
             now,
+            address=master,
             headers=headers,
             sleep_after=sleep,
             told={
@@ -622,9 +628,26 @@ class Reconciler:
             and len(replica.shards) >= len(ranks)
         ):
             head = replica.shards.get(0)
-            url = head.endpoint_url if head else None
-            if url is None:
-                return Actions()
+            if replica.address is None:
+                return Actions()  # nowhere known to send requests (adopted without one)
+            url = engine_url(replica.address, replica.placement.head.port)
+            reported = head.endpoint_url if head else None
+            if reported is not None and not same_url(reported, url):
+                # The server's URL or none: a node must not have client requests sent
+                # to an address or port of its choosing (docs/transport.md).
+                log.warning(
+                    "replica %s of %s on node %s: its agent reports the engine at %r, not the "
+                    "URL it was assigned (%s): report refused, replica stopped",
+                    replica.replica_id,
+                    replica.model,
+                    node_id,
+                    reported[:200],
+                    url,
+                )
+                self.refused_urls += 1
+                return self._drop(
+                    replica, "reported a URL it was not assigned", failed=True, now=now
+                )
             # A cold start: nothing else served the model while this one started.
             cold = not any(
                 r.model == replica.model and r.state is ReplicaState.READY
@@ -658,8 +681,17 @@ class Reconciler:
             return Actions(router=(Unpublish(replica.replica_id, drain=False),))
         return Actions()
 
-    def adopt(self, placement: Placement, shards: Iterable[ShardStatus], now: float) -> Actions:
-        """Take over a replica of an earlier server run that agents report running.
+    def adopt(
+        self,
+        placement: Placement,
+        shards: Iterable[ShardStatus],
+        now: float,
+        *,
+        address: str | None = None,
+    ) -> Actions:
+        """Take over a replica of an earlier server run that agents report running;
+        `address` is its head node's registered address (without one it is never
+        published).
 
         Raises ValueError for an epoch this reconciler gives out (:meth:`minted`): such
         a replica, when it does not hold it, was superseded. Adopted epochs are thus
@@ -669,7 +701,7 @@ class Reconciler:
                 f"replica {placement.replica_id!r} epoch {placement.epoch} is not from an "
                 f"earlier run (epochs from {self.first_epoch} are this reconciler's)"
             )
-        replica = Replica(placement, ReplicaState.STARTING, now)
+        replica = Replica(placement, ReplicaState.STARTING, now, address=address)
         self.replicas[placement.replica_id] = replica
         nodes = {s.rank: s.node_id for s in placement.shards}
         actions = Actions()

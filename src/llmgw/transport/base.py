@@ -57,6 +57,14 @@ class AgentConnection(Protocol):
         """
         ...
 
+    @property
+    def peer_address(self) -> str | None:
+        """The IP address the agent connects from; None without one (the in-memory stub).
+
+        The controller checks the address a node declares against it (docs/transport.md,
+        "Trusting agents")."""
+        ...
+
     async def receive(self) -> AgentMessage:
         """The agent's next message, in order. Raises ConnectionClosed once it is gone.
 

@@ -211,6 +211,10 @@ class StubAgentConnection(_End[AgentMessage, ServerMessage]):
     def peer_identity(self) -> str | None:
         return self._identity
 
+    @property
+    def peer_address(self) -> str | None:
+        return None  # no network: the address a node declares is taken as it is
+
 
 class StubServerConnection(_End[ServerMessage, AgentMessage]):
     """An agent's end of its connection (a base.ServerConnection)."""

@@ -4,8 +4,10 @@ hands each agent's stream to trio.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +19,7 @@ import trio
 from llmgw import units
 from llmgw.config import TlsConfig
 from llmgw.transport import grpc_bridge as bridge
+from llmgw.transport import limits
 from llmgw.transport.base import AgentHandler, ConnectionClosed
 from llmgw.transport.grpc.stream import (
     CLOSE_GRACE,
@@ -47,6 +50,26 @@ def _peer_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     return None
 
 
+def _peer_host(peer: str) -> str | None:
+    """The IP address in grpc's peer string (``ipv4:10.0.0.5:43210``,
+    ``ipv6:[::1]:43210``, brackets maybe %-encoded); an IPv4-mapped IPv6 address as IPv4.
+    None for anything else (a Unix socket)."""
+    kind, _, rest = urllib.parse.unquote(peer).partition(":")
+    if kind == "ipv4":
+        host = rest.rpartition(":")[0]
+    elif kind == "ipv6":
+        host = rest.rpartition(":")[0].strip("[]")
+    else:
+        return None
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip)
+
+
 class _Servicer:
     """``AgentService.Connect`` on the asyncio thread: hands each stream to trio."""
 
@@ -65,7 +88,8 @@ class _Servicer:
         stream = _Stream(self._token, label, _decode_agent_message, eof_settle=EOF_SETTLE)
         # Headers now, so a client knows its stream was accepted before any message.
         await context.send_initial_metadata(())
-        if not bridge.wake_trio(self._token, lambda: self._accept(_Accepted(stream, identity))):
+        accepted = _Accepted(stream, identity, _peer_host(peer))
+        if not bridge.wake_trio(self._token, lambda: self._accept(accepted)):
             context.set_code(grpc.StatusCode.UNAVAILABLE)
             context.set_details("the server is stopping")
             return
@@ -76,6 +100,7 @@ class _Servicer:
 class _Accepted:
     stream: _Stream[AgentMessage]
     identity: str | None
+    address: str | None  # the peer's IP address
 
 
 def _bind_target(address: str) -> str:
@@ -218,7 +243,11 @@ class GrpcListener:
             _Servicer(token, accept),
             target,
             self._credentials(),
-            [*self.keepalive.server_options(), ("grpc.so_reuseport", 0)],
+            [
+                *self.keepalive.server_options(),
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", limits.MAX_MESSAGE_BYTES),
+            ],
             discard=lambda started: bridge.spawn(started[0].stop(None)),
         )
         self._server, self.port = server, port
@@ -258,7 +287,7 @@ class GrpcListener:
     async def _handle(self, handler: AgentHandler, accepted: _Accepted) -> None:
         stream = accepted.stream
         try:
-            await handler(GrpcAgentConnection(stream, accepted.identity))
+            await handler(GrpcAgentConnection(stream, accepted.identity, accepted.address))
         except* ConnectionClosed:
             pass  # the usual way an agent's stream ends; other errors are the handler's bugs
         finally:
