@@ -71,9 +71,7 @@ def url_of(cmd: StartShard, node_id: str = "a") -> str:
     return f"http://10.0.0.{len(node_id)}:{cmd.port}"
 
 
-def ready(
-    cmd: StartShard, *, url: str | None = None, capacity: int | None = None
-) -> ShardStatus:
+def ready(cmd: StartShard, *, url: str | None = None, capacity: int | None = None) -> ShardStatus:
     """Ready as its agent reports it, at `url` (None: naming no URL)."""
     return ShardStatus(
         cmd.replica_id,
