@@ -24,7 +24,12 @@ def problems_of(data: dict[str, object], environ: dict[str, str] | None = None) 
 
 def test_defaults_match_the_design_table() -> None:
     c = cfg.load(environ={})
-    assert (c.listen, c.admin_listen, c.agent_listen) == (":8080", "127.0.0.1:9090", ":7443")
+    assert (c.listen, c.admin_listen, c.agent_listen) == (
+        ":8080",
+        "127.0.0.1:9090",
+        "127.0.0.1:7443",
+    )
+    assert not c.allow_insecure_agents and c.insecure_agents_warning() is None
     assert c.control.interval == 5
     assert (c.control.base_backoff, c.control.max_backoff) == (10, 600)
     assert (c.control.unreachable_after, c.control.lost_after) == (15, 60)
@@ -272,6 +277,11 @@ RULES: list[tuple[str, str]] = [
         "endpoints[0].priority: must be 0 or more, got -1",
     ),
     (
+        'agent_listen = ":7443"',
+        "agent_listen: :7443 is off loopback and agent_tls is not set: any host that reaches "
+        "it could register as a node",
+    ),
+    (
         'agent_tls = { cert = "/nonexistent/c.pem", key = "/nonexistent/k.pem" }',
         "agent_tls.client_ca: required: with TLS the agent port requires client "
         "certificates; name the CA that signs the nodes' certificates",
@@ -452,6 +462,39 @@ def test_each_rule_names_its_key(case: str, message: str) -> None:
     else:
         problems = problems_of(tomllib.loads(case))
     assert any(p.startswith(message) for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "listen", [":7443", "0.0.0.0:7443", "10.0.0.5:7443", "[::]:7443", "ctl:7443"]
+)
+def test_plaintext_agents_off_loopback_need_allow_insecure_agents_and_are_warned_of(
+    listen: str,
+) -> None:
+    (problem,) = problems_of({"agent_listen": listen})
+    assert problem.startswith(f"agent_listen: {listen} is off loopback and agent_tls is not set")
+    assert "allow_insecure_agents = true" in problem and "agent_tls" in problem
+    c = cfg.load(data={"agent_listen": listen, "allow_insecure_agents": True}, environ={})
+    warning = c.insecure_agents_warning()
+    assert warning is not None and "PLAINTEXT" in warning and listen in warning
+
+
+@pytest.mark.parametrize(
+    "listen", ["127.0.0.1:7443", "127.0.0.9:0", "[::1]:7443", "localhost:7443"]
+)
+def test_plaintext_agents_on_loopback_need_nothing(listen: str) -> None:
+    c = cfg.load(data={"agent_listen": listen}, environ={})
+    assert c.insecure_agents_warning() is None
+
+
+def test_agents_with_tls_may_listen_anywhere(tmp_path: Path) -> None:
+    for name in ("c.pem", "k.pem", "ca.pem"):
+        (tmp_path / name).write_text("")
+    tls = {"cert": str(tmp_path / "c.pem"), "key": str(tmp_path / "k.pem")}
+    c = cfg.load(
+        data={"agent_listen": ":7443", "agent_tls": {**tls, "client_ca": str(tmp_path / "ca.pem")}},
+        environ={},
+    )
+    assert c.insecure_agents_warning() is None
 
 
 def test_a_deployable_model_turns_on_the_control_plane() -> None:

@@ -388,6 +388,8 @@ async def _serve(
             from llmgw.transport.grpc import GrpcListener
 
             listener = GrpcListener(config.agent_listen, tls=config.agent_tls)
+            if (warning := config.insecure_agents_warning()) is not None:
+                log.warning("%s", warning)
     admin_bound = listening["admin_listen"]
     loopback = _all_loopback(admin_bound)
     admin = AdminApp(

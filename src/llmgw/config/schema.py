@@ -11,6 +11,7 @@ domain's, and their rules the catalog's (:func:`llmgw.catalog.check_models`, ask
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 
@@ -589,8 +590,9 @@ class Config:
     workers: int = 0
     # Metrics, health, the admin API and the dashboard; off loopback, admin keys.
     admin_listen: str = "127.0.0.1:9090"
-    # Where agents connect (gRPC), with the control plane only.
-    agent_listen: str = ":7443"
+    # Where agents connect (gRPC), with the control plane only. Loopback by default: off
+    # loopback it needs agent_tls, or allow_insecure_agents.
+    agent_listen: str = "127.0.0.1:7443"
     router: RouterConfig = RouterConfig()
     control: ControlConfig = ControlConfig()
     store: StoreConfig = StoreConfig()
@@ -598,6 +600,11 @@ class Config:
     tracing: TracingConfig = TracingConfig()
     log: LogConfig = LogConfig()
     agent_tls: TlsConfig | None = None
+    # Accept plaintext agents on an agent_listen off loopback (no agent_tls): any host
+    # that reaches the port can then register as a node, and have engines placed on it
+    # and client prompts sent to it. Only on a network where every host is trusted
+    # (docs/transport.md, "Trusting agents"); the server warns at start.
+    allow_insecure_agents: bool = False
     # HTTPS on the client port and the admin listener (served by hypercorn, HTTP/2 by
     # ALPN); with `client_ca` a client certificate signed by it is required.
     listen_tls: TlsConfig | None = None
@@ -608,6 +615,33 @@ class Config:
     admin_hosts: tuple[str, ...] = ()
     endpoints: tuple[EndpointConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
+
+    @property
+    def insecure_agents(self) -> bool:
+        """Whether agent_listen takes plaintext agents from other hosts: off loopback
+        (a host name other than localhost counts as off) without agent_tls."""
+        if self.agent_tls is not None:
+            return False
+        try:
+            host = units.parse_address(self.agent_listen).host.strip("[]")
+        except ValueError:
+            return False  # reported as a problem of its own
+        if host == "localhost":
+            return False
+        try:
+            return not ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return True  # every interface (""), or a name that may resolve to any
+
+    def insecure_agents_warning(self) -> str | None:
+        """What the server logs at start when it takes plaintext agents off loopback."""
+        if not self.insecure_agents:
+            return None
+        return (
+            f"agent_listen {self.agent_listen} takes PLAINTEXT agents from other hosts "
+            "(allow_insecure_agents): any host that reaches it can register as a node and "
+            "have client prompts sent to it; set agent_tls on a network not wholly trusted"
+        )
 
     @property
     def control_plane(self) -> bool:
@@ -634,6 +668,15 @@ class Config:
         found.extend(
             catalog.check_models(self.models, set(self.router.profiles), at(key, "models"))
         )
+        # Whatever the models: runtime ones (the store's) can turn the control plane on.
+        if self.insecure_agents and not self.allow_insecure_agents:
+            found.append(
+                f"{at(key, 'agent_listen')}: {self.agent_listen} is off loopback and agent_tls "
+                "is not set: any host that reaches it could register as a node and have client "
+                "prompts sent to it. Set agent_tls (client certificates), listen on loopback "
+                "(127.0.0.1:7443), or on a network where every host is trusted set "
+                "allow_insecure_agents = true"
+            )
         if self.agent_tls is not None and self.agent_tls.client_ca is None:
             found.append(
                 f"{at(key, 'agent_tls.client_ca')}: required: with TLS the agent port requires "
