@@ -18,6 +18,7 @@ from llmgw.testing import SIM_PROFILE, Fleet, fleet, until
 from llmgw.transport.base import ConnectFailed, ConnectionClosed, ServerConnection
 from llmgw.transport.messages import (
     Heartbeat,
+    Refused,
     Register,
     Registered,
     ShardStatus,
@@ -343,3 +344,60 @@ async def test_a_lost_node_returning_with_a_superseded_shard_has_it_stopped_not_
         assert list(controller.reconciler.replicas) == [new.replica_id]
         assert agents[survivor].stops == []
         nursery.cancel_scope.cancel()
+
+
+# -- agents over the protocol's bounds (llmgw.transport.limits) ---------------------------
+
+
+async def test_a_registration_over_the_bounds_is_refused_and_nothing_of_it_is_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """60,000 GPUs, or 3 MB of labels, in one Register: the agent is told why, the
+    server logs it, and the inventory holds nothing of it (before or after it left)."""
+    huge = [
+        NodeInfo("n-gpus", "h", "127.0.0.1", gpus=tuple(Gpu(i, "", "", 1) for i in range(60_000))),
+        NodeInfo("n-labels", "h", "127.0.0.1", labels={"k": "v" * 3_000_000}),
+        NodeInfo("n-many", "h", "127.0.0.1", labels={f"k{i}": "v" for i in range(1_000)}),
+    ]
+    async with fleet([model(replicas=1)], nodes=0) as f:
+        with trio.fail_after(20):
+            for node in huge:
+                async with f.network.connector(node.node_id).connect() as conn:
+                    await conn.send(Register(node))
+                    refused = await conn.receive()
+                    assert isinstance(refused, Refused), refused
+                    assert "over the agent protocol's bounds" in refused.reason
+                    with pytest.raises(ConnectionClosed):
+                        await conn.receive()
+                assert f.controller.inventory.get(node.node_id) is None
+        assert len(f.controller.inventory) == 0
+    for what in ("NodeInfo.gpus: 60000 entries", "NodeInfo.labels['k']: 3000000 characters"):
+        assert any(
+            r.levelname == "WARNING" and "refused registration" in r.message and what in r.message
+            for r in caplog.records
+        ), what
+
+
+def connected(f: Fleet, node_id: str) -> bool:
+    record = f.controller.inventory.get(node_id)
+    return record is not None and record.connected
+
+
+async def test_a_message_over_the_bounds_ends_the_connection_and_changes_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gpu = Gpu(0, "GPU-0", "H100", 80 << 30)
+    async with fleet([model(replicas=1)], nodes=0) as f:
+        with trio.fail_after(20):
+            async with f.network.connector("n-1").connect() as conn:
+                await conn.send(Register(NodeInfo("n-1", "h", "127.0.0.1", gpus=(gpu,))))
+                assert isinstance(await conn.receive(), Registered)
+                many = tuple(attrs.evolve(gpu, index=i) for i in range(1_000))
+                await conn.send(Heartbeat(1, gpus=many))
+                with pytest.raises(ConnectionClosed):
+                    while True:  # commands may come first; the connection then ends
+                        await conn.receive()
+            await wait_until(lambda: not connected(f, "n-1"), "n-1 disconnected")
+        record = f.controller.inventory.get("n-1")
+        assert record is not None and record.gpus == (gpu,) and record.seq is None
+    assert "a message over the agent protocol's bounds: Heartbeat.gpus: 1000 entries" in caplog.text

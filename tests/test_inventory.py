@@ -439,6 +439,58 @@ def test_remove_forgets_a_node() -> None:
     assert kinds(inv.register(reg(), 100.0))[:2] == [NodeRegistered, NodeReady]
 
 
+def test_a_node_is_registered_at_the_address_it_declares_if_its_connection_shows_it() -> None:
+    inv = inventory()
+    # Declared and seen alike; none declared (the peer's); loopback ones (one machine).
+    for n, declared, peer, got in [
+        ("a", "10.0.0.5", "10.0.0.5", "10.0.0.5"),
+        ("b", "", "10.0.0.6", "10.0.0.6"),
+        ("c", "127.0.0.71", "127.0.0.1", "127.0.0.71"),
+        ("d", "[::1]", "127.0.0.1", "::1"),
+        ("e", "10.0.0.7", None, "10.0.0.7"),  # no network to check against (the stub)
+    ]:
+        inv.register(Register(NodeInfo(n, n, declared)), 0.0, peer=peer)
+        record = inv.get(n)
+        assert record is not None and record.info.address == got, n
+    # Another address: a certified node may declare one (its management network is not
+    # its route to the server); a plaintext one may not, and nothing is recorded.
+    inv.register(Register(NodeInfo("f", "f", "10.9.9.9")), 0.0, identity="f", peer="10.0.0.8")
+    certified = inv.get("f")
+    assert certified is not None and certified.info.address == "10.9.9.9"
+    for declared in ("10.9.9.9", "gpu-1.example", "127.0.0.1"):
+        with pytest.raises(InvalidRegistration, match=r"connects from 10\.0\.0\.8"):
+            inv.register(Register(NodeInfo("g", "g", declared)), 0.0, peer="10.0.0.8")
+    for declared, why in [("0.0.0.0", "not one an engine"), ("a/b", "neither an IP")]:
+        with pytest.raises(InvalidRegistration, match=why):
+            inv.register(Register(NodeInfo("g", "g", declared)), 0.0, identity="g")
+    assert inv.get("g") is None
+
+
+def test_beyond_max_lost_the_longest_lost_nodes_are_forgotten_with_their_cordons_kept() -> None:
+    """Nodes that left hold no memory for good: a node id made up by each agent that came
+    and went would otherwise stay (with its GPUs and labels)."""
+    inv = Inventory(
+        ControlConfig(unreachable_after=Seconds(UA), lost_after=Seconds(LA)), max_lost=2
+    )
+    for t, n in enumerate(["n-0", "n-1", "n-2", "n-3"]):
+        inv.register(Register(info(n, labels={"k": "v" * 1000})), float(t))
+        inv.disconnected(n, float(t))
+    inv.cordon("n-1", True, drain=False)
+    # n-0 and n-1 are lost first; two lost are kept, so nothing is forgotten yet.
+    events = inv.expire(1.0 + LA)
+    assert [type(e) for e in events if not isinstance(e, NodeBecameUnreachable)] == [NodeLost] * 2
+    assert len(inv) == 4
+    events = inv.expire(3.0 + LA)
+    removed = [e for e in events if isinstance(e, NodeRemoved)]
+    assert removed == [NodeRemoved("n-0", LOST), NodeRemoved("n-1", LOST)]
+    assert [r.node_id for r in inv.nodes()] == ["n-2", "n-3"]
+    # A forgotten node that comes back is new; its cordon applies again.
+    assert inv.stored_cordon("n-1") is False
+    inv.register(Register(info("n-1")), 100.0)
+    record = inv.get("n-1")
+    assert record is not None and record.cordoned and not record.draining
+
+
 def test_nodes_are_sorted_by_id() -> None:
     inv = inventory()
     for n in ("c", "a", "b"):

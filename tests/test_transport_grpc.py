@@ -26,6 +26,7 @@ from llmgw.testing_procs import reserve_port
 from llmgw.transport import certs, grpc_bridge
 from llmgw.transport.base import AgentConnection, ConnectFailed, ConnectionClosed
 from llmgw.transport.grpc import SERVICE_NAME, GrpcConnector, GrpcListener, Keepalive
+from llmgw.transport.grpc.server import _peer_host
 from llmgw.transport.messages import (
     AgentMessage,
     CommandResult,
@@ -138,6 +139,65 @@ async def test_plaintext_listener_warns_loudly(caplog: pytest.LogCaptureFixture)
             pass
     warnings = [r for r in caplog.records if r.levelname == "WARNING" and "PLAINTEXT" in r.message]
     assert warnings and "any node id" in warnings[0].message
+
+
+async def test_the_server_end_knows_the_address_the_agent_connects_from() -> None:
+    addresses: list[str | None] = []
+
+    async def handler(conn: AgentConnection) -> None:
+        addresses.append(conn.peer_address)
+        await echo_registration(conn)
+
+    with trio.fail_after(10):
+        async with serving(handler) as listener, connector(listener).connect() as conn:
+            await conn.send(register("gpu-1"))
+            assert await conn.receive() == REGISTERED
+    assert addresses == ["127.0.0.1"]
+
+
+@pytest.mark.parametrize(
+    ("peer", "host"),
+    [
+        ("ipv4:10.0.0.5:43210", "10.0.0.5"),
+        ("ipv6:[::1]:43210", "::1"),
+        ("ipv6:%5B2001:db8::1%5D:43210", "2001:db8::1"),
+        ("ipv6:[::ffff:10.0.0.5]:43210", "10.0.0.5"),
+        ("unix:/run/llmgw.sock", None),
+        ("ipv4:nonsense", None),
+    ],
+)
+def test_peer_strings_are_read_as_ip_addresses(peer: str, host: str | None) -> None:
+    assert _peer_host(peer) == host
+
+
+async def test_a_message_over_the_bounds_is_refused_before_it_is_converted() -> None:
+    """60,000 GPUs in one Register (0.5 MB on the wire): the stream ends with
+    INVALID_ARGUMENT naming the bound, and the handler never sees it. (Converted, it
+    held the asyncio thread, every stream's, for 8 s.)"""
+    seen: list[AgentMessage] = []
+
+    async def handler(conn: AgentConnection) -> None:
+        seen.append(await conn.receive())
+
+    node = pb.NodeInfo(node_id="n-huge", hostname="n", address="127.0.0.1")
+    for i in range(60_000):
+        node.gpus.add(index=i, memory_total=1)
+    request = pb.ConnectRequest(register=pb.Register(node=node))
+
+    def call(port: int) -> grpc.RpcError:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = agent_pb2_grpc.AgentServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as info:
+                list(stub.Connect(iter([request]), timeout=20))
+            return info.value
+
+    with trio.fail_after(30):
+        async with serving(handler) as listener:
+            assert listener.port is not None
+            error = await trio.to_thread.run_sync(call, listener.port)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert "NodeInfo.gpus: 60000 entries, more than the 128 allowed" in error.details()  # type: ignore[attr-defined]
+    assert seen == []
 
 
 async def test_graceful_close_flushes_both_ways() -> None:
