@@ -11,6 +11,10 @@ Replica lifecycle::
     (placed) starting --all shards ready--> ready --surplus/removed--> draining --> stopped
         \\--any shard failed / node lost--> failed (model backs off)
 
+A replica is published at the server's URL for it: its head node's registered address
+and the port placement gave it (:mod:`llmgw.control.addresses`); a ready report naming
+another URL is refused, and the replica stopped as a failed start.
+
 A failed start backs the model off, doubling from `control.base_backoff` to
 `control.max_backoff`; a replica reaching ready resets it. Surplus replicas are
 drained (no new requests, in-flight ones finish) before they stop. Replicas on an
