@@ -5,7 +5,9 @@ agents on the in-memory stub transport, with pretended GPUs, their shards simula
 engines (:mod:`llmgw.sim`) that :mod:`llmgw.testing_launcher` runs in the same process
 on loopback. The client and admin listeners are bound on port 0, and every fleet's
 nodes have loopback addresses of their own, so fleets run side by side without
-contending for a port (an engine whose port is taken all the same takes a free one).
+contending for a port (an engine whose port is taken all the same takes a free one,
+and the server, which publishes only the port it assigned, stops it and places the
+replica again).
 The README's example
 (tests/test_readme_example.py runs it and checks it matches this one)::
 

@@ -549,21 +549,23 @@ class Controller:
                 self._term_connections.discard(scope)
 
     async def _serve_registered(self, conn: AgentConnection, first: Register) -> None:
-        node_id = first.node.node_id[:MAX_NAME]  # for the log: it may be over the bounds
+        node_id = first.node.node_id
         now = self.clock()
         try:
             if (found := limits.problem(first)) is not None:
                 raise InvalidRegistration(f"over the agent protocol's bounds: {found}")
             self.inventory.register(first, now, identity=conn.peer_identity, peer=conn.peer_address)
         except InventoryError as exc:
-            log.warning("refused registration of %r: %s", node_id, exc)
-            await conn.send(Refused(f"registration of {node_id!r} refused: {exc}"))
+            shown = node_id[:MAX_NAME]  # it may be over the bounds
+            log.warning("refused registration of %r: %s", shown, exc)
+            await conn.send(Refused(f"registration of {shown!r} refused: {exc}"))
             return  # the listener closes the connection
         record = self.inventory.get(node_id)
         session = record.session if record is not None else None
         address = record.info.address if record is not None else first.node.address
         log.info("node %s registered with %d GPUs at %s", node_id, len(first.node.gpus), address)
-        if conn.peer_address is not None and address != conn.peer_address:
+        if conn.peer_identity is not None and conn.peer_address not in (None, address):
+            # Taken on its certificate's word (llmgw.control.addresses): said once.
             log.info(
                 "node %s: address %s is not %s, where it connects from",
                 node_id,
