@@ -38,6 +38,7 @@ from llmgw.control.inventory import (
 )
 from llmgw.control.reconciler import Publish, Reconciler
 from llmgw.domain.fleet import Gpu, NodeInfo, NodeState, Placement, ShardAssignment, ShardState
+from llmgw.transport.limits import MAX_SHARDS
 from llmgw.transport.messages import Heartbeat, Register, ShardStatus, StopShard
 from tests.properties import examples
 
@@ -489,6 +490,30 @@ def test_beyond_max_lost_the_longest_lost_nodes_are_forgotten_with_their_cordons
     inv.register(Register(info("n-1")), 100.0)
     record = inv.get("n-1")
     assert record is not None and record.cordoned and not record.draining
+
+
+def test_the_shards_recorded_for_a_node_are_bounded_ended_ones_making_room() -> None:
+    """Reports name any replica ids they like: a node's records stay within MAX_SHARDS."""
+    inv = inventory()
+    inv.register(Register(info()), 0.0)
+    for i in range(MAX_SHARDS):
+        inv.shard_status("gpu-1", shard(f"r{i}", state=ShardState.STOPPED), 1.0)
+    events = inv.shard_status("gpu-1", shard("new"), 2.0)
+    # The ended one reported longest ago made room.
+    assert [(e.replica_id, e.new is None) for e in events if isinstance(e, ShardChanged)] == [
+        ("r0", True),
+        ("new", False),
+    ]
+    record = inv.get("gpu-1")
+    assert record is not None and len(record.shards) == MAX_SHARDS
+    assert record.shard("new", 0) is not None and record.shard("r0", 0) is None
+    # With none ended, a new one is not recorded.
+    for i in range(1, MAX_SHARDS):
+        inv.shard_status("gpu-1", shard(f"r{i}", epoch=2), 3.0)
+    assert inv.shard_status("gpu-1", shard("one-too-many"), 4.0) == []
+    record = inv.get("gpu-1")
+    assert record is not None and len(record.shards) == MAX_SHARDS
+    assert record.shard("one-too-many", 0) is None
 
 
 def test_nodes_are_sorted_by_id() -> None:

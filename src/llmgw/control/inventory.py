@@ -67,7 +67,10 @@ Recorded per (replica_id, rank), fenced by epoch: a status with an older epoch t
 the recorded one is stale and ignored. :meth:`~Inventory.shard_status` replaces the
 record; a heartbeat's shard summary only updates it when the epoch or state differs,
 so a summary does not erase the failure message or output tail of a status. A
-registration replaces the whole set. :class:`ShardChanged` is emitted whenever a
+registration replaces the whole set. At most
+:data:`~llmgw.transport.limits.MAX_SHARDS` are recorded per node: a new one replaces
+the ended (stopped, failed) one recorded longest ago, or is not recorded when none
+has ended. :class:`ShardChanged` is emitted whenever a
 recorded status changes.
 
 Rebuilding the placements of what agents report, to adopt them after a restart, is
@@ -84,8 +87,8 @@ import attrs
 
 from llmgw.config import ControlConfig
 from llmgw.control.addresses import AddressRefused, registered_address
-from llmgw.domain.fleet import Gpu, NodeInfo, NodeState
-from llmgw.transport.limits import MAX_LOST_NODES
+from llmgw.domain.fleet import Gpu, NodeInfo, NodeState, ShardState
+from llmgw.transport.limits import MAX_LOST_NODES, MAX_SHARDS
 from llmgw.transport.messages import Heartbeat, Register, ShardStatus
 
 __all__ = [
@@ -618,8 +621,24 @@ class Inventory:
                 return []  # nothing new, and the summary may lack the details
             if status == old:
                 return []
+        events: list[Event] = []
+        if old is None and len(node.shards) >= MAX_SHARDS:
+            # Bounded (reports name any replica ids they like): an ended shard makes
+            # room, the one reported longest ago; with none ended the new one is not
+            # recorded (more than MAX_SHARDS running on one node is no real node).
+            ended = next(
+                (k for k, v in node.shards.items() if v.state in _ENDED),
+                None,
+            )
+            if ended is None:
+                return []
+            events.append(ShardChanged(node.info.node_id, *ended, node.shards.pop(ended), None))
         node.shards[key] = status
-        return [ShardChanged(node.info.node_id, status.replica_id, status.rank, old, status)]
+        events.append(ShardChanged(node.info.node_id, status.replica_id, status.rank, old, status))
+        return events
+
+
+_ENDED = (ShardState.STOPPED, ShardState.FAILED)
 
 
 def _latest_by_key(statuses: Iterable[ShardStatus]) -> dict[ShardKey, ShardStatus]:
