@@ -140,6 +140,9 @@ def _log_failed(node_id: str, status: ShardStatus) -> None:
 
 
 OUTBOX_SIZE = 1024
+#: Unknown multi-node replicas whose first report is remembered (_report_shards) before
+#: those that waited their settle period out are dropped.
+MAX_UNKNOWN = 4096
 # Between two event-driven passes: at least this long, and this many times the
 # previous pass's duration (so passes use at most ~1/(1+PASS_SPACING) of the loop).
 MIN_PASS_GAP = 0.02
@@ -525,6 +528,11 @@ class Controller:
                 and (status.node_count or 1) > 1
                 and not self.reconciler.minted(status.epoch)
             ):
+                if len(self._unknown_since) >= MAX_UNKNOWN:
+                    # Reports name any replica ids: those past their wait go (bounded).
+                    self._unknown_since = {
+                        k: t for k, t in self._unknown_since.items() if now - t < self.settle
+                    }
                 first = self._unknown_since.setdefault((status.replica_id, status.epoch), now)
                 if now - first < self.settle:
                     continue
