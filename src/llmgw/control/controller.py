@@ -528,12 +528,17 @@ class Controller:
                 and (status.node_count or 1) > 1
                 and not self.reconciler.minted(status.epoch)
             ):
-                if len(self._unknown_since) >= MAX_UNKNOWN:
-                    # Reports name any replica ids: those past their wait go (bounded).
+                key = (status.replica_id, status.epoch)
+                if key not in self._unknown_since and len(self._unknown_since) >= MAX_UNKNOWN:
+                    # Reports name any replica ids: those past their wait go, and while
+                    # it is still full a new one waits for nothing (bounded memory).
                     self._unknown_since = {
                         k: t for k, t in self._unknown_since.items() if now - t < self.settle
                     }
-                first = self._unknown_since.setdefault((status.replica_id, status.epoch), now)
+                    if len(self._unknown_since) >= MAX_UNKNOWN:
+                        self._apply(self.reconciler.shard_reported(node_id, status, now))
+                        continue
+                first = self._unknown_since.setdefault(key, now)
                 if now - first < self.settle:
                     continue
             self._apply(self.reconciler.shard_reported(node_id, status, now))
