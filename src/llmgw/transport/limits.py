@@ -15,10 +15,14 @@ controller refuses it whatever the transport.
 
 from __future__ import annotations
 
+import sys
+import typing
 from collections.abc import Iterator, Mapping, Sequence
 
 import attrs
-from google.protobuf.message import Message
+
+if typing.TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 __all__ = ["MAX_MESSAGE_BYTES", "problem"]
 
@@ -90,9 +94,13 @@ def problem(message: object) -> str | None:
 
 def _fields(value: object) -> tuple[str, list[tuple[str, object]]] | None:
     """A message's name and its (field, value) pairs; None for a scalar."""
-    if isinstance(value, Message):
+    # Protobuf only when it is loaded (a value cannot be a message otherwise): the control
+    # plane imports this module, and `import llmgw` does not load protobuf.
+    protobuf = sys.modules.get("google.protobuf.message")
+    if protobuf is not None and isinstance(value, protobuf.Message):
+        message = typing.cast("Message", value)
         # Only the fields set: ListFields leaves out what is at its default.
-        return type(value).DESCRIPTOR.name, [(f.name, v) for f, v in value.ListFields()]
+        return message.DESCRIPTOR.name, [(f.name, v) for f, v in message.ListFields()]
     cls = type(value)
     if attrs.has(cls):
         return cls.__name__, [(f.name, getattr(value, f.name)) for f in attrs.fields(cls)]
