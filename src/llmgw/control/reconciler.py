@@ -644,7 +644,7 @@ class Reconciler:
                     "URL it was assigned (%s): report refused, replica stopped",
                     replica.replica_id,
                     replica.model,
-                    node_id,
+                    replica.placement.head.node_id,
                     reported[:200],
                     url,
                 )
