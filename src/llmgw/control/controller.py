@@ -107,7 +107,7 @@ def _log_expired(event: Event) -> None:
         )
     elif isinstance(event, NodeRemoved):
         log.info(
-            "forgetting node %s: lost longer than the %d other lost nodes kept",
+            "forgetting node %s: more than %d nodes are lost, and it the longest",
             event.node_id,
             MAX_LOST_NODES,
             extra=fields(node_id=event.node_id),
