@@ -343,3 +343,46 @@ async def test_a_lost_node_returning_with_a_superseded_shard_has_it_stopped_not_
         assert list(controller.reconciler.replicas) == [new.replica_id]
         assert agents[survivor].stops == []
         nursery.cancel_scope.cancel()
+
+
+@VIRTUAL_TIME
+async def test_an_agent_back_at_once_without_its_shard_has_the_replica_replaced() -> None:
+    """An agent restarted with its engine gone (killed with it) registers again long
+    before its node could be lost, reporting nothing: the replica it ran is unrouted at
+    once and placed again, instead of staying published at a dead port."""
+    control = ControlConfig(
+        interval=Seconds(1.0),
+        unreachable_after=Seconds(30.0),
+        lost_after=Seconds(90.0),
+        port_range=(20000, 20099),
+    )
+    sim = DeploymentProfile(name="sim", engine="sim", weights="w")
+    catalog = Catalog((ModelConfig(name="m", replicas=1, profiles=(sim,)),))
+    routes = Routes()
+    controller = Controller(control, catalog, routes, heartbeat_interval=1.0, settle=1.0)
+    network = StubNetwork()
+    a = ScriptedAgent(network, "a")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(controller.run, network.listener())
+        await nursery.start(a.run)
+        with trio.fail_after(30):
+            await until(lambda: len(routes.live) == 1)
+        (old,) = controller.reconciler.replicas.values()
+        started = trio.current_time()
+
+        # The agent dies with its engine and comes back at once with nothing.
+        a.shards.clear()
+        assert network.disconnect("a") == 1
+        with trio.fail_after(30):
+            await until(lambda: ("remove", old.replica_id) in routes.log)
+        with trio.fail_after(30):
+            await until(lambda: len(routes.live) == 1 and old.replica_id not in routes.live)
+        # Long before the node could even be unreachable, and it never was.
+        assert trio.current_time() - started < 10
+        record = controller.inventory.get("a")
+        assert record is not None and record.state is NodeState.READY
+        (new,) = controller.reconciler.replicas.values()
+        assert new.placement.epoch > old.placement.epoch
+        assert new.state is ReplicaState.READY
+        assert set(a.shards) == {(new.replica_id, 0)}
+        nursery.cancel_scope.cancel()

@@ -498,11 +498,16 @@ class Controller:
             for refused in rebuilt.refused:
                 log.warning("not adopting %s: %s", refused.replica_id, refused.reason)
 
-    def _report_shards(self, node_id: str, statuses: Iterable[ShardStatus], now: float) -> None:
+    def _report_shards(
+        self, node_id: str, statuses: Iterable[ShardStatus], now: float, *, whole: bool = False
+    ) -> None:
         """Hand shard reports to the reconciler, after adopting whole replicas it does not
         know. A shard of an unknown multi-node replica whose other ranks have not
         reported yet gets `settle` to be completed (its agents may come back one by one
-        after an outage) before the reconciler stops it as stale."""
+        after an outage) before the reconciler stops it as stale. `whole`: the node's
+        every shard (a registration; a heartbeat's summary need not be whole), so a
+        shard the reconciler has heard run there that is missing is lost
+        (Reconciler.node_reported)."""
         statuses = list(statuses)
         if any(s.replica_id not in self.reconciler.replicas for s in statuses):
             self._adopt_reported(quiet=True)
@@ -516,6 +521,11 @@ class Controller:
                 if now - first < self.settle:
                     continue
             self._apply(self.reconciler.shard_reported(node_id, status, now))
+        if whole:
+            lost = self.reconciler.node_reported(node_id, statuses, now)
+            self._apply(lost)
+            if lost.commands or lost.router:
+                self.poke()  # place the lost replicas again now, not at the next interval
 
     # -- agents --------------------------------------------------------------------
 
@@ -559,7 +569,7 @@ class Controller:
                 nursery.start_soon(_send_all, conn, pending)
                 outbox.send_nowait(Registered(self.heartbeat_interval, self.epoch, self.token))
                 if self._settled:
-                    self._report_shards(node_id, first.shards, now)
+                    self._report_shards(node_id, first.shards, now, whole=True)
                 self.poke()
                 try:
                     while True:
