@@ -386,3 +386,44 @@ async def test_an_agent_back_at_once_without_its_shard_has_the_replica_replaced(
         assert new.state is ReplicaState.READY
         assert set(a.shards) == {(new.replica_id, 0)}
         nursery.cancel_scope.cancel()
+
+
+@VIRTUAL_TIME
+async def test_replicas_are_adopted_and_shown_as_agents_arrive_within_the_settle_period() -> None:
+    """After a restart (or a takeover) the views and the router have each replica as
+    soon as its agent registers, not only once the settle period is over."""
+    control = ControlConfig(interval=Seconds(1.0), port_range=(20000, 20099))
+    sim = DeploymentProfile(name="sim", engine="sim", weights="w")
+    catalog = Catalog((ModelConfig(name="m", replicas=1, profiles=(sim,)),))
+    routes = Routes()
+    controller = Controller(control, catalog, routes, heartbeat_interval=1.0, settle=60.0)
+    network = StubNetwork()
+    a = ScriptedAgent(network, "a")
+    a.shards[("m-r5", 0)] = ShardStatus(
+        "m-r5",
+        0,
+        5,  # an earlier run's epoch
+        ShardState.READY,
+        model="m",
+        endpoint_url="http://10.0.0.1:20000",
+        profile="sim",
+        node_count=1,
+        gpu_indices=(0,),
+        port=20000,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(controller.run, network.listener())
+        started = trio.current_time()
+        await nursery.start(a.run)
+        with trio.fail_after(30):
+            await until(lambda: "m-r5" in routes.live)
+        assert trio.current_time() - started < 60 and not controller.settled
+        (info,) = controller.reconciler.snapshot()
+        assert (info.replica_id, info.state) == ("m-r5", ReplicaState.READY)
+        # Settled: kept as it is, nothing placed beside it or stopped.
+        with trio.fail_after(120):
+            await until(lambda: controller.settled)
+        controller.reconcile()
+        assert list(controller.reconciler.replicas) == ["m-r5"]
+        assert a.stops == [] and set(a.shards) == {("m-r5", 0)}
+        nursery.cancel_scope.cancel()

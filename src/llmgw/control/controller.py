@@ -8,7 +8,8 @@ every event, sends the commands it decides on, and publishes ready replicas to a
 to engines directly: they keep serving while the control plane restarts.
 
 After a start it waits one `settle` period before placing anything, so agents that
-still run replicas can reconnect and have them adopted instead of duplicated.
+still run replicas can reconnect and have them adopted instead of duplicated; whole
+replicas are adopted (and routed, and shown) as their agents arrive meanwhile.
 
 The operator's cordons (and drains) are kept in the `store` when one is given
 (:mod:`llmgw.control.cordons`): read back before the first agent is accepted, so a
@@ -395,10 +396,12 @@ class Controller:
         # (they retry every agent.SEARCH_BACKOFF at most): adopted, not placed again.
         settle = self.settle if self.leadership is None else max(self.settle, TAKEOVER_SETTLE)
         with trio.move_on_after(settle):
-            while True:  # adopt as agents arrive, but place nothing yet
+            while True:  # adopt as agents arrive (the views show them), place nothing yet
                 await self._wake.wait()
                 self._wake = trio.Event()
+                self._adopt_reported(quiet=True)
         self._adopt_reported()
+        self._catch_up()
         self._settled = True
         while True:
             started = trio.current_time()
@@ -497,6 +500,19 @@ class Controller:
         if not quiet:
             for refused in rebuilt.refused:
                 log.warning("not adopting %s: %s", refused.replica_id, refused.reason)
+
+    def _catch_up(self) -> None:
+        """At the end of the settle period: what agents reported meanwhile about the
+        replicas adopted during it (a shard that failed, a node that registered again
+        without one), which was only recorded in the inventory."""
+        now = self.clock()
+        for record in self.inventory.nodes():
+            if record.state is NodeState.LOST:
+                continue
+            for status in record.shards:
+                if status.replica_id in self.reconciler.replicas:
+                    self._apply(self.reconciler.shard_reported(record.node_id, status, now))
+            self._apply(self.reconciler.node_reported(record.node_id, record.shards, now))
 
     def _report_shards(
         self, node_id: str, statuses: Iterable[ShardStatus], now: float, *, whole: bool = False
