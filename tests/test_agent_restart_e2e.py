@@ -23,12 +23,13 @@ import httpx
 import pytest
 
 from tests.procs import AgentProc, FleetServer, agent, alive, fleet_server, kill_engines, wait_for
-from tests.test_fleet_e2e import control_config, logs, model
+from tests.test_fleet_e2e import commands, considered_again, control_config, logs, model
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "killpg"), reason="POSIX process groups")
 
-#: control_config's lost_after: the bound on how long a node's shards may be wrong.
-LOST_AFTER = 5.0
+#: The node-expiry bound (control.lost_after): long, so that nothing here is the
+#: doing of a node lost (see the fixture); the model must serve again well within it.
+LOST_AFTER = 60.0
 
 
 class Load:
@@ -102,20 +103,27 @@ def engine_processes(address: str) -> list[int]:
 
 @pytest.fixture
 def node() -> Iterator[tuple[FleetServer, AgentProc, ExitStack]]:
+    # A node is lost only after a long silence here, so the agent, started again on a
+    # loaded machine, is always back before: what happens to the replica is then the
+    # registration's doing, not the node's expiry.
+    config = control_config([model("m", replicas=1)], unreachable="2s", lost=f"{LOST_AFTER:g}s")
     with ExitStack() as stack:
-        srv = stack.enter_context(fleet_server(control_config([model("m", replicas=1)])))
+        srv = stack.enter_context(fleet_server(config))
         a = stack.enter_context(agent(srv.agent_address, "n1", address="127.0.0.121"))
         srv.wait(lambda: srv.ready_replicas("m", 1), "m ready", logs=logs(a))
         yield srv, a, stack
 
 
-def restart(stack: ExitStack, srv: FleetServer, old: AgentProc) -> AgentProc:
-    """SIGKILL `old` (its engines live on), then start an agent with its state."""
-    old.proc.kill(signal.SIGKILL)
-    old.proc.popen.wait(10)
-    return stack.enter_context(
-        agent(srv.agent_address, old.node_id, address="127.0.0.121", state_dir=old.state_dir)
-    )
+def kill(a: AgentProc) -> None:
+    """SIGKILL the agent alone (its engines are in process groups of their own)."""
+    a.proc.kill(signal.SIGKILL)
+    a.proc.popen.wait(10)
+
+
+def registered_again(srv: FleetServer, since: float) -> bool:
+    """Whether n1 is connected and ready and heartbeated after `since` (wall clock)."""
+    n1 = srv.nodes()["n1"]
+    return bool(n1["connected"] and n1["state"] == "ready" and n1["last_heartbeat"] > since)
 
 
 def test_a_restarted_agent_adopts_its_engine_and_the_model_serves_throughout(
@@ -125,35 +133,29 @@ def test_a_restarted_agent_adopts_its_engine_and_the_model_serves_throughout(
     (before,) = srv.ready_replicas("m", 1)
     engines = a.engines()
     assert list(engines.values()) == engine_processes("127.0.0.121")
+    issued = commands(srv)
     with Load(srv) as load:
         wait_for(lambda: load.ok >= 10, "requests flowing")
-        again = restart(stack, srv, a)
-        srv.wait(
-            lambda: srv.nodes()["n1"]["connected"] and srv.nodes()["n1"]["state"] == "ready",
-            "n1 registered again",
-            logs=[again.proc],
+        kill(a)
+        killed = time.time()
+        again = stack.enter_context(
+            agent(srv.agent_address, "n1", address="127.0.0.121", state_dir=a.state_dir)
         )
-        # Well past the node-expiry bound: whatever the server would do about it, done.
-        deadline = time.monotonic() + 2 * LOST_AFTER
+        srv.wait(lambda: registered_again(srv, killed), "n1 registered again", logs=[again.proc])
+        # Whatever the server would do about what the new agent reported, it has done.
+        considered_again(srv, ["n1"])
         served = load.ok
-        srv.wait(
-            lambda: time.monotonic() > deadline and load.ok >= served + 20,
-            "requests flowing past lost_after",
-            timeout=60,
-            logs=[again.proc],
-        )
-    assert load.failed == [], (
-        load.failed[:3],
-        again.proc.output()[-3000:],
-        srv.proc.output()[-3000:],
-    )
-    # The same replica and the same engine process: adopted, not restarted or doubled.
+        wait_for(lambda: load.ok >= served + 20, "requests still flowing")
+    assert load.failed == [], (load.failed[:3], again.proc.output()[-3000:])
+    # The same replica and the same engine process: adopted, not restarted or doubled,
+    # and the server issued no command about it.
     (after,) = srv.ready_replicas("m", 1)
     assert (after["id"], after["epoch"], after["url"]) == (
         before["id"],
         before["epoch"],
         before["url"],
     )
+    assert commands(srv) == issued
     assert again.engines() == engines
     assert engine_processes("127.0.0.121") == sorted(engines.values())
     assert "adopting engine" in again.proc.output()
@@ -164,31 +166,30 @@ def test_a_restarted_agent_without_its_engine_has_the_replica_placed_again(
     node: tuple[FleetServer, AgentProc, ExitStack],
 ) -> None:
     """The agent and its engine both die (an OOM kill of the whole cgroup): the node
-    comes back reporting nothing, and the server replaces the replica at once."""
+    comes back reporting nothing, and the server replaces the replica at once, long
+    before the node could be lost."""
     srv, a, stack = node
     (before,) = srv.ready_replicas("m", 1)
-    a.proc.kill(signal.SIGKILL)
-    a.proc.popen.wait(10)
+    kill(a)
+    killed = time.monotonic()
     assert kill_engines(a.state_dir)
     wait_for(lambda: engine_processes("127.0.0.121") == [], "the engine gone")
     again = stack.enter_context(
         agent(srv.agent_address, "n1", address="127.0.0.121", state_dir=a.state_dir)
     )
-    registered = srv.wait(
-        lambda: srv.nodes()["n1"]["connected"] and srv.nodes()["n1"]["state"] == "ready",
-        "n1 registered again",
-        logs=[again.proc],
-    )
-    assert registered
-    # Within the node-expiry bound (plus a start), with no server restart.
+    # With no server restart, and within the node-expiry bound.
     (after,) = srv.wait(
         lambda: [r for r in srv.ready_replicas("m", 1) if r["id"] != before["id"]],
         "m placed again",
-        timeout=LOST_AFTER + 25,
+        timeout=LOST_AFTER - 15,
         logs=[again.proc],
     )
-    assert after["epoch"] > before["epoch"]
     wait_for(lambda: chat(srv), "m serves again", timeout=15, context=srv.proc.output)
+    assert time.monotonic() - killed < LOST_AFTER
+    assert after["epoch"] > before["epoch"]
+    assert "no longer reports its rank 0" in srv.proc.output()
+    assert "lost: silent for" not in srv.proc.output()  # the node never was
     assert before["id"] not in srv.endpoints()
+    # One engine: the new one.
     assert len(engine_processes("127.0.0.121")) == 1
     assert list(again.engines().values()) == engine_processes("127.0.0.121")
