@@ -365,13 +365,13 @@ class Supervisor:
         try:
             if previous is not None:
                 await previous.done.wait()
+            if shard.engine is not None:  # adopted: running already (a stop is queued)
+                await self._supervise_adopted(shard, shard.engine)
+                return
             if shard.stop_requested:
                 self._set(shard, ShardState.STOPPED, message="stopped before it was launched")
                 return
-            if shard.engine is not None:  # adopted: running already
-                await self._supervise_adopted(shard, shard.engine)
-            else:
-                await self._supervise(shard)
+            await self._supervise(shard)
         finally:
             with trio.CancelScope(shield=True):
                 await self._shutdown(shard)
