@@ -297,7 +297,12 @@ class Supervisor:
             if (f.command.replica_id, f.command.rank) in self.shards:
                 stale.append(f)  # two records of one shard: keep the first
                 continue
-            engine = _Adopted.open(f.pid, f.start, f.spec)
+            try:
+                engine = _Adopted.open(f.pid, f.start, f.spec)
+            except OSError as exc:  # no pidfds here: it cannot be watched, so not kept
+                log.warning("cannot watch engine pid %d: %s", f.pid, exc)
+                stale.append(f)
+                continue
             if engine is None:  # gone meanwhile
                 f.record.unlink(missing_ok=True)
                 continue
@@ -683,24 +688,26 @@ class _Found:
 def _record(run_dir: Path, name: str, pid: int, cmd: StartShard, spec: LaunchSpec) -> None:
     """What adopting the engine takes (the module docstring); readable by the agent's
     user only, as the command carries the profile's environment (an API key)."""
-    wire = server_message_to_proto(cmd).SerializeToString()
-    data = {
-        "pid": pid,
-        "start": _start_time(pid),
-        "argv": list(spec.argv),
-        "command": base64.b64encode(wire).decode(),
-        "spec": {
+    data: dict[str, Any] = {"pid": pid, "start": _start_time(pid), "argv": list(spec.argv)}
+    try:
+        wire = server_message_to_proto(cmd).SerializeToString()
+    except ConversionError as exc:  # then it can be stopped by the next agent, not adopted
+        log.warning("cannot record the command of engine pid %d: %s", pid, exc)
+    else:
+        data["command"] = base64.b64encode(wire).decode()
+        data["spec"] = {
             "health_url": spec.health_url,
             "endpoint_url": spec.endpoint_url,
             "metrics_url": spec.metrics_url,
             "capacity": spec.capacity,
-        },
-    }
+        }
     path = run_dir / f"{name}.json"
+    partial = run_dir / f"{name}.partial"  # renamed into place: never read half-written
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(data))
+        partial.replace(path)
     except OSError as exc:
         log.warning("cannot record engine pid %d in %s: %s", pid, run_dir, exc)
 
@@ -812,10 +819,14 @@ class _Adopted:
 
     @classmethod
     def open(cls, pid: int, start: int | None, spec: LaunchSpec) -> _Adopted | None:
-        """The engine `pid` as recorded (`start`), or None when it is gone."""
+        """The engine `pid` as recorded (`start`), or None when it is gone. OSError
+        when this system cannot watch a process that is not its child (no pidfds)."""
+        pidfd_open = getattr(os, "pidfd_open", None)
+        if pidfd_open is None:
+            raise OSError("this system has no pidfd_open")
         try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:
+            pidfd = pidfd_open(pid)
+        except ProcessLookupError:
             return None
         if start is not None and _start_time(pid) != start:
             os.close(pidfd)  # exited and its pid reused since the records were read
