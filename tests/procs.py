@@ -96,9 +96,12 @@ class Server:
         return total
 
     def wait_scraped(self, timeout: float = 10.0) -> None:
-        """Wait until every endpoint has been scraped once."""
+        """Wait until every endpoint has been scraped once (there is at least one: none
+        known yet is not every one scraped)."""
         wait_for(
-            lambda: all(e["engine"] is not None for e in self.endpoints().values()),
+            lambda: (
+                (found := self.endpoints()) and all(e["engine"] is not None for e in found.values())
+            ),
             "every endpoint scraped",
             timeout,
             interval=0.05,

@@ -16,10 +16,19 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from llmgw.agent.adapters import SimAdapter, VllmAdapter
-from llmgw.agent.agent import Agent, NodeSettings, _interface_problem, backoff_delay
+from llmgw.agent.agent import (
+    ANSWER_FLOOR,
+    SEARCH_BACKOFF,
+    Agent,
+    NodeSettings,
+    _interface_problem,
+    backoff_delay,
+)
 from llmgw.agent.discovery import DiscoveryError
+from llmgw.agent.servers import Servers
 from llmgw.config import DeploymentProfile
 from llmgw.domain.fleet import Gpu, ShardState
 from llmgw.testing_procs import reserve_port
@@ -512,3 +521,43 @@ def test_interface_check_follows_nccl_syntax() -> None:
     assert _interface_problem("ens,ib", names) is None  # any of a list
     assert _interface_problem("^docker", names) is None  # exclusions are NCCL's business
     assert "it has: lo, eth0, ib0" in str(_interface_problem("bond0", names))
+
+
+VIRTUAL_TIME = pytest.mark.parametrize(
+    "anyio_backend",
+    [pytest.param(("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)}), id="mock")],
+)
+
+
+@VIRTUAL_TIME
+async def test_among_several_servers_one_that_never_answers_is_left_within_seconds(
+    tmp_path: Path,
+) -> None:
+    """A follower names a leader that is paused (its lease not expired yet): the agent
+    gives it a few heartbeat intervals, not register_timeout, and goes on to the next
+    server, so it reaches the new leader within that leader's settle period."""
+    paused, leader = ScriptedServer(), ScriptedServer()
+    paused.answer = False
+    networks = {"paused:1": StubNetwork(), "leader:1": StubNetwork()}
+    servers = Servers(list(networks), lambda address: networks[address].connector(NODE))
+    agent = Agent(
+        servers,
+        NodeSettings(node_id=NODE, address="127.0.0.1", fake_gpus="1x80GB"),
+        state_dir=tmp_path / "state",
+        adapters={},
+        heartbeat_interval=0.2,
+        register_timeout=30.0,
+        base_backoff=0.05,
+        rng=random.Random(7),
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(networks["paused:1"].listener().serve, paused.handle)
+        await nursery.start(networks["leader:1"].listener().serve, leader.handle)
+        started = trio.current_time()
+        await nursery.start(agent.run)
+        with trio.fail_after(60):
+            await paused.wait_for(Register)
+            await leader.wait_for(Register)
+            assert trio.current_time() - started < ANSWER_FLOOR + SEARCH_BACKOFF + 1
+            await wait_until(lambda: agent.registrations == 1, "registered with the leader")
+        nursery.cancel_scope.cancel()

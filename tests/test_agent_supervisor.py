@@ -15,12 +15,14 @@ from contextlib import ExitStack, asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 import trio
 
+from llmgw.agent import supervisor as supervisor_module
 from llmgw.agent.adapters import LaunchSpec, SimAdapter
-from llmgw.agent.supervisor import Supervisor, sweep_orphans
+from llmgw.agent.supervisor import Supervisor, _record, shard_name, sweep_orphans
 from llmgw.config import DeploymentProfile
 from llmgw.domain.engine_metrics import parse_metrics
 from llmgw.domain.fleet import NodeInfo, ShardState
@@ -370,8 +372,17 @@ async def test_launch_failure_of_a_missing_executable(
     assert failed.pid is None
 
 
-def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, start_new_session=True)
+def _spawn(
+    argv: list[str], env: dict[str, str] | None = None, output: int | None = None
+) -> subprocess.Popen[bytes]:
+    """A process in a session of its own, as the agent starts engines."""
+    return subprocess.Popen(
+        argv,
+        env={**os.environ, **(env or {})},
+        stdout=output,
+        stderr=subprocess.STDOUT if output is not None else None,
+        start_new_session=True,
+    )
 
 
 async def test_orphans_of_a_previous_agent_are_stopped(tmp_path: Path) -> None:
@@ -393,6 +404,81 @@ async def test_orphans_of_a_previous_agent_are_stopped(tmp_path: Path) -> None:
         assert not list(run.iterdir())
     finally:
         for p in (orphan, other):
+            p.kill()
+            p.wait()
+
+
+async def test_a_healthy_engine_a_killed_agent_left_is_adopted_ready(
+    tmp_path: Path, reserve: Callable[[], int]
+) -> None:
+    """The engine serves on after its agent died; the next supervisor takes it over as
+    it is (no launch), and it stops on command like any shard."""
+    cmd = sim_start(reserve())
+    spec = SIM.command(cmd, NODE)
+    run = tmp_path / "state" / "run"
+    run.mkdir(parents=True)
+    engine = _spawn(list(spec.argv), env=spec.env, output=subprocess.PIPE)
+    try:
+        assert spec.health_url is not None
+        health = spec.health_url
+
+        async def healthy() -> bool:
+            async with httpx.AsyncClient(timeout=2) as client:
+                return (await client.get(health)).status_code == 200
+
+        with trio.fail_after(30):
+            await wait_until(healthy, "the engine healthy", timeout=25)
+            _record(run, shard_name(cmd), engine.pid, cmd, spec)
+            assert engine.stdout is not None
+            engine.stdout.close()  # the agent that read its output is gone
+            async with supervising(tmp_path) as (supervisor, reports):
+                ready = await reports.state(ShardState.READY)
+                assert ready.pid == engine.pid and ready.epoch == 1
+                assert ready.endpoint_url == spec.endpoint_url
+                assert ready.message == "adopted from a previous agent"
+                assert (ready.port, ready.gpu_indices, ready.profile) == (cmd.port, (0,), "sim")
+                assert supervisor.launched == 0
+                assert supervisor.stop(("m-r1", 0), 1, grace=10) is None
+                stopped = await reports.state(ShardState.STOPPED)
+        assert engine.wait(5) in (0, -signal.SIGTERM)  # stopped by SIGTERM, gracefully
+        assert stopped.exit_code is None  # not our child: its status went elsewhere
+        assert not list(run.iterdir())
+        log = (tmp_path / "state" / "logs" / "m-r1-r0-e1.log").read_text()
+        assert f"llmgw-agent: adopted pid {engine.pid}" in log
+    finally:
+        engine.kill()
+        engine.wait()
+
+
+async def test_a_left_engine_that_is_unhealthy_is_stopped_and_a_reused_pid_left_alone(
+    tmp_path: Path, reserve: Callable[[], int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(supervisor_module, "ADOPT_WITHIN", 0.3)
+    run = tmp_path / "state" / "run"
+    run.mkdir(parents=True)
+    argv = ["sleep", "300"]
+    hung, reused, headless = (_spawn(argv) for _ in range(3))
+    try:
+        cmd = sim_start(reserve())
+        unhealthy = LaunchSpec(tuple(argv), {}, "http://127.0.0.1:1/health", None)
+        _record(run, "hung-r0-e1", hung.pid, attrs.evolve(cmd, replica_id="hung"), unhealthy)
+        _record(run, "reused-r0-e1", reused.pid, attrs.evolve(cmd, replica_id="reused"), unhealthy)
+        record = run / "reused-r0-e1.json"  # as if the pid were another process's now
+        record.write_text(json.dumps({**json.loads(record.read_text()), "start": 1}))
+        rank1 = attrs.evolve(cmd, replica_id="two", rank=1, node_count=2)
+        _record(run, "two-r1-e1", headless.pid, rank1, LaunchSpec(tuple(argv), {}, None, None))
+        with trio.fail_after(20):
+            async with supervising(tmp_path) as (supervisor, reports):
+                adopted = await reports.state(ShardState.READY, "two")
+                assert adopted.pid == headless.pid and adopted.rank == 1
+                assert set(supervisor.shards) == {("two", 1)}
+                assert hung.wait(10) == -signal.SIGTERM
+                assert reused.poll() is None
+        # Leaving stops what it adopted, as every engine it runs.
+        assert headless.wait(10) == -signal.SIGTERM
+        assert not list(run.iterdir())
+    finally:
+        for p in (hung, reused, headless):
             p.kill()
             p.wait()
 

@@ -423,3 +423,87 @@ def test_unknown_replicas_remembered_from_reports_are_bounded(
     # Once the first ones waited their settle out, they make room.
     controller._report_shards("a", [unknown(4)], 11.0)
     assert list(controller._unknown_since) == [("x-4", 1)]
+
+
+@VIRTUAL_TIME
+async def test_an_agent_back_at_once_without_its_shard_has_the_replica_replaced() -> None:
+    """An agent restarted with its engine gone (killed with it) registers again long
+    before its node could be lost, reporting nothing: the replica it ran is unrouted at
+    once and placed again, instead of staying published at a dead port."""
+    control = ControlConfig(
+        interval=Seconds(1.0),
+        unreachable_after=Seconds(30.0),
+        lost_after=Seconds(90.0),
+        port_range=(20000, 20099),
+    )
+    sim = DeploymentProfile(name="sim", engine="sim", weights="w")
+    catalog = Catalog((ModelConfig(name="m", replicas=1, profiles=(sim,)),))
+    routes = Routes()
+    controller = Controller(control, catalog, routes, heartbeat_interval=1.0, settle=1.0)
+    network = StubNetwork()
+    a = ScriptedAgent(network, "a")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(controller.run, network.listener())
+        await nursery.start(a.run)
+        with trio.fail_after(30):
+            await until(lambda: len(routes.live) == 1)
+        (old,) = controller.reconciler.replicas.values()
+        started = trio.current_time()
+
+        # The agent dies with its engine and comes back at once with nothing.
+        a.shards.clear()
+        assert network.disconnect("a") == 1
+        with trio.fail_after(30):
+            await until(lambda: ("remove", old.replica_id) in routes.log)
+        with trio.fail_after(30):
+            await until(lambda: len(routes.live) == 1 and old.replica_id not in routes.live)
+        # Long before the node could even be unreachable, and it never was.
+        assert trio.current_time() - started < 10
+        record = controller.inventory.get("a")
+        assert record is not None and record.state is NodeState.READY
+        (new,) = controller.reconciler.replicas.values()
+        assert new.placement.epoch > old.placement.epoch
+        assert new.state is ReplicaState.READY
+        assert set(a.shards) == {(new.replica_id, 0)}
+        nursery.cancel_scope.cancel()
+
+
+@VIRTUAL_TIME
+async def test_replicas_are_adopted_and_shown_as_agents_arrive_within_the_settle_period() -> None:
+    """After a restart (or a takeover) the views and the router have each replica as
+    soon as its agent registers, not only once the settle period is over."""
+    control = ControlConfig(interval=Seconds(1.0), port_range=(20000, 20099))
+    sim = DeploymentProfile(name="sim", engine="sim", weights="w")
+    catalog = Catalog((ModelConfig(name="m", replicas=1, profiles=(sim,)),))
+    routes = Routes()
+    controller = Controller(control, catalog, routes, heartbeat_interval=1.0, settle=60.0)
+    network = StubNetwork()
+    a = ScriptedAgent(network, "a")
+    a.shards[("m-r5", 0)] = ShardStatus(
+        "m-r5",
+        0,
+        5,  # an earlier run's epoch
+        ShardState.READY,
+        model="m",
+        endpoint_url="http://10.0.0.1:20000",
+        profile="sim",
+        node_count=1,
+        gpu_indices=(0,),
+        port=20000,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(controller.run, network.listener())
+        started = trio.current_time()
+        await nursery.start(a.run)
+        with trio.fail_after(30):
+            await until(lambda: "m-r5" in routes.live)
+        assert trio.current_time() - started < 60 and not controller.settled
+        (info,) = controller.reconciler.snapshot()
+        assert (info.replica_id, info.state) == ("m-r5", ReplicaState.READY)
+        # Settled: kept as it is, nothing placed beside it or stopped.
+        with trio.fail_after(120):
+            await until(lambda: controller.settled)
+        controller.reconcile()
+        assert list(controller.reconciler.replicas) == ["m-r5"]
+        assert a.stops == [] and set(a.shards) == {("m-r5", 0)}
+        nursery.cancel_scope.cancel()

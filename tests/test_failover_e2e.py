@@ -115,6 +115,15 @@ def ha(pg_cluster: TempCluster) -> Iterator[tuple[list[FleetServer], list[AgentP
         yield servers, agents, url
 
 
+def moved(srv: FleetServer, agents: list[AgentProc]) -> bool:
+    """Whether every one of `agents` is registered, connected and ready with `srv`
+    (not: every node `srv` knows so far, which holds once the first has moved)."""
+    nodes = srv.nodes()
+    return set(nodes) == {a.node_id for a in agents} and all(
+        n["state"] == "ready" and n["connected"] for n in nodes.values()
+    )
+
+
 def engines(agents: list[AgentProc]) -> dict[str, int]:
     return {name: pid for a in agents for name, pid in a.engines().items()}
 
@@ -136,7 +145,7 @@ def test_a_killed_leader_is_replaced_and_nothing_is_lost(
         took = time.monotonic() - killed
         assert took < 15, f"a new leader after {took:.1f}s"
         # The agents follow it, and it adopts what they run: no engine restarts.
-        new.wait(lambda: {n["state"] for n in new.nodes().values()} == {"ready"}, "agents moved")
+        new.wait(lambda: moved(new, agents), "both agents moved")
         new.wait(lambda: new.ready_replicas("m", 2), "the replicas adopted")
         served = load.ok
         wait_for(lambda: load.ok >= served + 20, "requests still flowing")
@@ -166,7 +175,7 @@ def test_a_paused_leader_that_wakes_commands_nothing(
     os.killpg(leader.proc.pid, signal.SIGSTOP)
     try:
         new = wait_for(lambda: [s for s in followers if leading(s)], "a new leader", timeout=20)[0]
-        new.wait(lambda: {n["state"] for n in new.nodes().values()} == {"ready"}, "agents moved")
+        new.wait(lambda: moved(new, agents), "both agents moved")
         new.wait(lambda: new.ready_replicas("m", 2), "the replicas adopted")
     finally:
         os.killpg(leader.proc.pid, signal.SIGCONT)

@@ -319,7 +319,8 @@ def test_a_killed_agent_goes_unreachable_then_lost_and_its_replica_moves() -> No
         complete(srv)
 
         # Nothing supervises the old engine now. An agent started again with the same
-        # state directory finds its pid record and stops it before registering.
+        # state directory finds its record, adopts it (it is healthy) and reports it;
+        # the server, which placed the replica elsewhere meanwhile, has it stopped.
         assert alive(engine_pid)
         again = stack.enter_context(
             agent(srv.agent_address, victim_id, address="127.0.0.31", state_dir=victim.state_dir)

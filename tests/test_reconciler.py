@@ -236,6 +236,56 @@ def test_a_lost_node_loses_its_replica_which_is_placed_again() -> None:
     assert placed_on == other and new.epoch > cmd.epoch
 
 
+def test_a_shard_its_node_no_longer_reports_is_lost_and_placed_again_at_once() -> None:
+    """An agent killed with its engine registers again with no shards: the replica is
+    unrouted and replaced by the next pass, though the node itself was never lost."""
+    r = Reconciler(CONTROL)
+    ((n, cmd),) = starts(r.step(0.0, [model()], [node("a", 1)]))
+    r.shard_reported(n, ready(cmd), 1.0)
+    # Reported (in any state): nothing lost; the status itself is shard_reported's.
+    assert r.node_reported(n, [ready(cmd)], 2.0) == Actions()
+    failed = attrs.evolve(ready(cmd), state=ShardState.FAILED)
+    assert r.node_reported(n, [failed], 2.0) == Actions()
+    # Another node's report, or the same replica and rank at another epoch, is no
+    # report of this shard's.
+    assert r.node_reported("b", [], 2.0) == Actions()
+    other_epoch = attrs.evolve(ready(cmd), epoch=cmd.epoch + 1)
+    out = r.node_reported(n, [other_epoch], 3.0)
+    assert out.router == (Unpublish(cmd.replica_id, drain=False),)
+    # The stop tells the agent to make sure (it answers that nothing runs).
+    assert stops(out) == [(n, cmd.replica_id, 0, cmd.epoch)]
+    assert cmd.replica_id not in r.replicas
+    # Not the model's failure: no backoff, and the next pass places it again.
+    assert r.backoff_until("m") is None
+    ((again_on, again),) = starts(r.step(3.1, [model()], [node("a", 1)]))
+    assert again_on == n and again.epoch > cmd.epoch
+
+
+def test_a_shard_never_heard_of_or_already_ended_is_not_lost_by_its_absence() -> None:
+    r = Reconciler(CONTROL)
+    ((n, cmd),) = starts(r.step(0.0, [model()], [node("a", 1)]))
+    # Started but not reported yet (the start may still be on its way, or lost: the
+    # reconciler sends it again while nothing is reported): not lost.
+    assert r.node_reported(n, [], 1.0) == Actions()
+    assert r.replicas[cmd.replica_id].state is ReplicaState.STARTING
+    # Starting, then missing: lost like a ready one.
+    r.shard_reported(n, attrs.evolve(ready(cmd), state=ShardState.STARTING), 2.0)
+    assert r.node_reported(n, [], 3.0).router == (Unpublish(cmd.replica_id, drain=False),)
+
+
+def test_a_multi_node_replica_missing_one_rank_is_lost_whole() -> None:
+    r = two_node(epoch=3)
+    r.shard_reported("gpu-1", status("r1", 0, 3), 1.0)
+    r.shard_reported("gpu-2", status("r1", 1, 3), 1.0)
+    # gpu-1 still runs rank 0; gpu-2 came back without rank 1.
+    assert r.node_reported("gpu-1", [status("r1", 0, 3)], 2.0) == Actions()
+    out = r.node_reported("gpu-2", [], 2.0)
+    assert "r1" not in r.replicas
+    assert out.router == (Unpublish("r1", drain=False),)
+    # Rank 0, which still runs, is stopped; rank 1 is asked to stop too, in case.
+    assert sorted(stops(out)) == [("gpu-1", "r1", 0, 3), ("gpu-2", "r1", 1, 3)]
+
+
 def test_a_replica_that_never_starts_times_out() -> None:
     r = Reconciler(CONTROL)
     ((_, cmd),) = starts(r.step(0.0, [model()], [node("a", 1)]))

@@ -22,7 +22,9 @@ One connection at a time, reconnecting forever:
   the problems, nothing launched) or launched in a supervised task of its own
   (CommandResult ok). StopShard and DrainShard go to the shard of that epoch.
 * **Reconnect**: when the stream fails, or no Registered arrives within
-  ``register_timeout``, the agent waits a full-jitter exponential backoff
+  ``register_timeout`` (given several servers: within a few heartbeat intervals, and
+  the connection too, so a paused leader a follower names does not hold it), the
+  agent waits a full-jitter exponential backoff
   (uniform in ``[0, min(max_backoff, base_backoff * 2**failures))``, so a fleet
   reconnecting to a restarted server spreads out instead of arriving in lockstep)
   and connects again. ``failures`` counts attempts since the last Registered. The
@@ -31,6 +33,7 @@ One connection at a time, reconnecting forever:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import random
@@ -74,6 +77,11 @@ SILENT_HEARTBEATS = 3
 #: The longest pause between attempts while looking for the leader among several
 #: servers (seconds); the controller settles at least TAKEOVER_SETTLE after a takeover.
 SEARCH_BACKOFF = 2.0
+#: Among several servers, the least time one has to connect and answer a registration
+#: (seconds; else SILENT_HEARTBEATS heartbeat intervals): a follower may name a leader
+#: that is paused until its lease expires, and waiting the transport's whole connect
+#: timeout (10 s) on it brought agents to the new leader after its settle period.
+ANSWER_FLOOR = 2.0
 
 
 def backoff_delay(failures: int, base: float, cap: float, rng: random.Random) -> float:
@@ -223,7 +231,9 @@ class Agent:
         while True:
             self._redirected = False
             try:
-                async with self.connector.connect() as conn:
+                async with contextlib.AsyncExitStack() as stack:
+                    with trio.fail_after(self._answer_within()):
+                        conn = await stack.enter_async_context(self.connector.connect())
                     self.connections += 1
                     await self._session(conn)
             except Exception as exc:
@@ -246,6 +256,16 @@ class Agent:
             log.info("reconnecting in %.2fs (attempt %d)", delay, self.failures)
             await trio.sleep(delay)
 
+    def _answer_within(self) -> float:
+        """How long a server has to accept the connection, and then to answer the
+        registration: with several servers a short time (ANSWER_FLOOR), as the next one
+        may lead; with one, register_timeout, as there is no other to try."""
+        servers = self.connector if isinstance(self.connector, Servers) else None
+        if servers is None or len(servers.addresses) < 2:
+            return self.register_timeout
+        silence = max(ANSWER_FLOOR, SILENT_HEARTBEATS * self.heartbeat_interval)
+        return min(self.register_timeout, silence)
+
     async def _session(self, conn: ServerConnection) -> None:
         send, receive = trio.open_memory_channel[_Outgoing](OUTBOX_SIZE)
         # From here every transition is queued for this connection, and the snapshot
@@ -255,7 +275,7 @@ class Agent:
             shards = tuple(self.supervisor.statuses())
             await conn.send(Register(self.node_info(), shards))
             self.supervisor.delivered(shards)
-            with trio.fail_after(self.register_timeout):
+            with trio.fail_after(self._answer_within()):
                 first = await conn.receive()
             if isinstance(first, Refused):
                 servers = self.connector if isinstance(self.connector, Servers) else None

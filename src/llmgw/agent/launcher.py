@@ -48,11 +48,13 @@ class LaunchedEngine(Protocol):
 
     @property
     def returncode(self) -> int | None:
-        """None while it runs; then its exit code (negative: killed by that signal)."""
+        """None while it runs; then its exit code (negative: killed by that signal),
+        or still None when that is unknown (an engine adopted from a previous agent:
+        its exit status goes to its parent, which is not this agent)."""
         ...
 
-    async def wait(self) -> int:
-        """Until it exits; its return code."""
+    async def wait(self) -> int | None:
+        """Until it exits; its return code (None: unknown, as for `returncode`)."""
         ...
 
     def signal(self, sig: signal.Signals) -> None:
@@ -82,6 +84,10 @@ class ProcessLauncher:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # SIGPIPE stays ignored (as in this Python process): an engine that outlives
+            # its agent (killed; the next one adopts it) writes into a pipe nobody reads
+            # for a while, which must cost it that output, not its life.
+            restore_signals=False,
         )
         return _Process(spec, process)
 

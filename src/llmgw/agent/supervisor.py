@@ -24,17 +24,26 @@ watched by one task of the supervisor's nursery. Rules:
   shard is stopped. A stop during a drain cuts it short. A shard without a metrics
   URL (a headless rank) waits for its deadline or a stop.
 * **Shutdown**: when the supervisor is cancelled (the agent stops), every engine is
-  stopped as above with ``shutdown_grace``, all at once: no orphans. Each running
-  engine's pid is recorded under ``<state_dir>/run``; an agent that died without
-  stopping its engines (SIGKILL, power cut) finds those records when it starts
-  again and kills the engines that are still there (same pid, same command line),
-  since nothing would supervise or report them.
+  stopped as above with ``shutdown_grace``, all at once: no orphans.
+* **Adoption**: each running engine is recorded under ``<state_dir>/run`` (pid, the
+  process's start time, command line, the StartShard it runs and where it serves).
+  An agent that died without stopping its engines (SIGKILL, a crash) leaves them
+  serving; the next agent with that state directory finds the records before it
+  registers. An engine still there (same pid, start time and command line: not a
+  reused pid) that answers its health check within ``ADOPT_WITHIN`` (or has no
+  health URL) is *adopted*: supervised again as READY (exit watched through a
+  pidfd, output read again from its pipe), so the agent registers with it and the
+  server keeps the replica, or stops it like any shard it does not want. Any other
+  recorded engine (unhealthy, or a record without its command) is killed, as
+  nothing would supervise or report it. An adopted engine's exit status went to
+  init: it is reported without one.
 * **Replacement**: a shard started for the (replica, rank) of a live shard with an
   older epoch waits until that one is stopped, so the two never share GPUs or ports.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -42,6 +51,7 @@ import os
 import re
 import shlex
 import signal
+import stat
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -51,12 +61,19 @@ from typing import Any
 import attrs
 import httpx
 import trio
+from google.protobuf.message import DecodeError
 
 from llmgw.agent.adapters.base import LaunchSpec
 from llmgw.agent.launcher import LaunchedEngine, Launcher, ProcessLauncher, signal_group
 from llmgw.domain.engine_metrics import parse_metrics
 from llmgw.domain.fleet import ShardState
+from llmgw.transport.convert import (
+    ConversionError,
+    server_message_from_proto,
+    server_message_to_proto,
+)
 from llmgw.transport.messages import ShardStatus, StartShard
+from llmgw.transport.pb import agent_pb2 as pb
 
 __all__ = ["DEFAULT_GRACE", "Key", "Shard", "Supervisor", "sweep_orphans"]
 
@@ -67,6 +84,9 @@ DEFAULT_GRACE = 30.0  # seconds between SIGTERM and SIGKILL when nobody said oth
 LIVE = frozenset({ShardState.STARTING, ShardState.READY, ShardState.DRAINING})
 MAX_LINE = 1000  # characters of one output line kept in the tail
 FIRST_HEALTH_POLL = 0.02  # seconds after launch of the second health check (see _watch_health)
+#: How long an engine left by a previous agent has to answer its health check to be
+#: adopted (seconds); one that does not is stopped (a hung engine, or one still loading).
+ADOPT_WITHIN = 5.0
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -161,10 +181,11 @@ class Supervisor:
         """Supervise until cancelled; then stop every engine (``shutdown_grace``)."""
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.state_dir / "run").mkdir(parents=True, exist_ok=True)
-        await sweep_orphans(self.state_dir / "run")
         async with httpx.AsyncClient(timeout=2.0) as http, trio.open_nursery() as nursery:
             self._http = http
             self._nursery = nursery
+            # Before the agent registers: what a previous agent left runs on, or not.
+            await self._recover()
             task_status.started()
             try:
                 await trio.sleep_forever()
@@ -250,6 +271,70 @@ class Supervisor:
             if shard is not None and shard.status is status and not shard.live:
                 del self.shards[key]
 
+    # -- what a previous agent left --------------------------------------------------
+
+    async def _recover(self) -> None:
+        """Adopt the healthy engines a previous agent left running, stop the others (see
+        the module docstring). Runs before the agent registers."""
+        run_dir = self.state_dir / "run"
+        found = _read_records(run_dir)
+        healthy: dict[int, bool] = {}
+
+        async def check(found_: _Found) -> None:
+            url = found_.spec.health_url if found_.spec is not None else None
+            healthy[found_.pid] = found_.spec is not None and (
+                url is None or await self._answers(url, ADOPT_WITHIN)
+            )
+
+        async with trio.open_nursery() as nursery:
+            for f in found:
+                nursery.start_soon(check, f)
+        stale: list[_Found] = []
+        for f in found:
+            if f.command is None or f.spec is None or not healthy.get(f.pid):
+                stale.append(f)
+                continue
+            if (f.command.replica_id, f.command.rank) in self.shards:
+                stale.append(f)  # two records of one shard: keep the first
+                continue
+            try:
+                engine = _Adopted.open(f.pid, f.start, f.spec)
+            except OSError as exc:  # no pidfds here: it cannot be watched, so not kept
+                log.warning("cannot watch engine pid %d: %s", f.pid, exc)
+                stale.append(f)
+                continue
+            if engine is None:  # gone meanwhile
+                f.record.unlink(missing_ok=True)
+                continue
+            log.warning(
+                "adopting engine pid %d of %s left running by a previous agent",
+                f.pid,
+                shard_name(f.command),
+            )
+            self._adopt(f.command, engine)
+        await _stop_orphans(stale)
+
+    def _adopt(self, cmd: StartShard, engine: LaunchedEngine) -> None:
+        assert self._nursery is not None
+        shard = self._new(cmd, engine.spec)
+        shard.engine = engine
+        shard.log_path = self.state_dir / "logs" / f"{shard_name(cmd)}.log"
+        self._set(shard, ShardState.READY, message="adopted from a previous agent")
+        self._nursery.start_soon(self._run, shard, None, name=f"shard {shard_name(cmd)}")
+
+    async def _answers(self, url: str, within: float) -> bool:
+        """Whether `url` answers 200 within `within` seconds (polled as _watch_health)."""
+        assert self._http is not None
+        pause = FIRST_HEALTH_POLL
+        with trio.move_on_after(within):
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await self._http.get(url)).status_code == 200:
+                        return True
+                await trio.sleep(pause)
+                pause = min(2 * pause, self.health_interval)
+        return False
+
     # -- internals -----------------------------------------------------------------------
 
     def _new(self, cmd: StartShard, spec: LaunchSpec | None) -> Shard:
@@ -285,6 +370,9 @@ class Supervisor:
         try:
             if previous is not None:
                 await previous.done.wait()
+            if shard.engine is not None:  # adopted: running already (a stop is queued)
+                await self._supervise_adopted(shard, shard.engine)
+                return
             if shard.stop_requested:
                 self._set(shard, ShardState.STOPPED, message="stopped before it was launched")
                 return
@@ -300,9 +388,9 @@ class Supervisor:
             shard.stop_requested = True
             shard.stop_reason = shard.stop_reason or "the agent is shutting down"
             engine.signal(signal.SIGTERM)
-            with trio.move_on_after(self.shutdown_grace):
+            with trio.move_on_after(self.shutdown_grace) as waited:
                 await engine.wait()
-            if engine.returncode is None:
+            if waited.cancelled_caught:
                 engine.signal(signal.SIGKILL)
                 shard.killed = True
                 await engine.wait()
@@ -344,28 +432,50 @@ class Supervisor:
             # Where it serves: what the health check, drain and READY status use.
             shard.spec = spec = engine.spec
             if engine.pid is not None:
-                _record_pid(self.state_dir / "run", name, engine.pid, spec.argv)
+                _record(self.state_dir / "run", name, engine.pid, shard.command, spec)
             self._set(shard, ShardState.STARTING)  # now with its pid
-            async with trio.open_nursery() as outer:
-                outer.start_soon(self._pump, shard, engine.output, logf)
-                async with trio.open_nursery() as inner:
-                    inner.start_soon(self._control, shard)
-                    if spec.health_url is not None:
-                        inner.start_soon(self._watch_health, shard, spec.health_url)
-                    else:
-                        self._set(shard, ShardState.READY)
-                    await engine.wait()
-                    shard.exited.set()
-                    inner.cancel_scope.cancel()
-                # Workers the engine forked may live on (and hold GPUs and our pipe).
-                engine.signal(signal.SIGKILL)
-                with trio.move_on_after(2.0):
-                    await shard.pump_done.wait()
-                outer.cancel_scope.cancel()
+            await self._watch(shard, engine, logf)
         finally:
             with trio.CancelScope(shield=True):
                 await logf.aclose()
-        code = engine.returncode
+        self._ended(shard, engine.returncode)
+
+    async def _supervise_adopted(self, shard: Shard, engine: LaunchedEngine) -> None:
+        """An engine a previous agent left, adopted READY (see the module docstring)."""
+        assert shard.log_path is not None
+        logf = await _LogFile.open(shard.log_path, self.log_max_bytes)
+        try:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            await logf.write(f"--- {stamp} llmgw-agent: adopted pid {engine.pid}\n".encode())
+            await self._watch(shard, engine, logf)
+        finally:
+            with trio.CancelScope(shield=True):
+                await logf.aclose()
+        self._ended(shard, engine.returncode)
+
+    async def _watch(self, shard: Shard, engine: LaunchedEngine, logf: _LogFile) -> None:
+        """Until the engine exits: its output, its health (while STARTING), requests."""
+        assert shard.spec is not None
+        health_url = shard.spec.health_url
+        async with trio.open_nursery() as outer:
+            outer.start_soon(self._pump, shard, engine.output, logf)
+            async with trio.open_nursery() as inner:
+                inner.start_soon(self._control, shard)
+                if shard.state is ShardState.STARTING:
+                    if health_url is not None:
+                        inner.start_soon(self._watch_health, shard, health_url)
+                    else:
+                        self._set(shard, ShardState.READY)
+                await engine.wait()
+                shard.exited.set()
+                inner.cancel_scope.cancel()
+            # Workers the engine forked may live on (and hold GPUs and our pipe).
+            engine.signal(signal.SIGKILL)
+            with trio.move_on_after(2.0):
+                await shard.pump_done.wait()
+            outer.cancel_scope.cancel()
+
+    def _ended(self, shard: Shard, code: int | None) -> None:
         if shard.stop_requested:
             message = self._stopped_message(shard)
             self._set(shard, ShardState.STOPPED, message=message, exit_code=code)
@@ -564,9 +674,40 @@ def _last_line(tail: Iterable[str]) -> str:
 # -- pid records and orphans ---------------------------------------------------------------
 
 
-def _record_pid(run_dir: Path, name: str, pid: int, argv: Iterable[str]) -> None:
+@attrs.frozen
+class _Found:
+    """A recorded engine whose process still runs the recorded command."""
+
+    record: Path
+    pid: int
+    start: int | None  # the process's start time (clock ticks after boot)
+    command: StartShard | None  # None: a record too old or damaged to adopt from
+    spec: LaunchSpec | None
+
+
+def _record(run_dir: Path, name: str, pid: int, cmd: StartShard, spec: LaunchSpec) -> None:
+    """What adopting the engine takes (the module docstring); readable by the agent's
+    user only, as the command carries the profile's environment (an API key)."""
+    data: dict[str, Any] = {"pid": pid, "start": _start_time(pid), "argv": list(spec.argv)}
     try:
-        (run_dir / f"{name}.json").write_text(json.dumps({"pid": pid, "argv": list(argv)}))
+        wire = server_message_to_proto(cmd).SerializeToString()
+    except ConversionError as exc:  # then it can be stopped by the next agent, not adopted
+        log.warning("cannot record the command of engine pid %d: %s", pid, exc)
+    else:
+        data["command"] = base64.b64encode(wire).decode()
+        data["spec"] = {
+            "health_url": spec.health_url,
+            "endpoint_url": spec.endpoint_url,
+            "metrics_url": spec.metrics_url,
+            "capacity": spec.capacity,
+        }
+    path = run_dir / f"{name}.json"
+    partial = run_dir / f"{name}.partial"  # renamed into place: never read half-written
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data))
+        partial.replace(path)
     except OSError as exc:
         log.warning("cannot record engine pid %d in %s: %s", pid, run_dir, exc)
 
@@ -576,13 +717,44 @@ def _forget_pid(run_dir: Path, name: str) -> None:
         (run_dir / f"{name}.json").unlink()
 
 
-def _read_orphans(run_dir: Path) -> list[tuple[Path, int]]:
-    """(record, pid) of every recorded engine that still runs the recorded command."""
-    found: list[tuple[Path, int]] = []
+def _start_time(pid: int) -> int | None:
+    """The process's start time, which tells it from a later process given its pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        return int(stat.rsplit(b") ", 1)[-1].split()[19])  # field 22, after the name
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _parse_command(data: dict[str, Any]) -> tuple[StartShard | None, LaunchSpec | None]:
+    try:
+        message = server_message_from_proto(
+            pb.ConnectResponse.FromString(base64.b64decode(data["command"]))
+        )
+        spec = data["spec"]
+        capacity = spec.get("capacity")
+        launch = LaunchSpec(
+            argv=tuple(str(a) for a in data["argv"]),
+            env={},
+            health_url=spec.get("health_url"),
+            endpoint_url=spec.get("endpoint_url"),
+            metrics_url=spec.get("metrics_url"),
+            capacity=int(capacity) if capacity is not None else None,
+        )
+    except (KeyError, TypeError, ValueError, AttributeError, ConversionError, DecodeError):
+        return None, None
+    return (message, launch) if isinstance(message, StartShard) else (None, None)
+
+
+def _read_records(run_dir: Path) -> list[_Found]:
+    """Every recorded engine that still runs the recorded command (the same process:
+    a pid since reused by something else is not ours); the other records are removed."""
+    found: list[_Found] = []
     for record in sorted(run_dir.glob("*.json")):
         try:
             data = json.loads(record.read_text())
             pid, argv = int(data["pid"]), [str(a) for a in data["argv"]]
+            start = data.get("start")
         except (OSError, ValueError, KeyError, TypeError):
             record.unlink(missing_ok=True)
             continue
@@ -591,27 +763,102 @@ def _read_orphans(run_dir: Path) -> list[tuple[Path, int]]:
         except OSError:
             record.unlink(missing_ok=True)  # gone (or no /proc to tell: leave it be)
             continue
-        if [c.decode("utf-8", "replace") for c in cmdline if c] == argv:
-            found.append((record, pid))
-        else:
+        same = [c.decode("utf-8", "replace") for c in cmdline if c] == argv
+        if not same or (start is not None and _start_time(pid) != start):
             record.unlink(missing_ok=True)  # the pid was reused by something else
+            continue
+        command, spec = _parse_command(data)
+        found.append(_Found(record, pid, start, command, spec))
     return found
 
 
-async def sweep_orphans(run_dir: Path, *, grace: float = 10.0) -> list[int]:
-    """Kill the engines a previous agent left running (see the module docstring);
-    returns their pids."""
-    orphans = _read_orphans(run_dir)
-    for _record, pid in orphans:
-        log.warning("stopping engine pid %d left running by a previous agent", pid)
-        signal_group(pid, signal.SIGTERM)
+async def _stop_orphans(orphans: Iterable[_Found], grace: float = 10.0) -> list[int]:
+    """SIGTERM, then SIGKILL after `grace`, the process groups of `orphans`."""
+    orphans = list(orphans)
+    for f in orphans:
+        log.warning("stopping engine pid %d left running by a previous agent", f.pid)
+        signal_group(f.pid, signal.SIGTERM)
     with trio.move_on_after(grace):
-        while any(_alive(pid) for _record, pid in orphans):  # noqa: ASYNC110 (not our children)
+        while any(_alive(f.pid) for f in orphans):  # noqa: ASYNC110 (not our children)
             await trio.sleep(0.1)
-    for record, pid in orphans:
-        signal_group(pid, signal.SIGKILL)
-        record.unlink(missing_ok=True)
-    return [pid for _record, pid in orphans]
+    for f in orphans:
+        signal_group(f.pid, signal.SIGKILL)
+        f.record.unlink(missing_ok=True)
+    return [f.pid for f in orphans]
+
+
+async def sweep_orphans(run_dir: Path, *, grace: float = 10.0) -> list[int]:
+    """Kill every engine a previous agent left running, adoptable or not; returns
+    their pids. (The supervisor adopts the healthy ones instead: Supervisor.run.)"""
+    return await _stop_orphans(_read_records(run_dir), grace)
+
+
+class _NoOutput(trio.abc.ReceiveStream):
+    """The output of an adopted engine whose pipe could not be opened again."""
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        await trio.lowlevel.checkpoint()
+        return b""
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+class _Adopted:
+    """A :class:`~llmgw.agent.launcher.LaunchedEngine` a previous agent started: not
+    our child, so its exit is watched through a pidfd (which names that process, not
+    a later one given its pid) and its exit status is unknown (None)."""
+
+    def __init__(self, pid: int, pidfd: int, spec: LaunchSpec, output: trio.abc.ReceiveStream):
+        self.pid = pid
+        self.spec = spec
+        self.output = output
+        self.returncode: int | None = None
+        self._pidfd = pidfd
+        self._gone = False
+
+    @classmethod
+    def open(cls, pid: int, start: int | None, spec: LaunchSpec) -> _Adopted | None:
+        """The engine `pid` as recorded (`start`), or None when it is gone. OSError
+        when this system cannot watch a process that is not its child (no pidfds)."""
+        pidfd_open = getattr(os, "pidfd_open", None)
+        if pidfd_open is None:
+            raise OSError("this system has no pidfd_open")
+        try:
+            pidfd = pidfd_open(pid)
+        except ProcessLookupError:
+            return None
+        if start is not None and _start_time(pid) != start:
+            os.close(pidfd)  # exited and its pid reused since the records were read
+            return None
+        return cls(pid, pidfd, spec, _reopen_output(pid))
+
+    async def wait(self) -> int | None:
+        if not self._gone:
+            try:
+                await trio.lowlevel.wait_readable(self._pidfd)  # readable: it exited
+            finally:
+                if not self._gone:
+                    with contextlib.suppress(OSError):
+                        os.close(self._pidfd)
+                    self._gone = True
+        return None
+
+    def signal(self, sig: signal.Signals) -> None:
+        signal_group(self.pid, sig)
+
+
+def _reopen_output(pid: int) -> trio.abc.ReceiveStream:
+    """A new read end of the pipe the engine writes its output to (the previous agent
+    held the old one), so its output reaches the tail and the log again."""
+    path = f"/proc/{pid}/fd/1"
+    try:
+        if not stat.S_ISFIFO(os.stat(path).st_mode):
+            return _NoOutput()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return _NoOutput()
+    return trio.lowlevel.FdStream(fd)
 
 
 def _alive(pid: int) -> bool:

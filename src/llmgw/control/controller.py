@@ -8,7 +8,8 @@ every event, sends the commands it decides on, and publishes ready replicas to a
 to engines directly: they keep serving while the control plane restarts.
 
 After a start it waits one `settle` period before placing anything, so agents that
-still run replicas can reconnect and have them adopted instead of duplicated.
+still run replicas can reconnect and have them adopted instead of duplicated; whole
+replicas are adopted (and routed, and shown) as their agents arrive meanwhile.
 
 The operator's cordons (and drains) are kept in the `store` when one is given
 (:mod:`llmgw.control.cordons`): read back before the first agent is accepted, so a
@@ -409,10 +410,12 @@ class Controller:
         # (they retry every agent.SEARCH_BACKOFF at most): adopted, not placed again.
         settle = self.settle if self.leadership is None else max(self.settle, TAKEOVER_SETTLE)
         with trio.move_on_after(settle):
-            while True:  # adopt as agents arrive, but place nothing yet
+            while True:  # adopt as agents arrive (the views show them), place nothing yet
                 await self._wake.wait()
                 self._wake = trio.Event()
+                self._adopt_reported(quiet=True)
         self._adopt_reported()
+        self._catch_up()
         self._settled = True
         while True:
             started = trio.current_time()
@@ -514,11 +517,29 @@ class Controller:
             for refused in rebuilt.refused:
                 log.warning("not adopting %s: %s", refused.replica_id, refused.reason)
 
-    def _report_shards(self, node_id: str, statuses: Iterable[ShardStatus], now: float) -> None:
+    def _catch_up(self) -> None:
+        """At the end of the settle period: what agents reported meanwhile about the
+        replicas adopted during it (a shard that failed, a node that registered again
+        without one), which was only recorded in the inventory."""
+        now = self.clock()
+        for record in self.inventory.nodes():
+            if record.state is NodeState.LOST:
+                continue
+            for status in record.shards:
+                if status.replica_id in self.reconciler.replicas:
+                    self._apply(self.reconciler.shard_reported(record.node_id, status, now))
+            self._apply(self.reconciler.node_reported(record.node_id, record.shards, now))
+
+    def _report_shards(
+        self, node_id: str, statuses: Iterable[ShardStatus], now: float, *, whole: bool = False
+    ) -> None:
         """Hand shard reports to the reconciler, after adopting whole replicas it does not
         know. A shard of an unknown multi-node replica whose other ranks have not
         reported yet gets `settle` to be completed (its agents may come back one by one
-        after an outage) before the reconciler stops it as stale."""
+        after an outage) before the reconciler stops it as stale. `whole`: the node's
+        every shard (a registration; a heartbeat's summary need not be whole), so a
+        shard the reconciler has heard run there that is missing is lost
+        (Reconciler.node_reported)."""
         statuses = list(statuses)
         if any(s.replica_id not in self.reconciler.replicas for s in statuses):
             self._adopt_reported(quiet=True)
@@ -542,6 +563,11 @@ class Controller:
                 if now - first < self.settle:
                     continue
             self._apply(self.reconciler.shard_reported(node_id, status, now))
+        if whole:
+            lost = self.reconciler.node_reported(node_id, statuses, now)
+            self._apply(lost)
+            if lost.commands or lost.router:
+                self.poke()  # place the lost replicas again now, not at the next interval
 
     # -- agents --------------------------------------------------------------------
 
@@ -597,7 +623,7 @@ class Controller:
                 nursery.start_soon(_send_all, conn, pending)
                 outbox.send_nowait(Registered(self.heartbeat_interval, self.epoch, self.token))
                 if self._settled:
-                    self._report_shards(node_id, first.shards, now)
+                    self._report_shards(node_id, first.shards, now, whole=True)
                 self.poke()
                 try:
                     while True:

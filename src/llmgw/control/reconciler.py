@@ -18,7 +18,9 @@ another URL is refused, and the replica stopped as a failed start.
 A failed start backs the model off, doubling from `control.base_backoff` to
 `control.max_backoff`; a replica reaching ready resets it. Surplus replicas are
 drained (no new requests, in-flight ones finish) before they stop. Replicas on an
-unreachable node keep serving; on a lost node they are dropped and placed again.
+unreachable node keep serving; on a lost node they are dropped and placed again, and
+so is a replica one of whose shards its node stops reporting
+(:meth:`Reconciler.node_reported`): what a node does not report it does not run.
 
 Fencing
 -------
@@ -48,6 +50,7 @@ import attrs
 
 from llmgw.config import ControlConfig
 from llmgw.control.addresses import engine_url, same_url
+from llmgw.control.adoption import LIVE_SHARD_STATES
 from llmgw.control.durations import Durations
 from llmgw.control.placement import (
     HintCode,
@@ -684,6 +687,33 @@ class Reconciler:
             del self.replicas[replica.replica_id]
             return Actions(router=(Unpublish(replica.replica_id, drain=False),))
         return Actions()
+
+    def node_reported(self, node_id: str, shards: Iterable[ShardStatus], now: float) -> Actions:
+        """`node_id` reported every shard it runs (a registration carries the agent's
+        whole set). A shard this reconciler has heard run there
+        (its last status starting, ready or draining) that is not among them is lost:
+        its engine is gone (it died with its agent, or a new agent found it unhealthy).
+        Its replica is dropped as on a lost node, unrouted at once and placed again by
+        the next pass, instead of staying published at a dead port until the node
+        itself is lost (which a node that reconnects at once never is). A shard
+        reported in any state counts as reported (:meth:`shard_reported` judges it)."""
+        reported = {(s.replica_id, s.rank, s.epoch) for s in shards}
+        actions = Actions()
+        for replica in list(self.replicas.values()):
+            p = replica.placement
+            for shard in p.shards:
+                status = replica.shards.get(shard.rank)
+                if (
+                    shard.node_id == node_id
+                    and status is not None
+                    and status.state in LIVE_SHARD_STATES
+                    and (p.replica_id, shard.rank, p.epoch) not in reported
+                ):
+                    why = f"node {node_id} no longer reports its rank {shard.rank}"
+                    log.warning("replica %s of %s lost: %s", p.replica_id, p.model, why)
+                    actions += self._drop(replica, why, failed=False, now=now)
+                    break
+        return actions
 
     def adopt(
         self,
