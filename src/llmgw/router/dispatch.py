@@ -248,7 +248,8 @@ class Dispatch:
                         queue_wait=call.queued,
                     )
                     if call.response_id is not None and delivery.status == 200:
-                        home = Home(state.endpoint.id, model.name)
+                        owner = call.key.id if call.key is not None else None
+                        home = Home(state.endpoint.id, model.name, owner)
                         router.responses.record(call.response_id, home, trio.current_time())
                     return
         requested = call.body.model
