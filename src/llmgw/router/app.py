@@ -65,6 +65,7 @@ from llmgw.router.paths import (
     ApiPath,
     engine_names,
 )
+from llmgw.router.proxy import BufferFull
 from llmgw.router.responses import SCAN_BYTES, response_id_in
 from llmgw.router.usage import NO_USAGE
 from llmgw.version import __version__
@@ -228,40 +229,56 @@ class ClientApp:
             url += "?" + bytes(scope["query_string"]).decode("latin-1")  # its paging
         headers = [(b"x-request-id", scope[REQUEST_ID]), *state.endpoint.headers]
         limit = router.config.router.max_response_bytes
+        # Held whole like any non-streaming answer, within the same budget.
+        budget = router.upstream.budget
+        held = 0
         try:
-            with trio.fail_after(router.config.router.timeouts.total):
-                async with router.scraper.client.stream(
-                    scope["method"], url, headers=headers, timeout=None
-                ) as answer:
-                    data = bytearray()
-                    async for chunk in answer.aiter_bytes():
-                        data += chunk
-                        if len(data) > limit:
-                            raise HttpError(
-                                502,
-                                f"endpoint {home.endpoint!r} answered more than {limit} bytes",
-                                type_="server_error",
-                                code="upstream_error",
-                            )
-        except (trio.TooSlowError, httpx.HTTPError) as exc:
-            why = "timed out" if isinstance(exc, trio.TooSlowError) else type(exc).__name__
-            raise HttpError(
-                502,
-                f"endpoint {home.endpoint!r} did not answer: {why}",
-                type_="server_error",
-                code="upstream_error",
-            ) from None
-        if scope["method"] == "DELETE" and answer.status_code == 200:
-            router.responses.forget(response_id)
-        await send_json(
-            send,
-            answer.status_code,
-            bytes(data),
-            [
-                (b"x-request-id", scope[REQUEST_ID]),
-                (b"x-llmgw-endpoint", state.endpoint.id.encode()),
-            ],
-        )
+            try:
+                with trio.fail_after(router.config.router.timeouts.total):
+                    async with router.scraper.client.stream(
+                        scope["method"], url, headers=headers, timeout=None
+                    ) as answer:
+                        data = bytearray()
+                        async for chunk in answer.aiter_bytes():
+                            data += chunk
+                            if len(data) > limit:
+                                raise HttpError(
+                                    502,
+                                    f"endpoint {home.endpoint!r} answered more than {limit} bytes",
+                                    type_="server_error",
+                                    code="upstream_error",
+                                )
+                            budget.take(len(chunk))
+                            held += len(chunk)
+            except (trio.TooSlowError, httpx.HTTPError) as exc:
+                why = "timed out" if isinstance(exc, trio.TooSlowError) else type(exc).__name__
+                raise HttpError(
+                    502,
+                    f"endpoint {home.endpoint!r} did not answer: {why}",
+                    type_="server_error",
+                    code="upstream_error",
+                ) from None
+            except BufferFull as exc:
+                raise HttpError(
+                    503,
+                    str(exc),
+                    type_="server_error",
+                    code="response_buffer_full",
+                    headers=[(b"retry-after", b"1")],
+                ) from None
+            if scope["method"] == "DELETE" and answer.status_code == 200:
+                router.responses.forget(response_id)
+            await send_json(
+                send,
+                answer.status_code,
+                bytes(data),
+                [
+                    (b"x-request-id", scope[REQUEST_ID]),
+                    (b"x-llmgw-endpoint", state.endpoint.id.encode()),
+                ],
+            )
+        finally:
+            budget.give(held)
 
     async def _model(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``GET /v1/models/{id}``: one model or alias the key may use and a replica

@@ -110,6 +110,7 @@ class Router:
             upstream,
             max_response_bytes=r.max_response_bytes,
             max_event_bytes=r.max_event_bytes,
+            max_buffered_bytes=r.max_buffered_bytes,
         )
         # Which replica holds each stored response (Responses API follow-ups).
         self.responses = ResponseHomes()

@@ -19,7 +19,7 @@ from llmgw.router.auth import AuthError
 from llmgw.router.body import BIG_BODY, BodyError
 from llmgw.router.breaker import Outcome, Ticket, classify_status
 from llmgw.router.call import REQUEST_ID, Call, HttpError, Native, Routing, auth_error, engine_of
-from llmgw.router.proxy import AttemptFailed, Delivery, PathMissing
+from llmgw.router.proxy import AttemptFailed, BufferFull, Delivery, PathMissing
 from llmgw.router.responses import Home
 
 if TYPE_CHECKING:
@@ -235,6 +235,15 @@ class Dispatch:
                     except AttemptFailed as failure:
                         last = failure
                         continue
+                    except BufferFull as exc:
+                        # Memory, not the replica: another's answer would not fit either.
+                        raise HttpError(
+                            503,
+                            str(exc),
+                            type_="server_error",
+                            code="response_buffer_full",
+                            headers=[(b"retry-after", b"1")],
+                        ) from None
                     router.finish(
                         model,
                         state,
@@ -389,6 +398,12 @@ class Dispatch:
             router.record_attempt(state, ticket, failure.outcome, failure)
             if traced is not None:
                 traced.end(failure.kind, failure.status, str(failure))
+            raise
+        except BufferFull:
+            # Says nothing about the replica (its answer came): the probe slot is freed.
+            router.record_attempt(state, ticket, Outcome.CLIENT_GONE, None)
+            if traced is not None:
+                traced.end("buffer_full", None)
             raise
         except BaseException:
             # Cancelled (the client left) or a bug: the probe slot must not stick,
