@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from llmgw.domain.endpoints import public_name
 from llmgw.domain.keys import KeyRecord
 from llmgw.domain.usage import UsageRecord
 from llmgw.http.asgi import (
@@ -244,7 +245,7 @@ class ClientApp:
                             if len(data) > limit:
                                 raise HttpError(
                                     502,
-                                    f"endpoint {home.endpoint!r} answered more than {limit} bytes",
+                                    f"endpoint {state.public!r} answered more than {limit} bytes",
                                     type_="server_error",
                                     code="upstream_error",
                                 )
@@ -254,7 +255,7 @@ class ClientApp:
                 why = "timed out" if isinstance(exc, trio.TooSlowError) else type(exc).__name__
                 raise HttpError(
                     502,
-                    f"endpoint {home.endpoint!r} did not answer: {why}",
+                    f"endpoint {state.public!r} did not answer: {why}",
                     type_="server_error",
                     code="upstream_error",
                 ) from None
@@ -274,7 +275,7 @@ class ClientApp:
                 bytes(data),
                 [
                     (b"x-request-id", scope[REQUEST_ID]),
-                    (b"x-llmgw-endpoint", state.endpoint.id.encode()),
+                    (b"x-llmgw-endpoint", state.public.encode()),
                 ],
             )
         finally:
@@ -562,8 +563,9 @@ class ClientApp:
         if state is None or state.draining:
             raise HttpError(
                 404,
-                f"previous response {raw!r} was stored by endpoint {home.endpoint!r}, which "
-                "no longer serves: its context is gone, start from the full conversation",
+                f"previous response {raw!r} was stored by endpoint "
+                f"{public_name(home.endpoint)!r}, which no longer serves: its context is "
+                "gone, start from the full conversation",
                 code="previous_response_gone",
                 param="previous_response_id",
             )

@@ -446,6 +446,7 @@ class Router:
             views.append(
                 {
                     "id": state.endpoint.id,
+                    "name": state.public,
                     "url": state.endpoint.url,
                     "models": list(state.endpoint.models),
                     "pool": state.endpoint.pool,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from llmgw.domain.endpoints import public_name
 from llmgw.domain.usage import Caller, Usage
 from llmgw.http.asgi import header
 from llmgw.router.admission import AdmissionRejected, UnknownBand
@@ -275,10 +276,12 @@ class Dispatch:
             )
         status = 504 if last is not None and last.outcome is Outcome.TIMEOUT else 502
         router.metrics.requests.labels(attempted.name, "", str(status)).inc()
-        # Endpoints are named by id: their addresses stay out of what clients see.
+        # Endpoints are named as clients see them (public_name): no addresses, no
+        # leader's fencing token.
         raise HttpError(
             status,
-            f"every replica tried failed; the last, endpoint {last.endpoint!r}: {last}"
+            f"every replica tried failed; the last, endpoint "
+            f"{public_name(last.endpoint or '')!r}: {last}"
             if last
             else "no replica was free",
             type_="server_error",
@@ -336,7 +339,7 @@ class Dispatch:
         request_id = call.scope[REQUEST_ID]
         extra = [
             (b"x-llmgw-model", model.name.encode()),
-            (b"x-llmgw-endpoint", state.endpoint.id.encode()),
+            (b"x-llmgw-endpoint", state.public.encode()),
             (b"x-request-id", request_id),
         ]
         traced = (
