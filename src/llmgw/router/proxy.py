@@ -293,10 +293,10 @@ class BufferBudget:
     def take(self, size: int) -> None:
         """Reserve `size` bytes; BufferFull (nothing reserved) when they do not fit."""
         if self.used + size > self.capacity:
+            # What other requests hold stays out of it: the message reaches a client.
             raise BufferFull(
-                f"the gateway is holding {self.used} bytes of answers for other requests; "
-                f"this one needs {size} more than the {self.capacity} it may hold at once "
-                "(router.max_buffered_bytes)"
+                f"the engine's answer ({size} bytes more) does not fit in what the gateway "
+                "may hold of answers at once now (router.max_buffered_bytes); retry shortly"
             )
         self.used += size
 
