@@ -135,6 +135,36 @@ def dribble(first: bytes, every: float = 0.2) -> Case:
     return case
 
 
+def big_json(size: int) -> bytes:
+    """A well-formed chat completion of about `size` bytes (its usage at the end, as
+    vLLM orders it)."""
+    start = b'{"id":"x","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,'
+    start += b'"message":{"role":"assistant","content":"'
+    end = b'"},"finish_reason":"stop"}],'
+    end += b'"usage":{"prompt_tokens":1,"completion_tokens":7,"total_tokens":8}}'
+    return start + b"x" * (size - len(start) - len(end)) + end
+
+
+def big(size: int, framed: bool) -> Case:
+    """A well-formed answer of `size` bytes, sent as fast as taken (chunked when
+    `framed`, else with its Content-Length); made once per engine process."""
+    made: list[bytes] = []
+
+    def case(sock: socket.socket) -> None:
+        if not made:
+            made.append(big_json(size))
+        body = made[0]
+        if framed:
+            sock.sendall(JSON_CHUNKED)
+            for i in range(0, len(body), MiB):
+                sock.sendall(chunk(body[i : i + MiB]))
+            sock.sendall(b"0\r\n\r\n")
+        else:
+            sock.sendall(answer(body=body))
+
+    return case
+
+
 GOOD_STREAM = CHUNKED + chunk(EVENT) + chunk(EVENT) + chunk(DONE) + b"0\r\n\r\n"
 
 CASES: dict[str, Case] = {
@@ -221,6 +251,9 @@ CASES: dict[str, Case] = {
     "huge_chunked": flood(JSON_CHUNKED, 256 * MiB, True),
     "huge_until_close": flood(head(b"HTTP/1.1 200 OK"), 256 * MiB, False),
     "tiny_chunks_forever": forever(JSON_CHUNKED, b"1\r\nx\r\n"),
+    # Within max_response_bytes, but more than a few at once fit no buffer budget.
+    "big_60": big(60 * MiB, False),
+    "big_60_chunked": big(60 * MiB, True),
     "slow_body": dribble(head(b"HTTP/1.1 200 OK", b"content-length: 1000")),
     "slow_error_body": dribble(head(b"HTTP/1.1 400 Bad Request", b"content-length: 1000")),
     "cut_error_body": pieces(

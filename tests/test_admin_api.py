@@ -26,6 +26,7 @@ from llmgw.admin.api import AdminApp
 from llmgw.admin.contract import ApiError
 from llmgw.config import Config, load
 from llmgw.control.controller import Controller
+from llmgw.domain.catalog import ModelConfig
 from llmgw.domain.engine_metrics import EngineSample
 from llmgw.domain.usage import Usage, UsageRecord
 from llmgw.models import ModelRegistry
@@ -42,6 +43,8 @@ CONFIG: dict[str, Any] = {
     "models": [{"name": "base", "aliases": ["base-alias"]}],
 }
 
+# An endpoint naming a model no [[models]] entry defines (served as is, router-only).
+ENDPOINT_ONLY = {"id": "e3", "url": "http://127.0.0.1:11", "models": ["served-only"]}
 ERROR_KEYS = {"message", "type", "param", "code"}
 JSON = {"content-type": "application/json"}
 
@@ -106,6 +109,7 @@ async def admin_api(
     cfg: Config | None = None,
     configured: Any = None,
     control_plane: bool = False,
+    extra: Any = (),
 ) -> AsyncIterator[Admin]:
     """The admin app over a fresh SQLite store in `tmp_path` (no store when None);
     router-only unless a `controller` is given or `control_plane` asks for one (wired
@@ -115,7 +119,10 @@ async def admin_api(
     try:
         router = Router(cfg)
         registry = ModelRegistry(
-            cfg.models if configured is None else configured, cfg.router.profiles, store=store
+            cfg.models if configured is None else configured,
+            cfg.router.profiles,
+            store=store,
+            extra=extra,
         )
         await registry.load()
         if control_plane and controller is None:
@@ -620,6 +627,53 @@ async def test_model_conflicts(tmp_path: Path) -> None:
         r = await a.client.post("/api/v1/models", json={"name": "c", "aliases": ["base-alias"]})
         assert r.status_code == 400
         assert "'base-alias' is already an alias of 'base'" in error(r)["message"]
+
+
+async def test_runtime_model_names_follow_the_catalog_rule_and_shadow_nothing(
+    tmp_path: Path,
+) -> None:
+    """The admin API and the store take names by the configuration file's rule (a raw
+    CR reached a /metrics label, 20,000 aliases and 5,000-character names were taken),
+    and a new model never takes over a name clients already use for another: an alias,
+    or a model that endpoints in the configuration file serve."""
+    cfg = config({**CONFIG, "endpoints": [*CONFIG["endpoints"], ENDPOINT_ONLY]})
+    extra = [ModelConfig("served-only")]
+    async with admin_api(tmp_path, cfg=cfg, extra=extra) as a:
+        cases = [
+            ({"name": "evil\r\nx"}, "models[1].name: must not contain control characters"),
+            ({"name": "m" * 5000}, "models[1].name: must be at most 256 characters, got 5000"),
+            ({"name": "m", "aliases": ["ok\r"]}, "models[1].aliases[0]: must not contain"),
+            (
+                {"name": "m", "aliases": [f"a{i}" for i in range(20_000)]},
+                "models[1].aliases: at most 64 aliases, got 20000",
+            ),
+        ]
+        for body, message in cases:
+            r = await a.client.post("/api/v1/models", json=body)
+            assert r.status_code == 400, (body, r.text[:300])
+            detail = error(r)
+            assert detail["message"].startswith(message), (body, detail["message"][:300])
+            assert detail["code"] == "invalid_model" and len(detail["message"]) < 400
+        conflicts = [
+            ({"name": "base-alias"}, "'base-alias' is already an alias of model 'base'"),
+            ({"name": "served-only"}, "model 'served-only' is served by endpoints"),
+        ]
+        for body, message in conflicts:
+            r = await a.client.post("/api/v1/models", json=body)
+            assert r.status_code == 409, (body, r.text)
+            assert error(r)["code"] == "model_conflict"
+            assert error(r)["message"].startswith(message), error(r)["message"]
+        assert a.store is not None and await a.store.list_models() == []
+        assert a.registry.catalog.resolve("base-alias").name == "base"  # type: ignore[union-attr]
+        assert a.registry.catalog.resolve("served-only") == extra[0]
+
+        # A model stored by an older version under a bad name is skipped at load, and
+        # said why (its name is shown escaped, never as a raw CR).
+        await a.store.put_model(ModelConfig("bad\rname"))
+        warnings = await a.registry.load()
+        assert any("must not contain control characters" in w for w in warnings), warnings
+        assert all("\r" not in w for w in warnings), warnings
+        assert a.registry.catalog.resolve("bad\rname") is None
 
 
 async def test_models_show_replica_status_with_a_control_plane(tmp_path: Path) -> None:

@@ -39,3 +39,32 @@ def test_a_configuration_file_cannot_ask_for_more_replicas_than_the_bound() -> N
 
 def test_a_gpu_name_is_compiled_once() -> None:
     assert gpu_name_pattern("H100|A100") is gpu_name_pattern("H100|A100")
+
+
+def test_a_configuration_file_names_models_by_the_same_rule_as_the_admin_api() -> None:
+    """One rule (catalog.name_problem) for names and aliases wherever they come from:
+    no control characters (a raw CR reached a /metrics label), bounded lengths and
+    alias counts."""
+    from llmgw.catalog import MAX_ALIASES, MAX_NAME_CHARS
+
+    cases = [
+        ({"name": "m\r"}, "models[0].name: must not contain control characters"),
+        ({"name": "a\nb"}, "models[0].name: must not contain control characters"),
+        ({"name": " m"}, "models[0].name: must not start or end with a space"),
+        ({"name": "m" * (MAX_NAME_CHARS + 1)}, "models[0].name: must be at most 256 characters"),
+        ({"name": "m", "aliases": ["ok", "x\ty"]}, "models[0].aliases[1]: must not contain"),
+        ({"name": "m", "aliases": ["a" * 5000]}, "models[0].aliases[0]: must be at most 256"),
+        (
+            {"name": "m", "aliases": [f"a{i}" for i in range(20_000)]},
+            f"models[0].aliases: at most {MAX_ALIASES} aliases, got 20000",
+        ),
+    ]
+    for model, message in cases:
+        with pytest.raises(cfg.ConfigError) as info:
+            cfg.load(data={"models": [model]}, environ={})
+        assert info.value.problems[0].startswith(message), (model, info.value.problems)
+        assert len(info.value.problems[0]) < 300  # a 5,000-character name is not echoed
+    # What the rule lets through: hub ids, tags, dots, non-ASCII letters.
+    names = ["meta-llama/Llama-3.1-8B-Instruct", "qwen2.5:7b", "modèle", "a b"]
+    loaded = cfg.load(data={"models": [{"name": n} for n in names]}, environ={})
+    assert [m.name for m in loaded.models] == names

@@ -34,10 +34,13 @@ ROUTES = [
     ("GET", "/api/v1/debug"),
     ("GET", "/api/v1/debug/tasks"),
     ("GET", "/api/v1/debug/threads"),
-    ("GET", "/api/v1/debug/profile?seconds=1"),
+    ("POST", "/api/v1/debug/profile?seconds=1"),
+    ("POST", "/api/v1/debug/heap"),
     ("GET", "/api/v1/debug/heap"),
     ("DELETE", "/api/v1/debug/heap"),
 ]
+IDLE = {"profiler_loaded": False, "profile_running": False, "profile_hook": False,
+        "tracemalloc": False}  # fmt: skip
 WHERE = re.compile(r"^\S.*:\d+$")  # a file, or a frozen module ("<frozen abc>:123")
 
 
@@ -49,10 +52,25 @@ class Gateway:
         self.user_key = user_key
 
     def get(self, path: str, *, timeout: float = 10.0, **params: Any) -> httpx.Response:
-        return httpx.get(
+        return self.request("GET", path, timeout=timeout, **params)
+
+    def post(self, path: str, *, timeout: float = 10.0, **params: Any) -> httpx.Response:
+        return self.request("POST", path, timeout=timeout, **params)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        timeout: float = 10.0,
+        headers: dict[str, str] | None = None,
+        **params: Any,
+    ) -> httpx.Response:
+        return httpx.request(
+            method,
             f"{self.admin}{path}",
             params=params,
-            headers={"authorization": f"Bearer {self.admin_key}"},
+            headers={"authorization": f"Bearer {self.admin_key}", **(headers or {})},
             timeout=timeout,
         )
 
@@ -128,12 +146,7 @@ def test_every_debug_route_needs_an_admin_key(gw: Gateway) -> None:
         assert refused.status_code == 403, path
         assert refused.json()["error"]["code"] == "not_admin_key"
     # None of the refusals started anything.
-    assert gw.status() == {
-        "profiler_loaded": False,
-        "profile_running": False,
-        "profile_hook": False,
-        "tracemalloc": False,
-    }
+    assert gw.status() == IDLE
     done = gw.ctl("tasks", key=gw.user_key)
     assert done.returncode == 1 and "403" in done.stderr and "not an admin key" in done.stderr
     # The routes are in the OpenAPI document, behind the admin key.
@@ -192,7 +205,7 @@ def test_profile_of_the_event_loop(gw: Gateway, tmp_path: Path) -> None:
 
     answer: list[httpx.Response] = []
     first = threading.Thread(
-        target=lambda: answer.append(gw.get("/api/v1/debug/profile", seconds=3, timeout=30))
+        target=lambda: answer.append(gw.post("/api/v1/debug/profile", seconds=3, timeout=30))
     )
     first.start()
     try:
@@ -200,7 +213,7 @@ def test_profile_of_the_event_loop(gw: Gateway, tmp_path: Path) -> None:
             lambda: (s := gw.status())["profile_running"] and s, "the profile to start", 5
         )
         assert running_now["profile_hook"] and running_now["profiler_loaded"]
-        second = gw.get("/api/v1/debug/profile", seconds=1)
+        second = gw.post("/api/v1/debug/profile", seconds=1)
         assert second.status_code == 409, second.text
         assert second.json()["error"]["code"] == "profile_running"
         # The loop keeps serving while it is sampled.
@@ -215,7 +228,7 @@ def test_profile_of_the_event_loop(gw: Gateway, tmp_path: Path) -> None:
     assert sampler_left() == []
 
     for bad in ({"seconds": "0"}, {"seconds": "61"}, {"seconds": "x"}, {"format": "pdf"}):
-        refused = gw.get("/api/v1/debug/profile", **bad)
+        refused = gw.post("/api/v1/debug/profile", **bad)
         assert refused.status_code == 400, (bad, refused.text)
         assert refused.json()["error"]["param"] == next(iter(bad))
 
@@ -234,7 +247,13 @@ def test_profile_of_the_event_loop(gw: Gateway, tmp_path: Path) -> None:
 
 
 def test_heap_summary_starts_and_stops_tracemalloc(gw: Gateway) -> None:
-    first = gw.get("/api/v1/debug/heap", limit=5).json()
+    # A GET reads and never starts: it is what any page can make a browser send.
+    off = gw.get("/api/v1/debug/heap", limit=5)
+    assert off.status_code == 409 and off.json()["error"]["code"] == "not_tracing", off.text
+    assert gw.status()["tracemalloc"] is False
+    done = gw.ctl("heap")
+    assert done.returncode == 1 and "--start" in done.stderr, done.stderr
+    first = gw.post("/api/v1/debug/heap", limit=5).json()
     assert first["started_now"] is True and first["frames"] == 1
     assert "only what was allocated since" in first["note"]
     assert gw.status()["tracemalloc"] is True
@@ -251,6 +270,8 @@ def test_heap_summary_starts_and_stops_tracemalloc(gw: Gateway) -> None:
     refused = gw.get("/api/v1/debug/heap", limit=0)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "limit"
 
+    again = gw.post("/api/v1/debug/heap", limit=5).json()  # already on: a summary
+    assert again["started_now"] is False and again["tracing_since"] == first["tracing_since"]
     out = gw.ok("heap", "--limit", "3")
     lines = out.splitlines()
     assert lines[0].startswith("traced ") and len(lines) == 5, out
@@ -258,4 +279,37 @@ def test_heap_summary_starts_and_stops_tracemalloc(gw: Gateway) -> None:
     assert gw.ok("heap", "--stop") == "tracemalloc stopped\n"
     assert gw.status()["tracemalloc"] is False
     assert gw.ok("heap", "--stop") == "tracemalloc was off\n"
+    assert gw.ok("heap", "--start", "--limit", "1").startswith("traced ")
+    assert gw.status()["tracemalloc"] is True
+    assert gw.ok("heap", "--stop") == "tracemalloc stopped\n"
     assert json.loads(gw.ok("--json")) == gw.status()
+
+
+def test_a_page_on_another_site_can_start_nothing_here(gw: Gateway) -> None:
+    """A browser sends what any page asks, with the admin's credentials if it has
+    them: every debug route, reads included, is refused when the browser says the
+    request comes from another site; GETs of what used to start the profiler or
+    tracemalloc start nothing, from any origin."""
+    cross_site = (
+        {"sec-fetch-site": "cross-site", "origin": "https://evil.example"},
+        {"origin": "https://evil.example"},  # an older browser: Origin against Host
+        {"sec-fetch-site": "same-site"},  # a sibling subdomain is another origin
+    )
+    for headers in cross_site:
+        for method, path in [*ROUTES, ("GET", "/api/v1/debug/profile?seconds=1")]:
+            refused = gw.request(method, path, headers=headers)
+            assert refused.status_code == 403, (headers, method, path, refused.text)
+            assert refused.json()["error"]["code"] == "cross_site"
+    # GETs of the routes that start something start nothing, whoever sends them.
+    profile = gw.get("/api/v1/debug/profile", seconds=1)
+    assert profile.status_code == 405, profile.text
+    assert "POST" in profile.headers["allow"]
+    heap = gw.get("/api/v1/debug/heap")
+    assert heap.status_code == 409, heap.text
+    assert gw.status() == IDLE
+    # The browser's own same-origin requests (the operator's page) still pass.
+    same = gw.request("GET", "/api/v1/debug", headers={"sec-fetch-site": "same-origin"})
+    assert same.status_code == 200 and same.json() == IDLE
+    host = gw.admin.removeprefix("http://")
+    typed = gw.request("GET", "/api/v1/debug/tasks", headers={"origin": f"http://{host}"})
+    assert typed.status_code == 200, typed.text

@@ -468,3 +468,78 @@ def test_a_tls_client_that_stops_reading_is_cut_after_idle_too() -> None:
         # The kernel's zero-window probes back off, so the cut comes a little after idle.
         assert took < 20, took
         wait_for(lambda: srv.endpoints()["h"]["inflight"] == 0, "the attempt ended", timeout=5)
+
+
+def peak_rss(srv: Server) -> int:
+    """The process's peak RSS so far (VmHWM): a spike between two looks counts."""
+    for line in Path(f"/proc/{srv.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.parametrize("case", ["big_60", "big_60_chunked"])
+def test_large_answers_at_once_share_one_buffer_budget(case: str) -> None:
+    """Four 60 MiB answers at once (each within max_response_bytes): the router holds
+    at most `max_buffered_bytes` of them (the default, 128 MiB) at a time, so its peak
+    RSS grows by a bounded amount (it grew by 428 MB before the budget); each client
+    gets the whole answer, or a clean 503 with Retry-After to come back."""
+    config = '[router]\nretries = 0\n[router.timeouts]\ntotal = "60s"\n'
+    with engine() as base, server("--endpoint", f"h={base}=m", config=config) as srv:
+        wait_for(lambda: ask(srv, "good")[0].status_code == 200, "a first answer", 10)
+        start = rss(srv)
+        results: list[tuple[httpx.Response, bytes, float]] = []
+        lock = threading.Lock()
+
+        def one() -> None:
+            got = ask(srv, case)
+            with lock:
+                results.append(got)
+
+        threads = [threading.Thread(target=one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        grown = peak_rss(srv) - start
+        assert len(results) == 4
+        served = 0
+        for r, data, _ in results:
+            if r.status_code == 200:
+                body = json.loads(data)
+                assert len(body["choices"][0]["message"]["content"]) > 59 * MiB
+                served += 1
+            else:
+                assert r.status_code == 503, (r.status_code, data[:300])
+                error = json.loads(data)["error"]
+                assert error["code"] == "response_buffer_full", error
+                assert "router.max_buffered_bytes" in error["message"]
+                assert int(r.headers["retry-after"]) >= 1
+        assert served >= 1
+        assert grown < 200 * MiB, f"peak RSS grew by {grown / MiB:.0f} MiB"
+        # The usage of an answer is read from its end alone, never by parsing it whole.
+        assert srv.metric("llmgw_completion_tokens_total", model="m") == 1 + 7 * served
+
+
+def test_usage_is_read_from_the_last_usage_member_however_the_body_is_split() -> None:
+    from llmgw.router.proxy import BufferBudget, BufferFull, usage_of
+
+    usage = b'"usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}'
+    # A "usage" inside a string is escaped, so never taken for the member.
+    body = b'{"content":"say \\"usage\\": {\\"prompt_tokens\\": 9}", ' + usage + b', "z": 1}'
+    for size in (1, 2, 6, 7, 13, 64, len(body)):
+        blocks = [body[i : i + size] for i in range(0, len(body), size)]
+        got = usage_of(blocks)
+        assert got is not None and (got.prompt_tokens, got.completion_tokens) == (3, 4), size
+    assert usage_of(body) == usage_of([body])
+    assert usage_of(b'{"usage": null}') is None and usage_of(b'{"id": "x"}') is None
+    assert usage_of(b'{"usage": {"prompt_tokens": 1') is None  # cut short: no guess
+
+    budget = BufferBudget(100)
+    budget.take(60)
+    with pytest.raises(BufferFull, match=r"router\.max_buffered_bytes"):
+        budget.take(41)
+    assert budget.used == 60  # a refusal takes nothing
+    budget.take(40)
+    budget.give(100)
+    assert budget.used == 0

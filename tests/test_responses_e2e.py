@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack
+from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
 from tests.procs import Server, server, sim
 from tests.test_api_paths import CONFIG
+from tests.test_keys_e2e import CONFIG as KEYED_CONFIG
+from tests.test_keys_e2e import create_keys
 from tests.waiting import wait_for
 
 
@@ -88,3 +92,64 @@ def test_an_unknown_previous_response_is_a_clear_404(gateway: Server) -> None:
     assert unknown.value.code == "previous_response_not_found"
     with pytest.raises(openai.NotFoundError):
         api.responses.retrieve("resp_nowhere")
+
+
+def test_a_stored_response_is_its_keys_alone(tmp_path: Path) -> None:
+    """Another key gets the 404 of an unknown id (it learns nothing of the response,
+    not even that it exists) on retrieve, input_items, delete and chaining; the key
+    that made it still has it, and what the other key tried did not delete it."""
+    db = tmp_path / "llmgw.db"
+    keys = create_keys(db, alice={}, mallory={})
+    with (
+        sim(model="m") as (_, base),
+        server("--endpoint", f"s0={base}=m", config=KEYED_CONFIG.format(path=db)) as srv,
+    ):
+        srv.wait_scraped()
+
+        def api(name: str) -> openai.OpenAI:
+            return openai.OpenAI(
+                base_url=f"{srv.base}/v1", api_key=keys[name][1], max_retries=0, timeout=30
+            )
+
+        alice, mallory = api("alice"), api("mallory")
+        made = alice.responses.create(model="m", input="my secret plan", max_output_tokens=2)
+        with pytest.raises(openai.NotFoundError) as got:
+            mallory.responses.retrieve(made.id)
+        assert got.value.code == "response_not_found", got.value
+        with pytest.raises(openai.NotFoundError) as items:
+            mallory.responses.input_items.list(made.id)
+        assert items.value.code == "response_not_found", items.value
+        with pytest.raises(openai.NotFoundError) as chained:
+            mallory.responses.create(model="m", input="go on", previous_response_id=made.id)
+        assert chained.value.code == "previous_response_not_found", chained.value
+        with pytest.raises(openai.NotFoundError) as deleted:
+            mallory.responses.delete(made.id)
+        assert deleted.value.code == "response_not_found", deleted.value
+        # The same answer as for an id nobody made: nothing tells the two apart.
+        unknown = httpx.get(
+            f"{srv.base}/v1/responses/resp_nowhere",
+            headers={"authorization": f"Bearer {keys['mallory'][1]}"},
+            timeout=30,
+        )
+        foreign = httpx.get(
+            f"{srv.base}/v1/responses/{made.id}",
+            headers={"authorization": f"Bearer {keys['mallory'][1]}"},
+            timeout=30,
+        )
+        assert foreign.status_code == unknown.status_code == 404
+        assert foreign.json() == {
+            **unknown.json(),
+            "error": {
+                **unknown.json()["error"],
+                "message": unknown.json()["error"]["message"].replace("resp_nowhere", made.id),
+            },
+        }
+        # Alice's response is untouched: hers to read, chain and delete.
+        assert alice.responses.retrieve(made.id).output_text == made.output_text
+        follow = alice.responses.create(
+            model="m", input="go on", previous_response_id=made.id, max_output_tokens=2
+        )
+        assert follow.previous_response_id == made.id
+        alice.responses.delete(made.id)
+        with pytest.raises(openai.NotFoundError):
+            alice.responses.retrieve(made.id)

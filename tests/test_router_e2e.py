@@ -403,3 +403,35 @@ def test_sigterm_drains_streams_in_flight_then_exits_0() -> None:
         # Draining means no new work: the listener is closed.
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{srv.base}/v1/models", timeout=2)
+
+
+def test_clients_see_endpoints_without_the_leaders_fencing_token() -> None:
+    """A replica's id carries its leader's fencing token in its epoch (token << 41):
+    x-llmgw-endpoint and error messages name it without (`m-r3`, the third placement),
+    while the admin API and /metrics keep the whole id, and show the name beside it."""
+    from llmgw.control.leadership import epoch_floor
+
+    live, dead = f"m-r{epoch_floor(2) + 3}", f"d-r{epoch_floor(7) + 12}"
+    # Port 9 (discard) on loopback: nothing listens there, so `dead` refuses.
+    flags = ("--endpoint", f"{dead}=http://127.0.0.1:9=d")
+    with (
+        sim(model="m") as (_, base),
+        server("--endpoint", f"{live}={base}=m", *flags, config=FAST + "retries = 0\n") as srv,
+    ):
+        wait_for(lambda: srv.endpoints()[live]["engine"] == "vllm", "the live replica scraped", 10)
+        r = chat(srv)
+        assert r.status_code == 200 and r.headers["x-llmgw-endpoint"] == "m-r3", r.headers
+        body = {"model": "d", "messages": [{"role": "user", "content": "hi"}]}
+        failed = httpx.post(f"{srv.base}/v1/chat/completions", json=body, timeout=30)
+        assert failed.status_code == 502, failed.text
+        message = failed.json()["error"]["message"]
+        assert "endpoint 'd-r12'" in message and str(epoch_floor(7)) not in message, message
+        views = srv.endpoints()
+        assert views[live]["name"] == "m-r3" and views[dead]["name"] == "d-r12"
+        assert srv.metric("llmgw_requests_total", model="m", endpoint=live) >= 1
+
+    from llmgw.domain.endpoints import EPOCH_TOKEN_SHIFT, public_name
+
+    assert epoch_floor(2) == 2 << EPOCH_TOKEN_SHIFT  # the control plane's layout
+    assert public_name("m-r1796601234567") == "m-r1796601234567"  # no leader: as is
+    assert public_name("s0") == "s0" and public_name("x-r") == "x-r"

@@ -20,6 +20,34 @@ from llmgw.domain.engines import ENGINES
 MAX_REPLICAS = 10_000
 
 
+#: The longest model name or alias: each is a Prometheus label value, a path segment
+#: and a log field.
+MAX_NAME_CHARS = 256
+#: Aliases one model may have (each is a name clients may ask for).
+MAX_ALIASES = 64
+
+
+def _shown(name: str) -> str:
+    """`name` for a message: quoted with its control characters escaped, and cut."""
+    return repr(name[:64]) + ("..." if len(name) > 64 else "")
+
+
+def name_problem(name: str) -> str | None:
+    """What is wrong with `name` as a model name or alias, if anything: the rule for
+    the configuration file's, the admin API's and the store's alike. A name reaches
+    /metrics labels, logs and URLs, so no control character (CR, LF, TAB, NUL, ...),
+    no space at either end, and a bounded length."""
+    if not name:
+        return "must not be empty"
+    if len(name) > MAX_NAME_CHARS:
+        return f"must be at most {MAX_NAME_CHARS} characters, got {len(name)}"
+    if not name.isprintable():
+        return f"must not contain control characters (CR, LF, TAB, ...), got {_shown(name)}"
+    if name != name.strip():
+        return f"must not start or end with a space, got {_shown(name)}"
+    return None
+
+
 def replica_bound(key: str, count: int) -> list[str]:
     """The problem with asking for `count` replicas at `key` (a model's `replicas`, its
     autoscale bounds): the admin API also asks before structuring a body."""
@@ -123,16 +151,22 @@ def check_models(
     owner: dict[str, str] = {}  # every name and alias -> the model that owns it
     for i, model in enumerate(models):
         mkey = f"{key}[{i}]"
-        if not model.name:
-            problems.append(f"{mkey}.name: must not be empty")
+        if (problem := name_problem(model.name)) is not None:
+            problems.append(f"{mkey}.name: {problem}")
             continue
         if model.name in owner:
             problems.append(f"{mkey}.name: model {model.name!r} is defined twice")
         owner.setdefault(model.name, model.name)
     for i, model in enumerate(models):
         mkey = f"{key}[{i}]"
-        for j, alias in enumerate(model.aliases):
-            if (alias in owner and owner[alias] != model.name) or alias == model.name:
+        if len(model.aliases) > MAX_ALIASES:
+            problems.append(
+                f"{mkey}.aliases: at most {MAX_ALIASES} aliases, got {len(model.aliases)}"
+            )
+        for j, alias in enumerate(model.aliases[:MAX_ALIASES]):
+            if (problem := name_problem(alias)) is not None:
+                problems.append(f"{mkey}.aliases[{j}]: {problem}")
+            elif (alias in owner and owner[alias] != model.name) or alias == model.name:
                 what = "a model name" if alias in {m.name for m in models} else "an alias"
                 problems.append(
                     f"{mkey}.aliases[{j}]: {alias!r} is already {what}"

@@ -9,6 +9,7 @@ change. Without a store, changes are refused instead of vanishing on restart.
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -178,6 +179,8 @@ class ModelRegistry:
             )
         if create and model.name in self.runtime:
             raise ModelChangeError(409, f"model {model.name!r} exists; PATCH it instead")
+        if create:
+            self._check_shadowing(model.name)
         if not create and model.name not in self.runtime:
             raise ModelChangeError(404, f"no runtime model {model.name!r}")
         runtime = {**self.runtime, model.name: model}
@@ -191,6 +194,21 @@ class ModelRegistry:
         self.skipped.pop(model.name, None)
         self._publish(runtime)
         return model
+
+    def _check_shadowing(self, name: str) -> None:
+        """409 for a new model's name that clients already use for another model (an
+        alias, or a model only endpoints serve): it would take their requests over."""
+        existing = self.catalog.resolve(name)
+        if existing is not None and existing.name != name:
+            raise ModelChangeError(
+                409, f"{name!r} is already an alias of model {existing.name!r}; pick another name"
+            )
+        if any(m.name == name for m in self.extra):
+            raise ModelChangeError(
+                409,
+                f"model {name!r} is served by endpoints in the configuration file that name "
+                "it; define it in the configuration file to change it",
+            )
 
     async def patch(
         self, name: str, changes: Mapping[str, Any], *, control_plane: bool = True
@@ -244,7 +262,9 @@ class ModelRegistry:
 
 
 def _skipped(name: str, reason: str) -> str:
+    # The name as a shell word, or escaped when it holds what a log line must not.
+    shown = shlex.quote(name) if name.isprintable() else repr(name)
     return (
         f"stored model {name!r} skipped, no longer valid: {reason} "
-        f"(add it again fixed, or remove it: llmgw-ctl models remove {name})"
+        f"(add it again fixed, or remove it: llmgw-ctl models remove {shown})"
     )

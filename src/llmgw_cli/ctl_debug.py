@@ -31,7 +31,7 @@ HELP = "the task tree, thread stacks, a CPU profile or a heap summary of the ser
 
 def add_parser(d: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
     d.description = (
-        "What the server is doing (GET /api/v1/debug/...): without an action, which "
+        "What the server is doing (/api/v1/debug/...): without an action, which "
         "debugging aids are on. Stacks and heap summaries show what the process holds: "
         "keep their output as you would its keys (docs/debugging.md)."
     )
@@ -54,7 +54,7 @@ def add_parser(d: argparse.ArgumentParser, common: argparse.ArgumentParser) -> N
         parents=[common],
         help="a CPU profile of the event loop over some seconds",
         description="Sample the server's event-loop thread for --seconds with pyinstrument "
-        "(GET /api/v1/debug/profile) and print or save the profile. The server keeps "
+        "(POST /api/v1/debug/profile) and print or save the profile. The server keeps "
         "serving meanwhile, a little slower; one profile at a time.",
     )
     p.add_argument(
@@ -74,10 +74,11 @@ def add_parser(d: argparse.ArgumentParser, common: argparse.ArgumentParser) -> N
     h = actions.add_parser(
         "heap",
         parents=[common],
-        help="the lines holding the most live memory (starts tracemalloc)",
-        description="The lines holding the most live memory (GET /api/v1/debug/heap). The "
-        "first call starts tracemalloc in the server, so it shows only what was allocated "
-        "since; --stop turns it off again (tracing slows every allocation).",
+        help="the lines holding the most live memory (--start starts tracemalloc)",
+        description="The lines holding the most live memory (GET /api/v1/debug/heap), while "
+        "tracemalloc traces in the server. --start starts it (POST /api/v1/debug/heap), so "
+        "it shows only what was allocated since; --stop turns it off again (DELETE: "
+        "tracing slows every allocation).",
     )
     h.add_argument(
         "--limit",
@@ -86,7 +87,9 @@ def add_parser(d: argparse.ArgumentParser, common: argparse.ArgumentParser) -> N
         metavar="N",
         help=f"how many lines (default {DEFAULT_HEAP_LINES})",
     )
-    h.add_argument("--stop", action="store_true", help="stop tracing instead")
+    which = h.add_mutually_exclusive_group()
+    which.add_argument("--start", action="store_true", help="start tracing (when off) first")
+    which.add_argument("--stop", action="store_true", help="stop tracing instead")
 
 
 def _tree(task: dict[str, Any], depth: int, lines: list[str]) -> None:
@@ -120,7 +123,7 @@ def run(args: argparse.Namespace, call: Call) -> int:
         params = [("seconds", str(args.seconds)), ("format", args.format)]
         # The answer comes after the sampling: the timeout counts from then.
         resp = call(
-            "GET", "debug/profile", params=params, raw=True, timeout=args.timeout + args.seconds
+            "POST", "debug/profile", params=params, raw=True, timeout=args.timeout + args.seconds
         )
         if args.out is not None:
             _write(args.out, resp.content)
@@ -136,7 +139,8 @@ def run(args: argparse.Namespace, call: Call) -> int:
             print("tracemalloc stopped" if data.get("was_tracing") else "tracemalloc was off")
         return EXIT_OK
     if action == "heap":
-        data = call("GET", "debug/heap", params=[("limit", str(args.limit))])
+        method = "POST" if args.start else "GET"
+        data = call(method, "debug/heap", params=[("limit", str(args.limit))])
     else:
         data = call("GET", "debug" if action is None else f"debug/{action}")
     if as_json:

@@ -8,17 +8,20 @@ The Python counterparts of Go's pprof (docs/debugging.md):
 * ``GET /api/v1/debug/tasks``: the trio task tree, each task with the frames it is
   suspended in (``file:line in function``, outermost first).
 * ``GET /api/v1/debug/threads``: every thread's Python stack.
-* ``GET /api/v1/debug/profile?seconds=N&format=text|speedscope|html``: a CPU profile of
-  the event-loop thread (every trio task runs there) for N seconds, from pyinstrument's
-  sampler. The handler sleeps while the sampler runs, so the loop keeps serving; one
-  profile at a time (409 while one runs).
-* ``GET /api/v1/debug/heap?limit=N``: the lines that allocated the most live
-  memory, from tracemalloc, which the first request starts (it then covers only what
-  was allocated since); ``DELETE /api/v1/debug/heap`` stops it, as tracing slows
-  every allocation.
+* ``POST /api/v1/debug/profile?seconds=N&format=text|speedscope|html``: a CPU profile
+  of the event-loop thread (every trio task runs there) for N seconds, from
+  pyinstrument's sampler. The handler sleeps while the sampler runs, so the loop keeps
+  serving; one profile at a time (409 while one runs).
+* ``POST /api/v1/debug/heap?limit=N`` starts tracemalloc (it then covers only what is
+  allocated since) and answers the summary; ``GET /api/v1/debug/heap?limit=N``: the
+  lines holding the most live memory, while tracing (409 ``not_tracing`` otherwise);
+  ``DELETE /api/v1/debug/heap`` stops it, as tracing slows every allocation.
 
-They are behind admin auth with the rest of ``/api/v1/``: stacks, source lines and
-allocation sites show what the process holds and does.
+What changes the process's state is never a GET: a GET is what a link, an image or a
+prefetch on any page makes the operator's browser send (tracing halved a server's
+throughput). And every method here, GETs included, is refused cross-site
+(llmgw.admin.web's guard). They are behind admin auth with the rest of ``/api/v1/``:
+stacks, source lines and allocation sites show what the process holds and does.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ __all__ = [
     "TaskTree",
     "ThreadList",
     "heap",
+    "heap_start",
     "heap_stop",
     "profile",
     "profile_query",
@@ -343,9 +347,26 @@ def _heap_stats(limit: int) -> tuple[list[HeapLine], int, int, int]:
     return top, traced, peak, tracemalloc.get_tracemalloc_memory()
 
 
+async def heap_start(app: AdminContext) -> Response:
+    """``POST``: start tracing (when off) and answer the summary."""
+    return await _heap(start=True)
+
+
 async def heap(app: AdminContext) -> Response:
+    """``GET``: the summary while tracing; changes nothing (409 when off)."""
+    return await _heap(start=False)
+
+
+async def _heap(*, start: bool) -> Response:
     limit = _int_param("limit", DEFAULT_HEAP_LINES, 1, MAX_HEAP_LINES)
     started = not tracemalloc.is_tracing()
+    if started and not start:
+        raise ApiError(
+            409,
+            "tracemalloc is not tracing: POST /api/v1/debug/heap starts it "
+            "(llmgw-ctl debug heap --start)",
+            "not_tracing",
+        )
     if started:
         tracemalloc.start(HEAP_FRAMES)
         _STATE.heap_since = time.time()

@@ -52,6 +52,12 @@ class EndpointView:
     Numbers the engine did not report (or before the first scrape) are null."""
 
     id: str
+    name: str = attrs.field(
+        metadata={
+            "description": "how clients see it (x-llmgw-endpoint, error messages): the id, "
+            "without the leader's fencing token in a replica's epoch"
+        }
+    )
     url: str
     models: tuple[str, ...]
     pool: str

@@ -11,7 +11,8 @@ Before any route runs:
   but its requests still carry its own Host: anything else is 421.
 * **Cross-site changes**: a page the operator has open elsewhere can make the browser
   send requests here; a POST, PATCH or DELETE the browser says comes from another
-  site is 403 (``Sec-Fetch-Site``, else ``Origin`` against ``Host``).
+  site is 403 (``Sec-Fetch-Site``, else ``Origin`` against ``Host``), and so is any
+  method under ``/api/v1/debug`` (its reads cost the server: stacks, snapshots).
 * **Admin auth** (:attr:`~llmgw.admin.api.AdminApp.admin_auth`): ``/api/v1/`` needs an admin key.
 
 Bodies are bounded by Quart itself (``MAX_CONTENT_LENGTH``: 413; ``BODY_TIMEOUT``:
@@ -58,6 +59,8 @@ LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 TRUSTED = "llmgw.trusted"
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+#: Paths refused cross-site whatever the method (llmgw.admin.debug).
+CROSS_SITE_CHECKED = "/api/v1/debug"
 
 # Werkzeug's refusals, as the API's codes.
 _HTTP_CODES = {
@@ -93,6 +96,10 @@ def same_origin(headers: Mapping[str, str] | Any) -> bool:
     netloc = urlsplit(origin.strip()).netloc.lower()
     hosts = (headers.get("host"), headers.get("x-forwarded-host"))
     return any(h is not None and netloc == h.split(",")[0].strip().lower() for h in hosts)
+
+
+def _always_checked(path: str) -> bool:
+    return path == CROSS_SITE_CHECKED or path.startswith(CROSS_SITE_CHECKED + "/")
 
 
 class Pages(Protocol):
@@ -139,7 +146,9 @@ def build_app(
                 "this listener does not serve that Host (admin_hosts adds names)",
                 "misdirected",
             )
-        if request.method not in SAFE_METHODS and not same_origin(request.headers):
+        if (
+            request.method not in SAFE_METHODS or _always_checked(request.path)
+        ) and not same_origin(request.headers):
             raise ApiError(403, "refused: the request comes from another site", "cross_site")
         if api and admin.admin_auth and admin.protected(request.path):
             await admin.authorize()

@@ -268,6 +268,10 @@ class RouterConfig:
     # fails as a bad response (502 when no other replica answers).
     max_response_bytes: Bytes = Bytes(64 * 1024 * 1024)
     max_event_bytes: Bytes = Bytes(1024 * 1024)
+    # Non-streaming answers are held whole before the client gets them: what all of
+    # them together may hold at once (at least max_response_bytes). Past it a request
+    # is answered 503 with Retry-After, not with the process's memory.
+    max_buffered_bytes: Bytes = Bytes(128 * 1024 * 1024)
     # On SIGTERM, how long requests in flight get to finish before the server stops.
     drain_timeout: Seconds = Seconds(30.0)
     timeouts: Timeouts = Timeouts()
@@ -301,6 +305,13 @@ class RouterConfig:
             )
         for name in ("max_body_bytes", "max_response_bytes", "max_event_bytes"):
             positive(found, at(key, name), getattr(self, name))
+        if self.max_buffered_bytes < self.max_response_bytes:
+            found.append(
+                f"{at(key, 'max_buffered_bytes')}: must be at least "
+                f"{at(key, 'max_response_bytes')} ({units.format_size(self.max_response_bytes)}),"
+                " or an answer that size could never be held, got "
+                f"{units.format_size(self.max_buffered_bytes)}"
+            )
         if self.default_profile not in self.profiles:
             found.append(
                 f"{at(key, 'default_profile')}: no routing profile named "

@@ -4,11 +4,35 @@ the planes meet at the endpoint sink)."""
 
 from __future__ import annotations
 
+import re
 from typing import Protocol
 
 import attrs
 
-__all__ = ["Endpoint", "EndpointSink"]
+__all__ = ["EPOCH_TOKEN_SHIFT", "Endpoint", "EndpointSink", "public_name"]
+
+#: A replica's epoch carries the fencing token of the leader that placed it from this
+#: bit up (llmgw.control.leadership.epoch_floor); below is its count of placements.
+EPOCH_TOKEN_SHIFT = 41
+_PLACEMENTS = (1 << EPOCH_TOKEN_SHIFT) - 1
+# A replica's id as the reconciler makes it: ``{model}-r{epoch}``.
+_REPLICA_ID = re.compile(r"(.+)-r([0-9]{1,30})")
+
+
+def public_name(endpoint_id: str) -> str:
+    """The endpoint as clients see it (``x-llmgw-endpoint``, error messages): a replica
+    ``{model}-r{epoch}`` without the leader's fencing token in its epoch's high bits,
+    which is the control plane's business (``tiny-r4398046511107`` is ``tiny-r3``:
+    the third placement of leader 2); any other id (a configured endpoint's name, a
+    replica placed without a leader, whose epoch counts from the clock) as it is.
+    Unique among the replicas one leader placed; the admin API shows both."""
+    found = _REPLICA_ID.fullmatch(endpoint_id)
+    if found is None:
+        return endpoint_id
+    epoch = int(found.group(2))
+    if epoch <= _PLACEMENTS:
+        return endpoint_id
+    return f"{found.group(1)}-r{epoch & _PLACEMENTS}"
 
 
 @attrs.frozen

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from llmgw.domain.endpoints import public_name
 from llmgw.domain.keys import KeyRecord
 from llmgw.domain.usage import UsageRecord
 from llmgw.http.asgi import (
@@ -65,6 +66,7 @@ from llmgw.router.paths import (
     ApiPath,
     engine_names,
 )
+from llmgw.router.proxy import BufferFull
 from llmgw.router.responses import SCAN_BYTES, response_id_in
 from llmgw.router.usage import NO_USAGE
 from llmgw.version import __version__
@@ -76,6 +78,8 @@ if TYPE_CHECKING:
 
 _MODEL_PREFIX = "/v1/models/"
 _RESPONSE_PREFIX = RESPONSES + "/"
+# What follows a stored response's id -> the methods that reach its replica.
+_RESPONSE_ACTIONS = {"": ("GET", "DELETE"), "cancel": ("POST",), "input_items": ("GET",)}
 # What a client's x-request-id may be to be passed on as is: short, and nothing a
 # log line or another server's header parser could trip on.
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:+/=@-]{1,128}")
@@ -191,19 +195,21 @@ class ClientApp:
         await send_json(send, 200, body, [(b"x-request-id", scope[REQUEST_ID])])
 
     async def _stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """``GET`` and ``DELETE /v1/responses/{id}``, ``POST .../{id}/cancel``: sent to
-        the replica that made the response (it alone has it); 404 when llmgw does not
-        know it, or that replica is gone."""
+        """``GET`` and ``DELETE /v1/responses/{id}``, ``POST .../{id}/cancel``, ``GET
+        .../{id}/input_items``: sent to the replica that made the response (it alone
+        has it); 404 when llmgw does not know it, another key made it, or that replica
+        is gone."""
         router = self.router
         key = await self._authenticate(scope)
         rest = scope["path"].rstrip("/")[len(_RESPONSE_PREFIX) :]
         response_id, _, action = rest.partition("/")
-        allowed = {"": ("GET", "DELETE"), "cancel": ("POST",)}.get(action)
+        allowed = _RESPONSE_ACTIONS.get(action)
         if allowed is None or not response_id:
             raise HttpError(404, f"no route {scope['path']}", code="not_found")
         if scope["method"] not in allowed:
             raise HttpError(405, f"method {scope['method']} not allowed here")
-        home = router.responses.lookup(response_id, trio.current_time())
+        owner = key.id if key is not None else None
+        home = router.responses.lookup(response_id, trio.current_time(), owner)
         state = router.endpoints.get(home.endpoint) if home is not None else None
         if home is None or state is None:
             raise HttpError(
@@ -220,42 +226,60 @@ class ClientApp:
         import httpx  # on first use (llmgw.http.ondemand)
 
         url = state.endpoint.url.rstrip("/") + scope["path"]
+        if action == "input_items" and scope.get("query_string"):
+            url += "?" + bytes(scope["query_string"]).decode("latin-1")  # its paging
         headers = [(b"x-request-id", scope[REQUEST_ID]), *state.endpoint.headers]
         limit = router.config.router.max_response_bytes
+        # Held whole like any non-streaming answer, within the same budget.
+        budget = router.upstream.budget
+        held = 0
         try:
-            with trio.fail_after(router.config.router.timeouts.total):
-                async with router.scraper.client.stream(
-                    scope["method"], url, headers=headers, timeout=None
-                ) as answer:
-                    data = bytearray()
-                    async for chunk in answer.aiter_bytes():
-                        data += chunk
-                        if len(data) > limit:
-                            raise HttpError(
-                                502,
-                                f"endpoint {home.endpoint!r} answered more than {limit} bytes",
-                                type_="server_error",
-                                code="upstream_error",
-                            )
-        except (trio.TooSlowError, httpx.HTTPError) as exc:
-            why = "timed out" if isinstance(exc, trio.TooSlowError) else type(exc).__name__
-            raise HttpError(
-                502,
-                f"endpoint {home.endpoint!r} did not answer: {why}",
-                type_="server_error",
-                code="upstream_error",
-            ) from None
-        if scope["method"] == "DELETE" and answer.status_code == 200:
-            router.responses.forget(response_id)
-        await send_json(
-            send,
-            answer.status_code,
-            bytes(data),
-            [
-                (b"x-request-id", scope[REQUEST_ID]),
-                (b"x-llmgw-endpoint", state.endpoint.id.encode()),
-            ],
-        )
+            try:
+                with trio.fail_after(router.config.router.timeouts.total):
+                    async with router.scraper.client.stream(
+                        scope["method"], url, headers=headers, timeout=None
+                    ) as answer:
+                        data = bytearray()
+                        async for chunk in answer.aiter_bytes():
+                            data += chunk
+                            if len(data) > limit:
+                                raise HttpError(
+                                    502,
+                                    f"endpoint {state.public!r} answered more than {limit} bytes",
+                                    type_="server_error",
+                                    code="upstream_error",
+                                )
+                            budget.take(len(chunk))
+                            held += len(chunk)
+            except (trio.TooSlowError, httpx.HTTPError) as exc:
+                why = "timed out" if isinstance(exc, trio.TooSlowError) else type(exc).__name__
+                raise HttpError(
+                    502,
+                    f"endpoint {state.public!r} did not answer: {why}",
+                    type_="server_error",
+                    code="upstream_error",
+                ) from None
+            except BufferFull as exc:
+                raise HttpError(
+                    503,
+                    str(exc),
+                    type_="server_error",
+                    code="response_buffer_full",
+                    headers=[(b"retry-after", b"1")],
+                ) from None
+            if scope["method"] == "DELETE" and answer.status_code == 200:
+                router.responses.forget(response_id)
+            await send_json(
+                send,
+                answer.status_code,
+                bytes(data),
+                [
+                    (b"x-request-id", scope[REQUEST_ID]),
+                    (b"x-llmgw-endpoint", state.public.encode()),
+                ],
+            )
+        finally:
+            budget.give(held)
 
     async def _model(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``GET /v1/models/{id}``: one model or alias the key may use and a replica
@@ -420,7 +444,7 @@ class ClientApp:
         self._check_served(route, body.model, chain)
         pinned = None
         if route.path == RESPONSES:
-            pinned, chain = self._follow_up(body, chain)
+            pinned, chain = self._follow_up(body, chain, key)
         # The client may go away at any point; the watcher cancels the upstream
         # request at once, which frees the engine's slot.
         # Once the last byte is handed over, a disconnect no longer matters.
@@ -512,11 +536,11 @@ class ClientApp:
             raise refused
 
     def _follow_up(
-        self, body: RequestBody | FormBody, chain: list[ModelConfig]
+        self, body: RequestBody | FormBody, chain: list[ModelConfig], key: KeyRecord | None
     ) -> tuple[str | None, list[ModelConfig]]:
         """For a Responses request with ``previous_response_id``: the endpoint that
         holds that response, and its model alone (no fallback has it); 404 when llmgw
-        does not know where it is, or the replica is gone."""
+        does not know where it is (or `key` did not make it), or the replica is gone."""
         raw = body.member("previous_response_id")
         if raw is None:
             return None, chain
@@ -524,8 +548,9 @@ class ClientApp:
             raise HttpError(
                 400, "previous_response_id must be a string", param="previous_response_id"
             )
-        home = self.router.responses.lookup(raw, trio.current_time())
-        if home is None:
+        owner = key.id if key is not None else None
+        home = self.router.responses.lookup(raw, trio.current_time(), owner)
+        if home is None:  # unknown, or another key's: the same answer for both
             raise HttpError(
                 404,
                 f"previous response {raw!r} is unknown to this gateway: it was not made "
@@ -538,8 +563,9 @@ class ClientApp:
         if state is None or state.draining:
             raise HttpError(
                 404,
-                f"previous response {raw!r} was stored by endpoint {home.endpoint!r}, which "
-                "no longer serves: its context is gone, start from the full conversation",
+                f"previous response {raw!r} was stored by endpoint "
+                f"{public_name(home.endpoint)!r}, which no longer serves: its context is "
+                "gone, start from the full conversation",
                 code="previous_response_gone",
                 param="previous_response_id",
             )

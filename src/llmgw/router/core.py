@@ -110,6 +110,7 @@ class Router:
             upstream,
             max_response_bytes=r.max_response_bytes,
             max_event_bytes=r.max_event_bytes,
+            max_buffered_bytes=r.max_buffered_bytes,
         )
         # Which replica holds each stored response (Responses API follow-ups).
         self.responses = ResponseHomes()
@@ -445,6 +446,7 @@ class Router:
             views.append(
                 {
                     "id": state.endpoint.id,
+                    "name": state.public,
                     "url": state.endpoint.url,
                     "models": list(state.endpoint.models),
                     "pool": state.endpoint.pool,

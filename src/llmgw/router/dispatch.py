@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from llmgw.domain.endpoints import public_name
 from llmgw.domain.usage import Caller, Usage
 from llmgw.http.asgi import header
 from llmgw.router.admission import AdmissionRejected, UnknownBand
@@ -19,7 +20,7 @@ from llmgw.router.auth import AuthError
 from llmgw.router.body import BIG_BODY, BodyError
 from llmgw.router.breaker import Outcome, Ticket, classify_status
 from llmgw.router.call import REQUEST_ID, Call, HttpError, Native, Routing, auth_error, engine_of
-from llmgw.router.proxy import AttemptFailed, Delivery, PathMissing
+from llmgw.router.proxy import AttemptFailed, BufferFull, Delivery, PathMissing
 from llmgw.router.responses import Home
 
 if TYPE_CHECKING:
@@ -235,6 +236,15 @@ class Dispatch:
                     except AttemptFailed as failure:
                         last = failure
                         continue
+                    except BufferFull as exc:
+                        # Memory, not the replica: another's answer would not fit either.
+                        raise HttpError(
+                            503,
+                            str(exc),
+                            type_="server_error",
+                            code="response_buffer_full",
+                            headers=[(b"retry-after", b"1")],
+                        ) from None
                     router.finish(
                         model,
                         state,
@@ -248,7 +258,8 @@ class Dispatch:
                         queue_wait=call.queued,
                     )
                     if call.response_id is not None and delivery.status == 200:
-                        home = Home(state.endpoint.id, model.name)
+                        owner = call.key.id if call.key is not None else None
+                        home = Home(state.endpoint.id, model.name, owner)
                         router.responses.record(call.response_id, home, trio.current_time())
                     return
         requested = call.body.model
@@ -265,10 +276,12 @@ class Dispatch:
             )
         status = 504 if last is not None and last.outcome is Outcome.TIMEOUT else 502
         router.metrics.requests.labels(attempted.name, "", str(status)).inc()
-        # Endpoints are named by id: their addresses stay out of what clients see.
+        # Endpoints are named as clients see them (public_name): no addresses, no
+        # leader's fencing token.
         raise HttpError(
             status,
-            f"every replica tried failed; the last, endpoint {last.endpoint!r}: {last}"
+            f"every replica tried failed; the last, endpoint "
+            f"{public_name(last.endpoint or '')!r}: {last}"
             if last
             else "no replica was free",
             type_="server_error",
@@ -326,7 +339,7 @@ class Dispatch:
         request_id = call.scope[REQUEST_ID]
         extra = [
             (b"x-llmgw-model", model.name.encode()),
-            (b"x-llmgw-endpoint", state.endpoint.id.encode()),
+            (b"x-llmgw-endpoint", state.public.encode()),
             (b"x-request-id", request_id),
         ]
         traced = (
@@ -388,6 +401,12 @@ class Dispatch:
             router.record_attempt(state, ticket, failure.outcome, failure)
             if traced is not None:
                 traced.end(failure.kind, failure.status, str(failure))
+            raise
+        except BufferFull:
+            # Says nothing about the replica (its answer came): the probe slot is freed.
+            router.record_attempt(state, ticket, Outcome.CLIENT_GONE, None)
+            if traced is not None:
+                traced.end("buffer_full", None)
             raise
         except BaseException:
             # Cancelled (the client left) or a bug: the probe slot must not stick,

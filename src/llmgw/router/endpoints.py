@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import trio
 
-from llmgw.domain.endpoints import Endpoint, EndpointSink
+from llmgw.domain.endpoints import Endpoint, EndpointSink, public_name
 from llmgw.domain.engine_metrics import EngineSample
 from llmgw.router.breaker import Breaker
 from llmgw.router.scheduling import Candidate
@@ -38,6 +38,7 @@ class EndpointState:
         "last_scrape_attempt",
         "prefill",
         "props_tried",
+        "public",
         "reported_capacity",
         "sample",
         "sleep_lock",
@@ -47,6 +48,8 @@ class EndpointState:
     def __init__(self, endpoint: Endpoint, breaker: Breaker) -> None:
         self.endpoint = endpoint
         self.breaker = breaker
+        #: Its name as clients see it (x-llmgw-endpoint), made once: the id's stays.
+        self.public = public_name(endpoint.id)
         self.sample: EngineSample | None = None
         # Its engine answered 404 to a client API sent natively (router.call.Native):
         # it gets the translation from then on.

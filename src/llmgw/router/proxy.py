@@ -13,6 +13,15 @@ body is at most `router.max_response_bytes`, one SSE event at most
 `router.max_event_bytes`, buffered linearly. An answer over a limit or against
 HTTP/1.1 is a failure of the endpoint (Outcome.BAD_RESPONSE). Messages name no
 engine address: they reach clients.
+
+Non-streaming answers are buffered whole, and all of them at once share one budget
+per process, `router.max_buffered_bytes` (:class:`BufferBudget`): an answer that does
+not fit is :class:`BufferFull` (the client's 503, with Retry-After), not memory the
+process takes. Buffered rather than streamed through because the proxy needs the
+whole answer before the client sees any of it: an attempt that breaks or overruns
+mid-body is still retried elsewhere or answered with a clean 502 (never a truncated
+200), and Anthropic's Messages translate the whole JSON. Usage is read from the
+body's ``"usage"`` member alone, never by parsing the whole answer.
 """
 
 from __future__ import annotations
@@ -150,13 +159,17 @@ async def _send_whole(
     send: Send,
     response: UpstreamResponse,
     extra_headers: list[tuple[bytes, bytes]],
-    payload: bytes,
+    payload: bytes | list[bytes],
 ) -> None:
-    """Relay an engine's answer whose whole body is in, in one response to the client."""
+    """Relay an engine's answer whose whole body is in, in one response to the client
+    (a long one block by block: each is written as it is, no copy of the whole)."""
     headers = _relayed(response.headers_raw) + extra_headers
-    headers.append((b"content-length", b"%d" % len(payload)))
+    blocks = [payload] if isinstance(payload, bytes) else payload
+    headers.append((b"content-length", b"%d" % sum(len(b) for b in blocks)))
     await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-    await send({"type": "http.response.body", "body": payload, "more_body": False})
+    last = len(blocks) - 1
+    for i, block in enumerate(blocks):
+        await send({"type": "http.response.body", "body": block, "more_body": i < last})
 
 
 async def _read_prefix(response: UpstreamResponse, limit: int) -> bytes:
@@ -167,6 +180,77 @@ async def _read_prefix(response: UpstreamResponse, limit: int) -> bytes:
         parts.append(chunk)
         size += len(chunk)
     return b"".join(parts)
+
+
+class _Held:
+    """What one answer took of the budget, given back at once by :meth:`release`."""
+
+    __slots__ = ("budget", "size")
+
+    def __init__(self, budget: BufferBudget) -> None:
+        self.budget = budget
+        self.size = 0
+
+    def grow(self, size: int) -> None:
+        """Hold `size` bytes in all (BufferFull when the rest does not fit)."""
+        if size > self.size:
+            self.budget.take(size - self.size)
+            self.size = size
+
+    def release(self) -> None:
+        self.budget.give(self.size)
+        self.size = 0
+
+
+# A body longer than one read is held in blocks of about this size: every block the
+# same size, so what one answer frees the next reuses (a buffer grown in place moved
+# and left holes in the heap: two 60 MiB answers took 200 MiB of RSS, not 125).
+_BLOCK = 1024 * 1024
+
+
+async def _read_held(response: UpstreamResponse, limit: int, held: _Held) -> bytes | list[bytes]:
+    """The whole body (BodyTooLarge past `limit`), its bytes taken from the budget
+    before they are read: all at once when the engine declared its length (so an
+    answer that cannot fit is refused before any of it is read), else as they come.
+
+    One read's bytes as they are (most answers); a longer body as blocks, never joined
+    (which would hold it twice)."""
+    declared: int | None = getattr(response, "declared_length", None)
+    if declared is not None:
+        if declared > limit:
+            raise BodyTooLarge(f"a body of {declared} bytes, over the limit of {limit}")
+        held.grow(declared)
+    first = await response.read_some()
+    if len(first) > limit:
+        raise BodyTooLarge(f"a body over the limit of {limit} bytes")
+    held.grow(len(first))
+    chunk = await response.read_some() if first else b""
+    if not chunk:
+        return first
+    blocks: list[bytes] = []
+    pending = [first]  # reads not yet joined into a block
+    size = pending_size = len(first)
+    try:
+        while chunk:
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"a body over the limit of {limit} bytes")
+            held.grow(size)
+            pending.append(chunk)
+            pending_size += len(chunk)
+            if pending_size >= _BLOCK:
+                blocks.append(b"".join(pending))
+                pending, pending_size = [], 0
+            chunk = await response.read_some()
+    except BaseException:
+        # Freed now: the exception's traceback keeps this frame, and so the blocks,
+        # alive for as long as the refusal is handled (the budget is given back at once).
+        blocks.clear()
+        pending.clear()
+        raise
+    if pending:
+        blocks.append(b"".join(pending))
+    return blocks
 
 
 def _usage_in(event: bytes | bytearray) -> tuple[Usage | None, bool]:
@@ -192,6 +276,73 @@ def _usage_in(event: bytes | bytearray) -> tuple[Usage | None, bool]:
     return Usage.from_openai(obj.get("usage")), not obj.get("choices")
 
 
+class BufferFull(Exception):
+    """A non-streaming answer does not fit in what is left of `router.max_buffered_bytes`
+    now: not the endpoint's fault, and another replica's answer would not fit either."""
+
+
+class BufferBudget:
+    """Bytes of non-streaming answers the process may hold at once (all requests)."""
+
+    __slots__ = ("capacity", "used")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+
+    def take(self, size: int) -> None:
+        """Reserve `size` bytes; BufferFull (nothing reserved) when they do not fit."""
+        if self.used + size > self.capacity:
+            # What other requests hold stays out of it: the message reaches a client.
+            raise BufferFull(
+                f"the engine's answer ({size} bytes more) does not fit in what the gateway "
+                "may hold of answers at once now (router.max_buffered_bytes); retry shortly"
+            )
+        self.used += size
+
+    def give(self, size: int) -> None:
+        self.used -= size
+
+
+_USAGE_KEY = b'"usage"'
+# A usage object is a few hundred bytes (token counts and their details).
+_USAGE_BYTES = 4096
+_DECODER = json.JSONDecoder()
+
+
+def usage_of(payload: bytes | list[bytes]) -> Usage | None:
+    """The usage of a whole JSON answer (one bytes, or blocks), from its last
+    ``"usage"`` member alone (a JSON string cannot hold that sequence unescaped, so it
+    is a key): an answer of tens of MiB is not parsed, or joined, for a few counts."""
+    blocks = [payload] if isinstance(payload, bytes) else payload
+    window = _USAGE_BYTES + len(_USAGE_KEY)
+    seam = len(_USAGE_KEY) - 1  # a key split between two blocks starts this near the end
+    after = b""  # the start of what follows the block looked at
+    for block in reversed(blocks):
+        if after and (found := (block[-seam:] + after[:seam]).find(_USAGE_KEY)) >= 0:
+            return _usage_at(block[-seam:] + after, found)
+        found = block.rfind(_USAGE_KEY)
+        if found >= 0:
+            return _usage_at(block[found : found + window] + after, 0)
+        after = (block[:window] + after)[:window]
+    return None
+
+
+def _usage_at(data: bytes, i: int) -> Usage | None:
+    """The usage object of the ``"usage"`` key at `i` of `data`, if whole there."""
+    k = i + len(_USAGE_KEY)
+    end = min(len(data), k + _USAGE_BYTES)
+    while k < end and data[k] in b" \t\r\n:":
+        k += 1
+    if k >= end or data[k] != ord("{"):
+        return None  # "usage": null
+    try:
+        obj, _ = _DECODER.raw_decode(data[k:end].decode())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return Usage.from_openai(obj) if isinstance(obj, dict) else None
+
+
 class PathMissing(Exception):
     """The engine answered 404 to a path tried first with a fallback (an API some
     versions of an engine serve): nothing was relayed, try the other way."""
@@ -207,10 +358,14 @@ class Upstream:
         *,
         max_response_bytes: int,
         max_event_bytes: int,
+        max_buffered_bytes: int | None = None,
     ) -> None:
         self.timeouts = timeouts
         self.max_response_bytes = max_response_bytes
         self.max_event_bytes = max_event_bytes
+        self.budget = BufferBudget(
+            max_response_bytes if max_buffered_bytes is None else max_buffered_bytes
+        )
         self.pool = Pool(timeouts.dial)
         self._client = OnDemandClient(self._new_client, client)
 
@@ -293,23 +448,22 @@ class Upstream:
         t = self.timeouts
         end = trio.current_time() + t.total
         response = await self._open(url, body, headers, "total", end)
+        held = _Held(self.budget)
         try:
-            if missing_ok and response.status_code == 404:
-                raise PathMissing(url)
-            payload = await self._whole_body(response, end)
-        finally:
-            await _close(response)
-        if payload is None:
-            raise AttemptFailed(
-                Outcome.TIMEOUT, f"body not complete within {t.total:g}s", phase="total"
-            )
-        usage = None
-        if response.status_code == 200 and b'"usage"' in payload:
             try:
-                usage = Usage.from_openai(json.loads(payload).get("usage"))
-            except (ValueError, AttributeError):
-                usage = None
-        await _send_whole(send, response, extra_headers, payload)
+                if missing_ok and response.status_code == 404:
+                    raise PathMissing(url)
+                payload = await self._whole_body(response, end, held)
+            finally:
+                await _close(response)
+            if payload is None:
+                raise AttemptFailed(
+                    Outcome.TIMEOUT, f"body not complete within {t.total:g}s", phase="total"
+                )
+            usage = usage_of(payload) if response.status_code == 200 else None
+            await _send_whole(send, response, extra_headers, payload)
+        finally:
+            held.release()  # handed over (or dropped): the budget's again
         return Delivery(response.status_code, usage)
 
     def _bad_body(self, exc: BadResponse) -> str:
@@ -381,25 +535,33 @@ class Upstream:
         phase, deadline = "first_token", now + t.first_token
         if end < deadline:
             phase, deadline = "total", end
-        payload = await self._whole_body(response, deadline)
-        if payload is None:
-            limit = t.first_token if phase == "first_token" else t.total
-            raise AttemptFailed(
-                Outcome.TIMEOUT,
-                f"the body of a {response.status_code} answer did not come within {limit:g}s",
-                phase=phase,
-            )
-        await _send_whole(send, response, extra_headers, payload)
+        held = _Held(self.budget)
+        try:
+            payload = await self._whole_body(response, deadline, held)
+            if payload is None:
+                limit = t.first_token if phase == "first_token" else t.total
+                raise AttemptFailed(
+                    Outcome.TIMEOUT,
+                    f"the body of a {response.status_code} answer did not come within {limit:g}s",
+                    phase=phase,
+                )
+            await _send_whole(send, response, extra_headers, payload)
+        finally:
+            held.release()
         return Delivery(response.status_code)
 
-    async def _whole_body(self, response: UpstreamResponse, deadline: float) -> bytes | None:
-        """The whole body, at most `max_response_bytes`, by `deadline` (None once it has
-        passed); a body refused or cut short is an AttemptFailed."""
+    async def _whole_body(
+        self, response: UpstreamResponse, deadline: float, held: _Held
+    ) -> bytes | list[bytes] | None:
+        """The whole body, at most `max_response_bytes` and within the buffer budget
+        (`held` keeps what it took until the caller releases it), by `deadline` (None
+        once it has passed); a body refused or cut short is an AttemptFailed, one that
+        does not fit the budget BufferFull."""
         try:
             if response.complete:  # came with the head (a small answer): no wait to bound
-                return await response.aread(self.max_response_bytes)
+                return await _read_held(response, self.max_response_bytes, held)
             with trio.CancelScope(deadline=deadline):
-                return await response.aread(self.max_response_bytes)
+                return await _read_held(response, self.max_response_bytes, held)
         except BadResponse as exc:
             raise AttemptFailed(Outcome.BAD_RESPONSE, self._bad_body(exc)) from None
         except UpstreamError as exc:

@@ -7,6 +7,12 @@ endpoint and model that produced it, and sends follow-ups there and nowhere else
 a follow-up on another replica would be refused by that engine at best, answered
 without its context at worst.
 
+Scoped to the API key that made it: a stored response holds its conversation, so
+its home records the key's id (never the secret), and any other key is told the id
+is unknown (404, as OpenAI answers: it does not confirm that the id exists) on
+``GET``, ``DELETE``, ``.../cancel``, ``.../input_items`` and ``previous_response_id``.
+Without keys (auth off) every client is the one principal, and any may use any id.
+
 Bounded: at most :data:`MAX_HOMES` ids, each for :data:`TTL` seconds from when it
 was made or last used; the oldest go first. A router that restarts, or another
 llmgw instance, does not know the ids (the client is told so, never routed blind).
@@ -43,6 +49,8 @@ def response_id_in(data: bytes) -> str | None:
 class Home:
     endpoint: str
     model: str
+    #: The id of the key that made it; None with auth off (one principal).
+    owner: str | None = None
 
 
 class ResponseHomes:
@@ -62,14 +70,18 @@ class ResponseHomes:
         while len(self._homes) > self.max_homes:
             self._homes.popitem(last=False)
 
-    def lookup(self, response_id: str, now: float) -> Home | None:
-        """The home of `response_id`, kept for another TTL; None if unknown or expired."""
+    def lookup(self, response_id: str, now: float, owner: str | None) -> Home | None:
+        """The home of `response_id` for the key `owner` (its id; None with auth off),
+        kept for another TTL; None if unknown, expired or another key's (which must
+        look the same to the caller, and does not renew it)."""
         entry = self._homes.get(response_id)
         if entry is None:
             return None
         home, expires = entry
         if expires <= now:
             del self._homes[response_id]
+            return None
+        if home.owner != owner:
             return None
         self.record(response_id, home, now)
         return home
