@@ -108,6 +108,7 @@ import trio
 from llmgw import bench
 from llmgw.bench.workload import VOCABULARY
 from llmgw.sim import personalities as zoo
+from llmgw.testing_procs import LOOPBACK
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import _common as c
@@ -147,6 +148,41 @@ TARGET_VS_PEER = 1.1  # llmgw TTFT p90 / best peer's, at most
 TARGET_VS_RR = 1.0  # llmgw TTFT p90 / round robin's, at most
 TARGET_BUSIEST = 1.15  # busiest replica / mean, at most
 TARGET_THROUGHPUT = 2.0  # llmgw closed-loop req/s / round robin's, at least (shared prefixes)
+
+# --engine llamacpp: real llama-server replicas of llmgw.testing_gguf's tiny model.
+LLAMA_ENGINE = "llama-server"  # the bed's name where a personality's would be
+LLAMA_SLOTS = 4  # -np: sequences a replica runs at once, each slot its own prompt cache
+LLAMA_SLOT_CONTEXT = 12288  # tokens per slot (-c is this x slots): the longest prompt
+# of the built-in workloads is ~2,100 words, ~8,000 tokens of the tiny model's bytes
+LLAMA_THREADS = 1
+# Flags beyond the model, the listener, --metrics, slots, context and threads: the prompt
+# cache (cache_prompt, on by default in requests) reuses a slot's longest common prefix;
+# a request goes to the idle slot whose previous prompt is most like its own (similarity
+# over 0.1, llama-server's default); the host-memory prompt cache (--cache-ram) is off,
+# so the slots' KV is the only cache and erasing the slots empties it;
+# --slot-save-path enables the /slots actions (erase) used as the reset between turns.
+LLAMA_FLAGS = ("--cache-ram", "0", "--slot-prompt-similarity", "0.1")
+
+# --workload trace: a replay of a trace of Mooncake's format (one JSON object a line:
+# timestamp ms, input_length, output_length, hash_ids one per BLOCK_TOKENS-token block).
+TRACE_FILE = Path("shared") / "traces" / "mooncake_synthetic_trace.jsonl"
+TRACE_BLOCK_TOKENS = 512
+TRACE_SCALE = 16.0  # token counts (blocks, inputs, outputs) divided by this
+TRACE_START = 0.0  # s into the trace
+TRACE_SECONDS = 60.0  # of the trace (before --trace-speed)
+TRACE_QUICK_SECONDS = 20.0
+TRACE_SPEED = 1.0  # arrivals this many times as fast as the trace's
+TRACE_MAX_PROMPT = 3800  # tokens after scaling: trailing blocks beyond are dropped (every
+# sim personality's max_model_len is >= 4096; llama-server's slots hold 12,288)
+
+
+def default_trace() -> Path:
+    """../shared/traces/ beside the checkout (or beside a parent of it: a worktree)."""
+    for parent in Path(__file__).resolve().parents[1:]:
+        if (parent / TRACE_FILE).is_file():
+            return parent / TRACE_FILE
+    return Path(__file__).resolve().parents[2] / TRACE_FILE
+
 
 WARM_MOST = 15.0  # s: a turn's measured window opens by then at the latest
 PIN_HEADER = "x-bench-pin"  # the oracle's own, read and removed by its transport
@@ -205,6 +241,8 @@ class Request:
     words: int
     session: str | None = None
     band: str | None = None
+    max_tokens: int = OUTPUT_TOKENS
+    at: float = 0.0  # replay: seconds after the replay's start it arrives
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -219,6 +257,7 @@ class Workload:
     # it prefills when routing is decent.
     prompt_tokens: int
     uncached_tokens: int
+    replay = False  # a trace replayed at its own arrival times, not the loops
 
     def conversation(self, seed: str, index: int) -> list[Request]:
         raise NotImplementedError
@@ -294,6 +333,130 @@ class Long(Workload):
         return [Request(messages, 0, None, LONG_TOKENS)]
 
 
+@attrs.frozen
+class TraceSpec:
+    """Which part of which trace, scaled how (see Trace)."""
+
+    path: Path
+    start: float  # s into the trace
+    seconds: float  # of the trace
+    scale: float  # token counts divided by this
+    speed: float  # arrivals this many times as fast
+
+
+def _block_word(block: int) -> str:
+    """A word of its own for a block id: its base-26 digits, least significant first
+    (consecutive ids differ in their first letter), at least three letters."""
+    letters = []
+    n = block
+    while True:
+        n, d = divmod(n, 26)
+        letters.append(chr(ord("a") + d))
+        if not n and len(letters) >= 3:
+            return "".join(letters)
+
+
+class Trace(Workload):
+    """A replay of a trace of Mooncake's format (see the module docstring): request i
+    arrives (timestamp - start) / speed s after the replay's start, its prompt is the
+    text of its hash ids' blocks, each block's text fixed by its id alone (distinct ids:
+    distinct first words), BLOCK_TOKENS / scale tokens a block (the last block its
+    share of input_length), and it asks for output_length / scale tokens (at least 1, at
+    most OUTPUT_TOKENS). Prompts longer than TRACE_MAX_PROMPT tokens lose their
+    trailing blocks. The oracle pins a request by its first hash id."""
+
+    name = "trace"
+    shared = True
+    replay = True
+
+    def __init__(self, spec: TraceSpec) -> None:
+        self.spec = spec
+        self.title = (
+            f"replay of {spec.path.name}, {spec.start:g}-{spec.start + spec.seconds:g} s, "
+            f"token counts / {spec.scale:g} ({TRACE_BLOCK_TOKENS}-token blocks -> "
+            f"{self.block_tokens:g}), outputs / {spec.scale:g} capped at {OUTPUT_TOKENS}, "
+            f"arrivals x{spec.speed:g}"
+        )
+        self.prompt_tokens = self.uncached_tokens = 0
+        self._rows: list[dict[str, Any]] | None = None
+        self._blocks: dict[tuple[int, int], str] = {}
+        self.truncated = 0
+
+    @property
+    def block_tokens(self) -> float:
+        return TRACE_BLOCK_TOKENS / self.spec.scale
+
+    @property
+    def duration(self) -> float:
+        """Seconds the replay lasts (arrivals only)."""
+        return self.spec.seconds / self.spec.speed
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The trace's requests in the window, in arrival order."""
+        if self._rows is None:
+            lo, hi = self.spec.start * 1e3, (self.spec.start + self.spec.seconds) * 1e3
+            rows = []
+            with self.spec.path.open() as f:
+                for line in f:
+                    if line.strip():
+                        row = json.loads(line)
+                        if lo <= float(row["timestamp"]) < hi:
+                            rows.append(row)
+            rows.sort(key=lambda r: float(r["timestamp"]))
+            self._rows = rows
+            n = max(len(rows), 1)
+            self.prompt_tokens = round(
+                sum(min(r["input_length"] / self.spec.scale, TRACE_MAX_PROMPT) for r in rows) / n
+            )
+        return self._rows
+
+    def block(self, block: int, words: int) -> str:
+        key = (block, words)
+        if key not in self._blocks:
+            rng = random.Random(f"rq:trace:block:{block}")
+            rest = _words(rng, words - 1) if words > 1 else ""
+            self._blocks[key] = f"{_block_word(block)} {rest}".rstrip() + " "
+        return self._blocks[key]
+
+    def requests(self, tokens_per_word: float) -> list[Request]:
+        """The replay's requests; a word of the text is `tokens_per_word` tokens on the
+        engine (1 on llmgw-sim, ~4 on the tiny model's byte-level vocabulary)."""
+        out = []
+        block_words = max(1, round(self.block_tokens / tokens_per_word))
+        cap = TRACE_MAX_PROMPT / self.block_tokens
+        t0 = self.spec.start * 1e3
+        self.truncated = 0
+        for row in self.rows():
+            ids = [int(h) for h in row["hash_ids"]]
+            if not ids:
+                continue
+            scaled = float(row["input_length"]) / self.spec.scale
+            last = scaled - self.block_tokens * (len(ids) - 1)  # the last block's share
+            if len(ids) > cap:
+                self.truncated += 1
+                ids, last = ids[: max(1, int(cap))], self.block_tokens
+            parts = [self.block(b, block_words) for b in ids[:-1]]
+            last_words = max(1, round(min(last, self.block_tokens) / tokens_per_word))
+            parts.append(" ".join(self.block(ids[-1], block_words).split()[:last_words]))
+            text = "".join(parts)
+            words = len(text.split())
+            output = min(OUTPUT_TOKENS, max(1, round(row["output_length"] / self.spec.scale)))
+            out.append(
+                Request(
+                    ({"role": "user", "content": text},),
+                    ids[0],
+                    ids[0],
+                    words,
+                    max_tokens=output,
+                    at=(float(row["timestamp"]) - t0) / 1e3 / self.spec.speed,
+                )
+            )
+        return out
+
+    def conversation(self, seed: str, index: int) -> list[Request]:
+        raise NotImplementedError("a trace is replayed, not looped")
+
+
 def _zipf(n: int, s: float) -> list[float]:
     return [1.0 / (k**s) for k in range(1, n + 1)]
 
@@ -302,7 +465,8 @@ _PROMPT = f"{SYSTEM_TOKENS}-token system prompt + {UNIQUE_TOKENS} unique tokens"
 _HOT = _zipf(TENANTS, ZIPF_EXPONENT)[0] / sum(_zipf(TENANTS, ZIPF_EXPONENT))
 
 
-def workloads() -> dict[str, Workload]:
+def workloads(trace: TraceSpec | None = None) -> dict[str, Workload]:
+    spec = trace or TraceSpec(default_trace(), TRACE_START, TRACE_SECONDS, TRACE_SCALE, 1.0)
     return {
         w.name: w
         for w in (
@@ -320,6 +484,7 @@ def workloads() -> dict[str, Workload]:
                 [1.0] * TENANTS,
                 bronze=0.5,
             ),
+            Trace(spec),
         )
     }
 
@@ -483,9 +648,20 @@ def wait_seen_idle(router: c.RouterProc, timeout: float = 10.0) -> None:
     c.log(f"llmgw still sees busy replicas after {timeout:g}s; starting the turn anyway")
 
 
-def reset_caches(sims: Sequence[str]) -> None:
+def reset_caches(sims: Sequence[str], slots: int | None = None) -> None:
+    """Empty every replica's prefix cache: llmgw-sim's POST /reset_prefix_cache (vLLM's
+    and SGLang's), or with `slots` (llama-server, which has no such call) POST
+    /slots/{id}?action=erase for each slot, which drops the slot's cached prompt."""
     for base in sims:
-        httpx.post(f"{base}/reset_prefix_cache", timeout=5, trust_env=False).raise_for_status()
+        if slots is None:
+            r = httpx.post(f"{base}/reset_prefix_cache", timeout=5, trust_env=False)
+            r.raise_for_status()
+            continue
+        for slot in range(slots):
+            r = httpx.post(
+                f"{base}/slots/{slot}", params={"action": "erase"}, timeout=5, trust_env=False
+            )
+            r.raise_for_status()
 
 
 def parse_llmgw(text: str) -> dict[str, float]:
@@ -535,7 +711,7 @@ async def send(
         text="",
         words=req.words,
         prefix_words=0,
-        max_tokens=OUTPUT_TOKENS,
+        max_tokens=req.max_tokens,
     )
     cfg = attrs.evolve(config, band=req.band, extra_body={"messages": list(req.messages)})
     target = who.target
@@ -711,6 +887,44 @@ async def open_loop(
     return OpenRun(samples, arrivals, shed, at_end)
 
 
+async def replay_loop(
+    who: Contender,
+    requests: Sequence[Request],
+    window: Window,
+    max_requests: int,
+    concurrency: int,
+) -> OpenRun:
+    """Each request sent at its own arrival time (open loop), the first `max_requests`
+    at most; one finding concurrency x IN_FLIGHT_FACTOR requests in flight is shed.
+    Requests in flight at the end finish."""
+    config = base_config(concurrency)
+    cap = concurrency * IN_FLIGHT_FACTOR
+    samples: list[bench.Sample] = []
+    arrivals: list[float] = []
+    t0 = window.t0
+    in_flight = shed = 0
+
+    async def one(i: int, req: Request) -> None:
+        nonlocal in_flight
+        in_flight += 1
+        try:
+            samples.append(await send(who, config, req, i, t0))
+        finally:
+            in_flight -= 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(window.watch)
+        for i, req in enumerate(requests[:max_requests]):
+            await trio.sleep_until(t0 + req.at)
+            arrivals.append(req.at)
+            if in_flight >= cap:
+                shed += 1
+                continue
+            nursery.start_soon(one, i, req)
+        at_end = in_flight
+    return OpenRun(samples, arrivals, shed, at_end)
+
+
 async def warm_up(who: Contender, n: int) -> None:
     """A few short requests (unmeasured): connections, the router's first paths."""
     config = base_config(8)
@@ -738,6 +952,8 @@ class Bed:
     sims: list[str]
     contenders: list[Contender]
     scraper: httpx.AsyncClient
+    tokens_per_word: float = 1.0  # of the workloads' words, on this engine
+    slots: int | None = None  # llama-server: its slots (erased as the cache reset)
 
 
 @attrs.define
@@ -786,9 +1002,13 @@ async def run_turn(
     wait_sims_idle(bed.sims, bed.fmt)
     if who.router is not None:
         wait_seen_idle(who.router)
-    reset_caches(bed.sims)
+    reset_caches(bed.sims, bed.slots)
     if phase == "closed":
         least, seconds = settings.closed_warm, settings.closed_seconds
+    elif isinstance(wl, Trace):
+        # The whole replay but its first open_warm seconds is measured.
+        least = min(settings.open_warm, wl.duration / 2)
+        seconds = max(wl.duration - least, 0.1)
     else:
         least, seconds = settings.open_warm, settings.open_seconds
     pid = who.router_pid
@@ -818,6 +1038,10 @@ async def run_turn(
             samples = await closed_loop(
                 who, wl, seed, window, settings.closed_requests, concurrency
             )
+        elif isinstance(wl, Trace):
+            requests = wl.requests(bed.tokens_per_word)
+            run = await replay_loop(who, requests, window, settings.open_requests, concurrency)
+            samples = run.samples
         else:
             assert rate is not None
             run = await open_loop(who, wl, seed, window, settings.open_requests, concurrency, rate)
@@ -876,9 +1100,10 @@ async def run_turn(
         f"{turn.completed / span:.1f} req/s done, TTFT p90 "
         f"{c.ms(ttft.p90 if ttft else None, 0)} ms"
         + (
-            f"; {turn.arrived / seconds:.1f} req/s arrived (Poisson {rate:.1f}), "
-            f"{turn.in_flight_at_end} in flight when arrivals stopped"
-            if run and rate is not None
+            f"; {turn.arrived / seconds:.1f} req/s arrived "
+            + (f"(Poisson {rate:.1f}), " if rate is not None else "(the trace's), ")
+            + f"{turn.in_flight_at_end} in flight when arrivals stopped"
+            if run
             else ""
         )
         + (f", {turn.shed} shed" if turn.shed else "")
@@ -899,6 +1124,12 @@ async def run_cell(
             f"[{bed.personality} x {wl.name}] round {rnd + 1}: {', '.join(w.name for w in order)}"
         )
         seed = f"{SEED}:{bed.personality}:{wl.name}:{rnd}"
+        if wl.replay:
+            for who in order:
+                turns.append(
+                    await run_turn(bed, who, wl, seed, "open", rnd, settings, concurrency, None)
+                )
+            continue
         closed = {}
         for who in order:
             t = await run_turn(
@@ -922,6 +1153,22 @@ async def run_cell(
         "personality": bed.personality,
         "workload": wl.name,
         "title": wl.title,
+        "replay": wl.replay,
+        "trace": (
+            {
+                "path": str(wl.spec.path),
+                "start": wl.spec.start,
+                "seconds": wl.spec.seconds,
+                "scale": wl.spec.scale,
+                "speed": wl.spec.speed,
+                "requests": len(wl.rows()),
+                "mean_prompt_tokens": wl.prompt_tokens,
+                "truncated": wl.truncated,
+                "tokens_per_word": bed.tokens_per_word,
+            }
+            if isinstance(wl, Trace)
+            else None
+        ),
         "shared": wl.shared,
         "rates": rates,
         "notes": notes,
@@ -984,6 +1231,58 @@ def aggregate(turns: Sequence[Turn]) -> dict[str, Any]:
     }
 
 
+def start_llama_servers(fleet: c.Fleet, binary: str) -> tuple[list[c.Proc], list[str], list[str]]:
+    """REPLICAS llama-server processes of the tiny GGUF model on loopback ports of their
+    own; returns them, their base URLs and the first one's argv (port and paths elided)."""
+    from llmgw.testing_gguf import write_tiny_gguf
+
+    weights = write_tiny_gguf(fleet.logdir / "tiny.gguf")
+    saves = fleet.logdir / "slots"
+    saves.mkdir(exist_ok=True)
+    procs, bases = [], []
+    shown: list[str] = []
+    for i in range(REPLICAS):
+        port = fleet.reserve_port()
+        base = f"http://{LOOPBACK}:{port}"
+        args = [
+            *("-m", str(weights), "--host", LOOPBACK, "--port", str(port), "-a", MODEL),
+            *("--metrics", "--no-webui", "-np", str(LLAMA_SLOTS)),
+            *("-c", str(LLAMA_SLOTS * LLAMA_SLOT_CONTEXT), "-t", str(LLAMA_THREADS)),
+            *("--slot-save-path", str(saves)),
+            *LLAMA_FLAGS,
+        ]
+        procs.append(fleet.start(binary, *args, name=f"llama-server-{i}", health=f"{base}/health"))
+        bases.append(base)
+        if not shown:
+            shown = ["llama-server", *args]
+            shown[shown.index(str(port))] = "PORT"
+            shown[shown.index(str(weights))] = "tiny.gguf"
+            shown[shown.index(str(saves))] = "DIR"
+    return procs, bases, shown
+
+
+def measure_tokens_per_word(base: str) -> float:
+    """Tokens a workload word (VOCABULARY, space-separated) is on the replica's model,
+    by its own POST /tokenize."""
+    text = _words(random.Random("rq:tokens-per-word"), 500)
+    r = httpx.post(f"{base}/tokenize", json={"content": text}, timeout=10, trust_env=False)
+    r.raise_for_status()
+    return len(r.json()["tokens"]) / 500
+
+
+def llama_version(binary: str) -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "version unknown"
+    text = (out.stdout + out.stderr).strip().splitlines()
+    return next((line for line in text if line.startswith("version")), "version unknown")
+
+
 async def run_personality(
     fleet: c.Fleet,
     personality: str,
@@ -993,17 +1292,34 @@ async def run_personality(
     concurrency: int,
     peers: dict[str, Path | None],
     peer_reasons: dict[str, str],
+    llama_server: str | None = None,
 ) -> dict[str, Any]:
-    fmt = zoo.get(personality).metrics_format
     procs: list[c.Proc] = []
     sims = []
     c.log(f"[{personality}] starting {REPLICAS} replicas and the routers")
-    for i in range(REPLICAS):
-        proc, base = fleet.sim(
-            f"{personality}-{i}", "--personality", personality, "--seed", str(i), model=MODEL
+    llama = personality == LLAMA_ENGINE
+    if llama:
+        assert llama_server is not None
+        fmt = "llamacpp"
+        procs, sims, argv = start_llama_servers(fleet, llama_server)
+        tokens_per_word = measure_tokens_per_word(sims[0])
+        about = (
+            f"{REPLICAS} real llama-server replicas ({llama_version(llama_server)}) of "
+            f"llmgw.testing_gguf's tiny model; argv {' '.join(argv)}; a workload word is "
+            f"{tokens_per_word:.2f} tokens (byte-level vocabulary)"
         )
-        procs.append(proc)
-        sims.append(base)
+        engine: dict[str, Any] = {"argv": argv, "slots": LLAMA_SLOTS}
+    else:
+        fmt = zoo.get(personality).metrics_format
+        for i in range(REPLICAS):
+            proc, base = fleet.sim(
+                f"{personality}-{i}", "--personality", personality, "--seed", str(i), model=MODEL
+            )
+            procs.append(proc)
+            sims.append(base)
+        tokens_per_word = 1.0  # llmgw-sim: 4 characters a token, a word 3 letters + space
+        about = zoo.get(personality).summary
+        engine = dict(zoo.get(personality).engine)
     gw = fleet.router(
         [(f"{personality}-{i}", base, MODEL) for i, base in enumerate(sims)],
         name=f"llmgw-{personality}",
@@ -1071,7 +1387,15 @@ async def run_personality(
         for who in contenders:
             await warm_up(who, settings.warm_requests)
         scraper = await stack.enter_async_context(httpx.AsyncClient(timeout=5, trust_env=False))
-        bed = Bed(personality, fmt, sims, contenders, scraper)
+        bed = Bed(
+            personality,
+            fmt,
+            sims,
+            contenders,
+            scraper,
+            tokens_per_word=tokens_per_word,
+            slots=LLAMA_SLOTS if llama else None,
+        )
         cells = []
         for k, wl in enumerate(wls):
             cells.append(await run_cell(bed, wl, first_cell + k, settings, concurrency))
@@ -1079,10 +1403,11 @@ async def run_personality(
     fleet.stop(procs)
     return {
         "personality": personality,
-        "summary": zoo.get(personality).summary,
-        "engine": dict(zoo.get(personality).engine),
+        "summary": about,
+        "engine": engine,
         "metrics_format": fmt,
-        "requests_source": REQUESTS_SOURCE[fmt],
+        "requests_source": REQUESTS_SOURCE[fmt]
+        + (" (the trace's outputs vary: generated tokens over the mean)" if llama else ""),
         "cache_source": CACHE_SOURCE[fmt],
         "skipped": skipped,
         "router_flags": {w.name: w.flags for w in contenders if w.flags},
@@ -1154,10 +1479,59 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
+def report_replay(p: dict[str, Any], cell: dict[str, Any]) -> None:
+    tr = cell["trace"]
+    rows = []
+    for name, x in cell["targets"].items():
+        op = x["open"]
+        ttft = op.ttft if op else None
+        rows.append(
+            [
+                name,
+                f"{x['failed']}/{x['sent']}",
+                c.ms(ttft.p50 if ttft else None, 0),
+                c.ms(ttft.p90 if ttft else None, 0),
+                c.ms(ttft.p99 if ttft else None, 0),
+                c.ms(op.e2e.p50 if op and op.e2e else None, 0),
+                (
+                    f"{x['arrived_rate']:.1f} -> {x['open_throughput']:.1f}"
+                    if x["arrived_rate"] is not None and x["open_throughput"] is not None
+                    else "-"
+                ),
+                _pct(x["hit_rate"]),
+                "-" if x["busiest_over_mean"] is None else f"{x['busiest_over_mean']:.2f}x",
+                c.ms(x["cpu_per_request"], 2),
+            ]
+        )
+    c.print_table(
+        f"{p['personality']} x trace: {cell['title']}; {tr['requests']} requests, mean "
+        f"prompt {tr['mean_prompt_tokens']} tokens after scaling ({tr['truncated']} cut to "
+        f"{TRACE_MAX_PROMPT}), a word {tr['tokens_per_word']:.2f} tokens on this engine; "
+        "streamed, open loop at the trace's arrival times; times in ms",
+        [
+            "target",
+            "failed/sent",
+            "TTFT p50",
+            "TTFT p90",
+            "TTFT p99",
+            "e2e p50",
+            "req/s arrived -> done",
+            "prefix hit rate",
+            "busiest / mean",
+            "router CPU ms/req",
+        ],
+        rows,
+    )
+
+
 def report_cell(p: dict[str, Any], cell: dict[str, Any], concurrency: int) -> None:
+    if cell.get("replay"):
+        report_replay(p, cell)
     rates = ", ".join("-" if r is None else f"{r:.1f}" for r in cell["rates"])
     rows = []
     for name, x in cell["targets"].items():
+        if cell.get("replay"):
+            break
         cl, op = x["closed"], x["open"]
         rows.append(
             [
@@ -1179,26 +1553,27 @@ def report_cell(p: dict[str, Any], cell: dict[str, Any], concurrency: int) -> No
                 c.ms(x["cpu_per_request"], 2),
             ]
         )
-    c.print_table(
-        f"{p['personality']} x {cell['workload']}: {cell['title']}; {OUTPUT_TOKENS} output "
-        f"tokens, streamed; closed loop at concurrency {concurrency}, open loop Poisson at "
-        f"{rates} req/s ({OPEN_FACTOR:g}x round robin's closed loop); times in ms",
-        [
-            "target",
-            "failed/sent",
-            "TTFT p50",
-            "TTFT p90",
-            "TTFT p99",
-            "e2e p50",
-            "closed req/s",
-            "open req/s arrived -> done",
-            "open TTFT p90",
-            "prefix hit rate",
-            "busiest / mean",
-            "router CPU ms/req",
-        ],
-        rows,
-    )
+    if rows:
+        c.print_table(
+            f"{p['personality']} x {cell['workload']}: {cell['title']}; {OUTPUT_TOKENS} output "
+            f"tokens, streamed; closed loop at concurrency {concurrency}, open loop Poisson at "
+            f"{rates} req/s ({OPEN_FACTOR:g}x round robin's closed loop); times in ms",
+            [
+                "target",
+                "failed/sent",
+                "TTFT p50",
+                "TTFT p90",
+                "TTFT p99",
+                "e2e p50",
+                "closed req/s",
+                "open req/s arrived -> done",
+                "open TTFT p90",
+                "prefix hit rate",
+                "busiest / mean",
+                "router CPU ms/req",
+            ],
+            rows,
+        )
     gw = cell["targets"][LLMGW]["llmgw"]
     tiers = ", ".join(
         f"{k.split(':', 1)[1]} {v:.0f}" for k, v in sorted(gw.items()) if k.startswith("tier:")
@@ -1338,7 +1713,13 @@ def estimate(
     for name in names:
         total += PERSONALITY_SETUP + n_targets * WARM_PER_TARGET
         for wl in wls:
-            cold, unloaded, e2e = typical_e2e(name, wl, concurrency)
+            if isinstance(wl, Trace):
+                total += n_targets * settings.rounds * (wl.duration + 5 + 2 * TURN_OVERHEAD)
+                continue
+            # llama-server: its simulated personality's figures, a rough guess.
+            cold, unloaded, e2e = typical_e2e(
+                "llamacpp" if name == LLAMA_ENGINE else name, wl, concurrency
+            )
             # A closed window waits for `concurrency` answers (at most 3x its length).
             window = min(max(settings.closed_seconds, e2e), 3 * settings.closed_seconds)
             closed = max(settings.closed_warm, cold) + window + e2e
@@ -1355,8 +1736,10 @@ async def main_async(
     concurrency: int,
     peers: dict[str, Path | None],
     peer_reasons: dict[str, str],
+    trace: TraceSpec,
+    llama_server: str | None,
 ) -> dict[str, Any]:
-    wls = workloads()
+    wls = workloads(trace)
     out = []
     for k, name in enumerate(names):
         out.append(
@@ -1369,6 +1752,7 @@ async def main_async(
                 concurrency,
                 peers,
                 peer_reasons,
+                llama_server,
             )
         )
         for cell in out[-1]["cells"]:
@@ -1394,6 +1778,45 @@ def main(argv: list[str] | None = None) -> int:
         help=f"repeatable (default {', '.join(DEFAULT_WORKLOADS)}; "
         f"--quick {', '.join(QUICK_WORKLOADS)})",
     )
+    p.add_argument(
+        "--engine",
+        choices=("sim", "llamacpp"),
+        default="sim",
+        help="sim: llmgw-sim personalities (default); llamacpp: four real llama-server "
+        "replicas of the tiny GGUF model (scripts/llama_server.sh builds the binary)",
+    )
+    p.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help=f"trace file of the trace workload (Mooncake's format; default {default_trace()})",
+    )
+    p.add_argument(
+        "--trace-start",
+        type=float,
+        default=TRACE_START,
+        help=f"s into the trace where the replay starts (default {TRACE_START:g})",
+    )
+    p.add_argument(
+        "--trace-seconds",
+        type=float,
+        default=None,
+        help=f"s of the trace replayed (default {TRACE_SECONDS:g}, "
+        f"--quick {TRACE_QUICK_SECONDS:g})",
+    )
+    p.add_argument(
+        "--trace-scale",
+        type=float,
+        default=TRACE_SCALE,
+        help=f"token counts divided by this (default {TRACE_SCALE:g}: "
+        f"{TRACE_BLOCK_TOKENS}-token blocks of {TRACE_BLOCK_TOKENS / TRACE_SCALE:g})",
+    )
+    p.add_argument(
+        "--trace-speed",
+        type=float,
+        default=TRACE_SPEED,
+        help=f"arrivals this many times as fast as the trace's (default {TRACE_SPEED:g})",
+    )
     p.add_argument("--no-peers", action="store_true", help="no vllm-router or sglang-router")
     p.add_argument(
         "--concurrency",
@@ -1418,17 +1841,41 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--concurrency must be at least 1")
     if args.rounds is not None and args.rounds < 1:
         p.error("--rounds must be at least 1")
+    if args.trace_scale <= 0 or args.trace_speed <= 0:
+        p.error("--trace-scale and --trace-speed must be positive")
+    if args.trace_seconds is not None and args.trace_seconds <= 0:
+        p.error("--trace-seconds must be positive")
     settings = QUICK if args.quick else DEFAULT
     if args.rounds is not None:
         settings = attrs.evolve(settings, rounds=args.rounds)
-    names = list(
-        dict.fromkeys(
-            args.personality or (QUICK_PERSONALITIES if args.quick else DEFAULT_PERSONALITIES)
-        )
+    trace = TraceSpec(
+        args.trace or default_trace(),
+        args.trace_start,
+        args.trace_seconds or (TRACE_QUICK_SECONDS if args.quick else TRACE_SECONDS),
+        args.trace_scale,
+        args.trace_speed,
     )
+    llama_server = None
+    if args.engine == "llamacpp":
+        if args.personality:
+            p.error("--personality is for --engine sim")
+        from llmgw.agent.adapters.llamacpp import find_llama_server
+
+        llama_server = find_llama_server()
+        if llama_server is None:
+            p.error("llama-server not found: scripts/llama_server.sh builds it")
+        names = [LLAMA_ENGINE]
+    else:
+        names = list(
+            dict.fromkeys(
+                args.personality or (QUICK_PERSONALITIES if args.quick else DEFAULT_PERSONALITIES)
+            )
+        )
     wl_names = list(
         dict.fromkeys(args.workload or (QUICK_WORKLOADS if args.quick else DEFAULT_WORKLOADS))
     )
+    if "trace" in wl_names and not trace.path.is_file():
+        p.error(f"no trace file {trace.path} (--trace PATH)")
     peers: dict[str, Path | None] = {}
     reasons: dict[str, str] = {}
     versions: dict[str, str] = {}
@@ -1445,7 +1892,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             versions[dist] = c.peer_version(dist, args.peers_venv)
     n_targets = 3 + sum(1 for b in peers.values() if b is not None)
-    all_wls = workloads()
+    all_wls = workloads(trace)
     eta = estimate(settings, names, [all_wls[w] for w in wl_names], n_targets, args.concurrency)
     c.log(
         f"{len(names)} personalities x {len(wl_names)} workloads x {n_targets} targets: "
@@ -1459,7 +1906,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with c.fleet() as fleet:
             result = c.run_trio(
-                main_async, fleet, settings, names, wl_names, args.concurrency, peers, reasons
+                main_async,
+                fleet,
+                settings,
+                names,
+                wl_names,
+                args.concurrency,
+                peers,
+                reasons,
+                trace,
+                llama_server,
             )
     except* KeyboardInterrupt:
         pass  # trio may deliver it inside an exception group
@@ -1472,6 +1928,7 @@ def main(argv: list[str] | None = None) -> int:
         machine=machine,
         revision=c.revision(),
         settings=attrs.asdict(settings),
+        engine=args.engine,
         concurrency=args.concurrency,
         open_factor=OPEN_FACTOR,
         peer_versions=versions,
