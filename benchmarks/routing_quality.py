@@ -1,11 +1,35 @@
 """Routing quality: engine personalities x workloads, llmgw beside its peers, round robin
 and a pinned oracle, all in front of the same four replicas in one run.
 
-    python benchmarks/routing_quality.py [--quick] [--json] [--personality NAME]...
-                                         [--workload NAME]... [--no-peers]
-                                         [--concurrency N] [--rounds N]
+    python benchmarks/routing_quality.py [--quick] [--json] [--engine sim|llamacpp]
+                                         [--personality NAME]... [--workload NAME]...
+                                         [--no-peers] [--concurrency N] [--rounds N]
+                                         [--trace PATH] [--trace-start S]
+                                         [--trace-seconds S] [--trace-scale K]
+                                         [--trace-speed X]
+
+    # real llama-server replicas, the built-in workloads (scripts/llama_server.sh first)
+    python benchmarks/routing_quality.py --engine llamacpp
+    # the trace replay beside the peers (benchmarks/setup_peers.sh first), on each engine
+    python benchmarks/routing_quality.py --engine llamacpp --workload trace
+    python benchmarks/routing_quality.py --personality vllm --workload trace
+    # another window, or another trace of the same format
+    python benchmarks/routing_quality.py --workload trace --trace-start 600 --trace PATH
 
 Everything runs on 127.0.0.1 and is started and stopped by this script.
+
+Engines (--engine): `sim` (default), llmgw-sim's personalities below; `llamacpp`, an
+engine llmgw's authors did not write: four real `llama-server` processes (the binary
+scripts/llama_server.sh builds and caches) of llmgw.testing_gguf's tiny model, each
+with `-np 4` slots of 12,288 tokens (`-c 49152`), `-t 1`, `--metrics`, `--cache-ram 0`
+(no host-memory prompt cache: the slots' KV is the only cache, a real prefix cache:
+a request reuses the longest common prefix of its slot's previous prompt, and goes to
+the idle slot whose prompt is most like its own, `--slot-prompt-similarity 0.1`, the
+default) and `--slot-save-path` (needed for the slot actions, of which only erase is
+used). The argv is printed. The tiny model's vocabulary is byte-level: a workload
+word (3 letters and a space) is ~4 of its tokens, 1 on llmgw-sim (measured with the
+replica's POST /tokenize and printed); the built-in workloads keep their words, so
+their prompts are ~4x as many tokens there; the trace replay sizes its text in tokens.
 
 Personalities (llmgw.sim.personalities): for each one, four `llmgw-sim --personality P
 --seed i` replicas (i = 0..3) and nothing else on their command lines, then one router
@@ -26,7 +50,28 @@ streamed, 32 output tokens each (ignore_eos):
   making, not the engine's output) and llmgw's session header `x-session-id`;
 * long: 2,000-token unique prompts, nothing shared;
 * mixed (not in the default matrix): uniform's prompts, half the requests (drawn at
-  random) sent with `x-llmgw-band: bronze` as a batch client would.
+  random) sent with `x-llmgw-band: bronze` as a batch client would;
+* trace (not in the default matrix): a replay of a production trace in Mooncake's
+  format (--trace PATH, default ../shared/traces/mooncake_synthetic_trace.jsonl beside
+  the checkout: one JSON object a line with `timestamp` in ms, `input_length`,
+  `output_length` and `hash_ids`, one id per 512-token block; requests sharing leading
+  ids share that prefix). The requests arriving in [--trace-start, + --trace-seconds)
+  of the trace (default 0 and 300 s; 120 with --quick) are sent open loop at their own
+  arrival times divided by --trace-speed (default 10: blocks recur over minutes, not
+  seconds, so a short window holds little sharing: 7% of the block references of the
+  Mooncake trace's first 2 minutes repeat one of them, 17% of 5 minutes, 64% of all
+  17), with no shedding below --concurrency x 8 in flight. Token counts are divided by
+  --trace-scale (default 16: a block is 32 tokens, the Mooncake trace's mean input of
+  15,325 tokens becomes ~960) to fit these cores; the header prints the factors. Each
+  block id has a fixed text of its scaled size (a first word of its own -- the id in
+  base 26 -- then seeded vocabulary words), so two ids never share a cache block; a
+  prompt is one user message, its blocks' texts in order (the last block its share of
+  input_length), cut after 3,800 tokens (trailing blocks dropped; the count is
+  printed). Output: output_length / scale tokens, at least 1, at most 32. The oracle
+  pins a request by its first hash id. No closed loop and no Poisson turn: one replay
+  per target, the first quarter of it unmeasured (the caches were reset and fill), the
+  rest measured like an open-loop window (TTFT p50/p90/p99, e2e, arrivals and answers
+  per second, hit rate, busiest replica, router CPU per request).
 
 Targets, interleaved (each cell and each round starting one target later), the same
 prompts for all within a round; no target ever sees another cell's prefixes:
@@ -54,7 +99,8 @@ their order. An arrival finding --concurrency x 8 requests in flight is shed.
 
 Before each turn every replica is idle by its own /metrics (and by llmgw's scrapes
 before llmgw's turns) and every replica's prefix cache is reset (POST
-/reset_prefix_cache), so no target inherits another's cache. The start of a turn, all
+/reset_prefix_cache on llmgw-sim; llama-server has none: POST /slots/{id}?action=erase
+for each of its slots), so no target inherits another's cache. The start of a turn, all
 misses at once, is not measured: the window opens after 1 s (0.5 with --quick), in a
 closed loop not before every worker has had its first answer (15 s at most), and lasts
 4 s (2 s), in a closed loop at least until --concurrency answers came in it (at most
@@ -71,7 +117,8 @@ fleet's prefix-cache hit rate (hit / looked-up prompt tokens from the replicas' 
 counters: vllm:prefix_cache_*, sglang:cached_tokens / prompt_tokens,
 llamacpp:prompt_tokens_cached / (that + prompt_tokens)); the busiest replica's requests
 over the mean (the replicas' own counters: vllm:request_success, sglang:num_requests;
-llama.cpp's page counts no requests, so tokens_predicted / 32 there); the router
+llama.cpp's page counts no requests, so tokens_predicted / 32 there, on the trace the
+generated tokens' share: outputs vary); the router
 process's CPU (utime + stime, direct children included) per request answered. The
 last three cover both loops, from each window's start to the turn's end. Then a
 summary of all cells against the issue's targets: TTFT p90 within 1.1x of the best
