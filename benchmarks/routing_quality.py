@@ -1716,10 +1716,11 @@ def report(result: dict[str, Any]) -> None:
         f"estimated "
         f"{result['estimate_seconds'] / 60:.0f} min, took {result['wall_seconds'] / 60:.1f} min"
     )
-    print(
-        "trace cells: one replay per target at the trace's arrival times, its first "
-        f"{TRACE_WARM:.0%} unmeasured (at least the open-loop warm-up)"
-    )
+    if any(cell.get("replay") for p in result["personalities"] for cell in p["cells"]):
+        print(
+            "trace cells: one replay per target at the trace's arrival times, its first "
+            f"{TRACE_WARM:.0%} unmeasured (at least the open-loop warm-up)"
+        )
     for name, version in result["peer_versions"].items():
         print(f"{name}: {version}")
     for p in result["personalities"]:
