@@ -155,7 +155,7 @@ import trio
 from llmgw import bench
 from llmgw.bench.workload import VOCABULARY
 from llmgw.sim import personalities as zoo
-from llmgw.testing_procs import LOOPBACK
+from llmgw.testing_procs import LOOPBACK, Proc
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import _common as c
@@ -1282,7 +1282,7 @@ def aggregate(turns: Sequence[Turn]) -> dict[str, Any]:
     }
 
 
-def start_llama_servers(fleet: c.Fleet, binary: str) -> tuple[list[c.Proc], list[str], list[str]]:
+def start_llama_servers(fleet: c.Fleet, binary: str) -> tuple[list[Proc], list[str], list[str]]:
     """REPLICAS llama-server processes of the tiny GGUF model on loopback ports of their
     own; returns them, their base URLs and the first one's argv (port and paths elided)."""
     from llmgw.testing_gguf import write_tiny_gguf
@@ -1345,8 +1345,8 @@ async def run_personality(
     peer_reasons: dict[str, str],
     llama_server: str | None = None,
 ) -> dict[str, Any]:
-    procs: list[c.Proc] = []
-    sims = []
+    procs: list[Proc] = []
+    sims: list[str] = []
     c.log(f"[{personality}] starting {REPLICAS} replicas and the routers")
     llama = personality == LLAMA_ENGINE
     if llama:
