@@ -208,7 +208,12 @@ LLAMA_THREADS = 1
 # over 0.1, llama-server's default); the host-memory prompt cache (--cache-ram) is off,
 # so the slots' KV is the only cache and erasing the slots empties it;
 # --slot-save-path enables the /slots actions (erase) used as the reset between turns.
-LLAMA_FLAGS = ("--cache-ram", "0", "--slot-prompt-similarity", "0.1")
+# The tiny model says its context is 4096 tokens and llama-server caps a slot there:
+# --override-kv raises it (its weights are random; nothing is lost).
+LLAMA_FLAGS = (
+    *("--cache-ram", "0", "--slot-prompt-similarity", "0.1"),
+    *("--override-kv", f"llama.context_length=int:{LLAMA_SLOT_CONTEXT}"),
+)
 
 # --workload trace: a replay of a trace of Mooncake's format (one JSON object a line:
 # timestamp ms, input_length, output_length, hash_ids one per BLOCK_TOKENS-token block).
@@ -221,7 +226,10 @@ TRACE_START = 0.0  # s into the trace
 # minutes, 36% of 10, 64% of the whole 17. So a window of minutes, replayed faster.
 TRACE_SECONDS = 300.0  # of the trace (before --trace-speed)
 TRACE_QUICK_SECONDS = 120.0
-TRACE_SPEED = 10.0  # arrivals this many times as fast as the trace's
+# Arrivals this many times as fast as the trace's, by engine: four llama-server replicas
+# of the tiny model prefill ~8,000 tokens/s each here (one thread, short prompts), too
+# few for 10x the trace at these scaled sizes (~35 requests/s of ~950 tokens).
+TRACE_SPEED = {"sim": 10.0, "llamacpp": 4.0}
 TRACE_WARM = 0.25  # of the replay unmeasured (at least the open-loop warm-up): caches fill
 TRACE_MAX_PROMPT = 3800  # tokens after scaling: trailing blocks beyond are dropped (every
 # sim personality's max_model_len is >= 4096; llama-server's slots hold 12,288)
@@ -517,7 +525,9 @@ _HOT = _zipf(TENANTS, ZIPF_EXPONENT)[0] / sum(_zipf(TENANTS, ZIPF_EXPONENT))
 
 
 def workloads(trace: TraceSpec | None = None) -> dict[str, Workload]:
-    spec = trace or TraceSpec(default_trace(), TRACE_START, TRACE_SECONDS, TRACE_SCALE, TRACE_SPEED)
+    spec = trace or TraceSpec(
+        default_trace(), TRACE_START, TRACE_SECONDS, TRACE_SCALE, TRACE_SPEED["sim"]
+    )
     return {
         w.name: w
         for w in (
@@ -1872,8 +1882,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--trace-speed",
         type=float,
-        default=TRACE_SPEED,
-        help=f"arrivals this many times as fast as the trace's (default {TRACE_SPEED:g})",
+        default=None,
+        help="arrivals this many times as fast as the trace's (default "
+        + ", ".join(f"{k} {v:g}" for k, v in TRACE_SPEED.items())
+        + ")",
     )
     p.add_argument("--no-peers", action="store_true", help="no vllm-router or sglang-router")
     p.add_argument(
@@ -1899,7 +1911,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--concurrency must be at least 1")
     if args.rounds is not None and args.rounds < 1:
         p.error("--rounds must be at least 1")
-    if args.trace_scale <= 0 or args.trace_speed <= 0:
+    if args.trace_scale <= 0 or (args.trace_speed is not None and args.trace_speed <= 0):
         p.error("--trace-scale and --trace-speed must be positive")
     if args.trace_seconds is not None and args.trace_seconds <= 0:
         p.error("--trace-seconds must be positive")
@@ -1911,7 +1923,7 @@ def main(argv: list[str] | None = None) -> int:
         args.trace_start,
         args.trace_seconds or (TRACE_QUICK_SECONDS if args.quick else TRACE_SECONDS),
         args.trace_scale,
-        args.trace_speed,
+        args.trace_speed or TRACE_SPEED[args.engine],
     )
     llama_server = None
     if args.engine == "llamacpp":
