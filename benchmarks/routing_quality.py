@@ -21,15 +21,17 @@ Everything runs on 127.0.0.1 and is started and stopped by this script.
 Engines (--engine): `sim` (default), llmgw-sim's personalities below; `llamacpp`, an
 engine llmgw's authors did not write: four real `llama-server` processes (the binary
 scripts/llama_server.sh builds and caches) of llmgw.testing_gguf's tiny model, each
-with `-np 4` slots of 12,288 tokens (`-c 49152`), `-t 1`, `--metrics`, `--cache-ram 0`
+with `-np 4` slots of 12,288 tokens (`-c 49152`; `--override-kv
+llama.context_length=int:12288`, as llama-server caps a slot at the model's 4,096),
+`-t 1`, `--metrics`, `--cache-ram 0`
 (no host-memory prompt cache: the slots' KV is the only cache, a real prefix cache:
 a request reuses the longest common prefix of its slot's previous prompt, and goes to
 the idle slot whose prompt is most like its own, `--slot-prompt-similarity 0.1`, the
 default) and `--slot-save-path` (needed for the slot actions, of which only erase is
 used). The argv is printed. The tiny model's vocabulary is byte-level: a workload
-word (3 letters and a space) is ~4 of its tokens, 1 on llmgw-sim (measured with the
-replica's POST /tokenize and printed); the built-in workloads keep their words, so
-their prompts are ~4x as many tokens there; the trace replay sizes its text in tokens.
+word (3 letters and a space) is ~4 of its tokens, 1 on llmgw-sim. The replica's POST
+/tokenize measures it (printed), and every workload's sizes below are in tokens on
+either engine: on llama-server a 2,000-token prompt is ~515 words.
 
 Personalities (llmgw.sim.personalities): for each one, four `llmgw-sim --personality P
 --seed i` replicas (i = 0..3) and nothing else on their command lines, then one router
@@ -57,7 +59,8 @@ streamed, 32 output tokens each (ignore_eos):
   `output_length` and `hash_ids`, one id per 512-token block; requests sharing leading
   ids share that prefix). The requests arriving in [--trace-start, + --trace-seconds)
   of the trace (default 0 and 300 s; 120 with --quick) are sent open loop at their own
-  arrival times divided by --trace-speed (default 10: blocks recur over minutes, not
+  arrival times divided by --trace-speed (default 10, 4 on llama-server, whose four
+  one-thread replicas prefill ~8,000 tokens/s each here: blocks recur over minutes, not
   seconds, so a short window holds little sharing: 7% of the block references of the
   Mooncake trace's first 2 minutes repeat one of them, 17% of 5 minutes, 64% of all
   17), with no shedding below --concurrency x 8 in flight. Token counts are divided by
@@ -317,6 +320,13 @@ class Workload:
     prompt_tokens: int
     uncached_tokens: int
     replay = False  # a trace replayed at its own arrival times, not the loops
+    # Tokens a word of the text is on the engine (set per bed): 1 on llmgw-sim, ~4 on
+    # the tiny model's byte-level vocabulary. Sizes are in tokens: n tokens, n / this words.
+    tokens_per_word = 1.0
+
+    def n(self, tokens: int) -> int:
+        """Words for `tokens` tokens on the engine."""
+        return max(1, round(tokens / self.tokens_per_word))
 
     def conversation(self, seed: str, index: int) -> list[Request]:
         raise NotImplementedError
@@ -331,28 +341,29 @@ class Tenants(Workload):
         self.uncached_tokens = UNIQUE_TOKENS + SYSTEM_TOKENS // 4
         self.weights = list(weights)
         self.bronze = bronze
-        self._systems: dict[tuple[str, int], str] = {}
+        self._systems: dict[tuple[str, int, float], str] = {}
 
     def system(self, seed: str, tenant: int) -> str:
-        key = (seed, tenant)
+        key = (seed, tenant, self.tokens_per_word)
         if key not in self._systems:
             rng = random.Random(f"rq:{seed}:system:{tenant}")
             # Distinct first words: two tenants share not even one cache block.
             offset = random.Random(f"rq:{seed}:offset").randrange(len(VOCABULARY))
             first = VOCABULARY[(offset + tenant) % len(VOCABULARY)]
-            self._systems[key] = f"{first} {_words(rng, SYSTEM_TOKENS - 1)}"
+            self._systems[key] = f"{first} {_words(rng, self.n(SYSTEM_TOKENS) - 1)}"
         return self._systems[key]
 
     def conversation(self, seed: str, index: int) -> list[Request]:
         rng = random.Random(f"rq:{seed}:request:{index}")
         tenant = rng.choices(range(TENANTS), self.weights)[0]
-        user = _words(rng, UNIQUE_TOKENS)
+        user = _words(rng, self.n(UNIQUE_TOKENS))
         band = "bronze" if self.bronze and rng.random() < self.bronze else None
         messages = (
             {"role": "system", "content": self.system(seed, tenant)},
             {"role": "user", "content": user},
         )
-        return [Request(messages, tenant, tenant, SYSTEM_TOKENS + UNIQUE_TOKENS, band=band)]
+        words = self.n(SYSTEM_TOKENS) + self.n(UNIQUE_TOKENS)
+        return [Request(messages, tenant, tenant, words, band=band)]
 
 
 class Sessions(Workload):
@@ -369,14 +380,16 @@ class Sessions(Workload):
     def conversation(self, seed: str, index: int) -> list[Request]:
         rng = random.Random(f"rq:{seed}:session:{index}")
         session = f"rq-{seed}-{index}"
-        history: list[dict[str, str]] = [{"role": "system", "content": _words(rng, OPENING_TOKENS)}]
+        opening = _words(rng, self.n(OPENING_TOKENS))
+        history: list[dict[str, str]] = [{"role": "system", "content": opening}]
         out = []
-        for turn in range(SESSION_TURNS):
-            history.append({"role": "user", "content": _words(rng, TURN_TOKENS)})
-            words = OPENING_TOKENS + turn * (TURN_TOKENS + OUTPUT_TOKENS) + TURN_TOKENS
+        for _turn in range(SESSION_TURNS):
+            history.append({"role": "user", "content": _words(rng, self.n(TURN_TOKENS))})
+            words = sum(len(m["content"].split()) for m in history)
             out.append(Request(tuple(history), index, index, words, session=session))
             # The next turn carries this one's answer (the client's stand-in for it).
-            history.append({"role": "assistant", "content": _words(rng, OUTPUT_TOKENS)})
+            answer = _words(rng, self.n(OUTPUT_TOKENS))
+            history.append({"role": "assistant", "content": answer})
         return out
 
 
@@ -388,8 +401,8 @@ class Long(Workload):
 
     def conversation(self, seed: str, index: int) -> list[Request]:
         rng = random.Random(f"rq:{seed}:long:{index}")
-        messages = ({"role": "user", "content": _words(rng, LONG_TOKENS)},)
-        return [Request(messages, 0, None, LONG_TOKENS)]
+        messages = ({"role": "user", "content": _words(rng, self.n(LONG_TOKENS))},)
+        return [Request(messages, 0, None, self.n(LONG_TOKENS))]
 
 
 @attrs.frozen
@@ -1448,6 +1461,8 @@ async def run_personality(
         for who in contenders:
             await warm_up(who, settings.warm_requests)
         scraper = await stack.enter_async_context(httpx.AsyncClient(timeout=5, trust_env=False))
+        for wl in wls:
+            wl.tokens_per_word = tokens_per_word
         bed = Bed(
             personality,
             fmt,
