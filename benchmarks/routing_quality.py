@@ -132,7 +132,10 @@ asserted.
 
 The run takes ~24 min with the defaults (4 personalities x 4 workloads x 5 targets;
 the estimate is printed first), ~5 min with --quick (vllm and small-cache x uniform,
-zipf and sessions, shorter windows). Progress goes to stderr, --json prints every
+zipf and sessions, shorter windows); with --engine llamacpp the estimate borrows the
+sim's llamacpp personality's figures and is rough (the real replicas share the cores
+with everything else); a trace cell costs its replay's length per target plus a few
+seconds. Progress goes to stderr, --json prints every
 number on stdout instead of the tables.
 """
 
