@@ -1,11 +1,37 @@
 """Routing quality: engine personalities x workloads, llmgw beside its peers, round robin
 and a pinned oracle, all in front of the same four replicas in one run.
 
-    python benchmarks/routing_quality.py [--quick] [--json] [--personality NAME]...
-                                         [--workload NAME]... [--no-peers]
-                                         [--concurrency N] [--rounds N]
+    python benchmarks/routing_quality.py [--quick] [--json] [--engine sim|llamacpp]
+                                         [--personality NAME]... [--workload NAME]...
+                                         [--no-peers] [--concurrency N] [--rounds N]
+                                         [--trace PATH] [--trace-start S]
+                                         [--trace-seconds S] [--trace-scale K]
+                                         [--trace-speed X]
+
+    # real llama-server replicas, the built-in workloads (scripts/llama_server.sh first)
+    python benchmarks/routing_quality.py --engine llamacpp
+    # the trace replay beside the peers (benchmarks/setup_peers.sh first), on each engine
+    python benchmarks/routing_quality.py --engine llamacpp --workload trace
+    python benchmarks/routing_quality.py --personality vllm --workload trace
+    # another window, or another trace of the same format
+    python benchmarks/routing_quality.py --workload trace --trace-start 600 --trace PATH
 
 Everything runs on 127.0.0.1 and is started and stopped by this script.
+
+Engines (--engine): `sim` (default), llmgw-sim's personalities below; `llamacpp`, an
+engine llmgw's authors did not write: four real `llama-server` processes (the binary
+scripts/llama_server.sh builds and caches) of llmgw.testing_gguf's tiny model, each
+with `-np 4` slots of 12,288 tokens (`-c 49152`; `--override-kv
+llama.context_length=int:12288`, as llama-server caps a slot at the model's 4,096),
+`-t 1`, `--metrics`, `--cache-ram 0`
+(no host-memory prompt cache: the slots' KV is the only cache, a real prefix cache:
+a request reuses the longest common prefix of its slot's previous prompt, and goes to
+the idle slot whose prompt is most like its own, `--slot-prompt-similarity 0.1`, the
+default) and `--slot-save-path` (needed for the slot actions, of which only erase is
+used). The argv is printed. The tiny model's vocabulary is byte-level: a workload
+word (3 letters and a space) is ~4 of its tokens, 1 on llmgw-sim. The replica's POST
+/tokenize measures it (printed), and every workload's sizes below are in tokens on
+either engine: on llama-server a 2,000-token prompt is ~515 words.
 
 Personalities (llmgw.sim.personalities): for each one, four `llmgw-sim --personality P
 --seed i` replicas (i = 0..3) and nothing else on their command lines, then one router
@@ -26,7 +52,29 @@ streamed, 32 output tokens each (ignore_eos):
   making, not the engine's output) and llmgw's session header `x-session-id`;
 * long: 2,000-token unique prompts, nothing shared;
 * mixed (not in the default matrix): uniform's prompts, half the requests (drawn at
-  random) sent with `x-llmgw-band: bronze` as a batch client would.
+  random) sent with `x-llmgw-band: bronze` as a batch client would;
+* trace (not in the default matrix): a replay of a production trace in Mooncake's
+  format (--trace PATH, default ../shared/traces/mooncake_synthetic_trace.jsonl beside
+  the checkout: one JSON object a line with `timestamp` in ms, `input_length`,
+  `output_length` and `hash_ids`, one id per 512-token block; requests sharing leading
+  ids share that prefix). The requests arriving in [--trace-start, + --trace-seconds)
+  of the trace (default 0 and 300 s; 120 with --quick) are sent open loop at their own
+  arrival times divided by --trace-speed (default 10, 4 on llama-server, whose four
+  one-thread replicas prefill ~8,000 tokens/s each here: blocks recur over minutes, not
+  seconds, so a short window holds little sharing: 7% of the block references of the
+  Mooncake trace's first 2 minutes repeat one of them, 17% of 5 minutes, 64% of all
+  17), with no shedding below --concurrency x 8 in flight. Token counts are divided by
+  --trace-scale (default 16: a block is 32 tokens, the Mooncake trace's mean input of
+  15,325 tokens becomes ~960) to fit these cores; the header prints the factors. Each
+  block id has a fixed text of its scaled size (a first word of its own -- the id in
+  base 26 -- then seeded vocabulary words), so two ids never share a cache block; a
+  prompt is one user message, its blocks' texts in order (the last block its share of
+  input_length), cut after 3,800 tokens (trailing blocks dropped; the count is
+  printed). Output: output_length / scale tokens, at least 1, at most 32. The oracle
+  pins a request by its first hash id. No closed loop and no Poisson turn: one replay
+  per target, the first quarter of it unmeasured (the caches were reset and fill), the
+  rest measured like an open-loop window (TTFT p50/p90/p99, e2e, arrivals and answers
+  per second, hit rate, busiest replica, router CPU per request).
 
 Targets, interleaved (each cell and each round starting one target later), the same
 prompts for all within a round; no target ever sees another cell's prefixes:
@@ -54,7 +102,8 @@ their order. An arrival finding --concurrency x 8 requests in flight is shed.
 
 Before each turn every replica is idle by its own /metrics (and by llmgw's scrapes
 before llmgw's turns) and every replica's prefix cache is reset (POST
-/reset_prefix_cache), so no target inherits another's cache. The start of a turn, all
+/reset_prefix_cache on llmgw-sim; llama-server has none: POST /slots/{id}?action=erase
+for each of its slots), so no target inherits another's cache. The start of a turn, all
 misses at once, is not measured: the window opens after 1 s (0.5 with --quick), in a
 closed loop not before every worker has had its first answer (15 s at most), and lasts
 4 s (2 s), in a closed loop at least until --concurrency answers came in it (at most
@@ -71,7 +120,8 @@ fleet's prefix-cache hit rate (hit / looked-up prompt tokens from the replicas' 
 counters: vllm:prefix_cache_*, sglang:cached_tokens / prompt_tokens,
 llamacpp:prompt_tokens_cached / (that + prompt_tokens)); the busiest replica's requests
 over the mean (the replicas' own counters: vllm:request_success, sglang:num_requests;
-llama.cpp's page counts no requests, so tokens_predicted / 32 there); the router
+llama.cpp's page counts no requests, so tokens_predicted / 32 there, on the trace the
+generated tokens' share: outputs vary); the router
 process's CPU (utime + stime, direct children included) per request answered. The
 last three cover both loops, from each window's start to the turn's end. Then a
 summary of all cells against the issue's targets: TTFT p90 within 1.1x of the best
@@ -82,7 +132,10 @@ asserted.
 
 The run takes ~24 min with the defaults (4 personalities x 4 workloads x 5 targets;
 the estimate is printed first), ~5 min with --quick (vllm and small-cache x uniform,
-zipf and sessions, shorter windows). Progress goes to stderr, --json prints every
+zipf and sessions, shorter windows); with --engine llamacpp the estimate borrows the
+sim's llamacpp personality's figures and is rough (the real replicas share the cores
+with everything else); a trace cell costs its replay's length per target plus a few
+seconds. Progress goes to stderr, --json prints every
 number on stdout instead of the tables.
 """
 
@@ -108,6 +161,7 @@ import trio
 from llmgw import bench
 from llmgw.bench.workload import VOCABULARY
 from llmgw.sim import personalities as zoo
+from llmgw.testing_procs import LOOPBACK, Proc
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import _common as c
@@ -147,6 +201,53 @@ TARGET_VS_PEER = 1.1  # llmgw TTFT p90 / best peer's, at most
 TARGET_VS_RR = 1.0  # llmgw TTFT p90 / round robin's, at most
 TARGET_BUSIEST = 1.15  # busiest replica / mean, at most
 TARGET_THROUGHPUT = 2.0  # llmgw closed-loop req/s / round robin's, at least (shared prefixes)
+
+# --engine llamacpp: real llama-server replicas of llmgw.testing_gguf's tiny model.
+LLAMA_ENGINE = "llama-server"  # the bed's name where a personality's would be
+LLAMA_SLOTS = 4  # -np: sequences a replica runs at once, each slot its own prompt cache
+LLAMA_SLOT_CONTEXT = 12288  # tokens per slot (-c is this x slots): the longest prompt
+# of the built-in workloads is ~2,100 words, ~8,000 tokens of the tiny model's bytes
+LLAMA_THREADS = 1
+# Flags beyond the model, the listener, --metrics, slots, context and threads: the prompt
+# cache (cache_prompt, on by default in requests) reuses a slot's longest common prefix;
+# a request goes to the idle slot whose previous prompt is most like its own (similarity
+# over 0.1, llama-server's default); the host-memory prompt cache (--cache-ram) is off,
+# so the slots' KV is the only cache and erasing the slots empties it;
+# --slot-save-path enables the /slots actions (erase) used as the reset between turns.
+# The tiny model says its context is 4096 tokens and llama-server caps a slot there:
+# --override-kv raises it (its weights are random; nothing is lost).
+LLAMA_FLAGS = (
+    *("--cache-ram", "0", "--slot-prompt-similarity", "0.1"),
+    *("--override-kv", f"llama.context_length=int:{LLAMA_SLOT_CONTEXT}"),
+)
+
+# --workload trace: a replay of a trace of Mooncake's format (one JSON object a line:
+# timestamp ms, input_length, output_length, hash_ids one per BLOCK_TOKENS-token block).
+TRACE_FILE = Path("shared") / "traces" / "mooncake_synthetic_trace.jsonl"
+TRACE_BLOCK_TOKENS = 512
+TRACE_SCALE = 16.0  # token counts (blocks, inputs, outputs) divided by this
+TRACE_START = 0.0  # s into the trace
+# A block comes back minutes later, not seconds: in the Mooncake trace 7% of the block
+# references of its first 2 minutes repeat an earlier one of the same window, 17% of 5
+# minutes, 36% of 10, 64% of the whole 17. So a window of minutes, replayed faster.
+TRACE_SECONDS = 300.0  # of the trace (before --trace-speed)
+TRACE_QUICK_SECONDS = 120.0
+# Arrivals this many times as fast as the trace's, by engine: four llama-server replicas
+# of the tiny model prefill ~8,000 tokens/s each here (one thread, short prompts), too
+# few for 10x the trace at these scaled sizes (~35 requests/s of ~950 tokens).
+TRACE_SPEED = {"sim": 10.0, "llamacpp": 4.0}
+TRACE_WARM = 0.25  # of the replay unmeasured (at least the open-loop warm-up): caches fill
+TRACE_MAX_PROMPT = 3800  # tokens after scaling: trailing blocks beyond are dropped (every
+# sim personality's max_model_len is >= 4096; llama-server's slots hold 12,288)
+
+
+def default_trace() -> Path:
+    """../shared/traces/ beside the checkout (or beside a parent of it: a worktree)."""
+    for parent in Path(__file__).resolve().parents[1:]:
+        if (parent / TRACE_FILE).is_file():
+            return parent / TRACE_FILE
+    return Path(__file__).resolve().parents[2] / TRACE_FILE
+
 
 WARM_MOST = 15.0  # s: a turn's measured window opens by then at the latest
 PIN_HEADER = "x-bench-pin"  # the oracle's own, read and removed by its transport
@@ -205,6 +306,8 @@ class Request:
     words: int
     session: str | None = None
     band: str | None = None
+    max_tokens: int = OUTPUT_TOKENS
+    at: float = 0.0  # replay: seconds after the replay's start it arrives
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -219,6 +322,14 @@ class Workload:
     # it prefills when routing is decent.
     prompt_tokens: int
     uncached_tokens: int
+    replay = False  # a trace replayed at its own arrival times, not the loops
+    # Tokens a word of the text is on the engine (set per bed): 1 on llmgw-sim, ~4 on
+    # the tiny model's byte-level vocabulary. Sizes are in tokens: n tokens, n / this words.
+    tokens_per_word = 1.0
+
+    def n(self, tokens: int) -> int:
+        """Words for `tokens` tokens on the engine."""
+        return max(1, round(tokens / self.tokens_per_word))
 
     def conversation(self, seed: str, index: int) -> list[Request]:
         raise NotImplementedError
@@ -233,28 +344,29 @@ class Tenants(Workload):
         self.uncached_tokens = UNIQUE_TOKENS + SYSTEM_TOKENS // 4
         self.weights = list(weights)
         self.bronze = bronze
-        self._systems: dict[tuple[str, int], str] = {}
+        self._systems: dict[tuple[str, int, float], str] = {}
 
     def system(self, seed: str, tenant: int) -> str:
-        key = (seed, tenant)
+        key = (seed, tenant, self.tokens_per_word)
         if key not in self._systems:
             rng = random.Random(f"rq:{seed}:system:{tenant}")
             # Distinct first words: two tenants share not even one cache block.
             offset = random.Random(f"rq:{seed}:offset").randrange(len(VOCABULARY))
             first = VOCABULARY[(offset + tenant) % len(VOCABULARY)]
-            self._systems[key] = f"{first} {_words(rng, SYSTEM_TOKENS - 1)}"
+            self._systems[key] = f"{first} {_words(rng, self.n(SYSTEM_TOKENS) - 1)}"
         return self._systems[key]
 
     def conversation(self, seed: str, index: int) -> list[Request]:
         rng = random.Random(f"rq:{seed}:request:{index}")
         tenant = rng.choices(range(TENANTS), self.weights)[0]
-        user = _words(rng, UNIQUE_TOKENS)
+        user = _words(rng, self.n(UNIQUE_TOKENS))
         band = "bronze" if self.bronze and rng.random() < self.bronze else None
         messages = (
             {"role": "system", "content": self.system(seed, tenant)},
             {"role": "user", "content": user},
         )
-        return [Request(messages, tenant, tenant, SYSTEM_TOKENS + UNIQUE_TOKENS, band=band)]
+        words = self.n(SYSTEM_TOKENS) + self.n(UNIQUE_TOKENS)
+        return [Request(messages, tenant, tenant, words, band=band)]
 
 
 class Sessions(Workload):
@@ -271,14 +383,16 @@ class Sessions(Workload):
     def conversation(self, seed: str, index: int) -> list[Request]:
         rng = random.Random(f"rq:{seed}:session:{index}")
         session = f"rq-{seed}-{index}"
-        history: list[dict[str, str]] = [{"role": "system", "content": _words(rng, OPENING_TOKENS)}]
+        opening = _words(rng, self.n(OPENING_TOKENS))
+        history: list[dict[str, str]] = [{"role": "system", "content": opening}]
         out = []
-        for turn in range(SESSION_TURNS):
-            history.append({"role": "user", "content": _words(rng, TURN_TOKENS)})
-            words = OPENING_TOKENS + turn * (TURN_TOKENS + OUTPUT_TOKENS) + TURN_TOKENS
+        for _turn in range(SESSION_TURNS):
+            history.append({"role": "user", "content": _words(rng, self.n(TURN_TOKENS))})
+            words = sum(len(m["content"].split()) for m in history)
             out.append(Request(tuple(history), index, index, words, session=session))
             # The next turn carries this one's answer (the client's stand-in for it).
-            history.append({"role": "assistant", "content": _words(rng, OUTPUT_TOKENS)})
+            answer = _words(rng, self.n(OUTPUT_TOKENS))
+            history.append({"role": "assistant", "content": answer})
         return out
 
 
@@ -290,8 +404,132 @@ class Long(Workload):
 
     def conversation(self, seed: str, index: int) -> list[Request]:
         rng = random.Random(f"rq:{seed}:long:{index}")
-        messages = ({"role": "user", "content": _words(rng, LONG_TOKENS)},)
-        return [Request(messages, 0, None, LONG_TOKENS)]
+        messages = ({"role": "user", "content": _words(rng, self.n(LONG_TOKENS))},)
+        return [Request(messages, 0, None, self.n(LONG_TOKENS))]
+
+
+@attrs.frozen
+class TraceSpec:
+    """Which part of which trace, scaled how (see Trace)."""
+
+    path: Path
+    start: float  # s into the trace
+    seconds: float  # of the trace
+    scale: float  # token counts divided by this
+    speed: float  # arrivals this many times as fast
+
+
+def _block_word(block: int) -> str:
+    """A word of its own for a block id: its base-26 digits, least significant first
+    (consecutive ids differ in their first letter), at least three letters."""
+    letters = []
+    n = block
+    while True:
+        n, d = divmod(n, 26)
+        letters.append(chr(ord("a") + d))
+        if not n and len(letters) >= 3:
+            return "".join(letters)
+
+
+class Trace(Workload):
+    """A replay of a trace of Mooncake's format (see the module docstring): request i
+    arrives (timestamp - start) / speed s after the replay's start, its prompt is the
+    text of its hash ids' blocks, each block's text fixed by its id alone (distinct ids:
+    distinct first words), BLOCK_TOKENS / scale tokens a block (the last block its
+    share of input_length), and it asks for output_length / scale tokens (at least 1, at
+    most OUTPUT_TOKENS). Prompts longer than TRACE_MAX_PROMPT tokens lose their
+    trailing blocks. The oracle pins a request by its first hash id."""
+
+    name = "trace"
+    shared = True
+    replay = True
+
+    def __init__(self, spec: TraceSpec) -> None:
+        self.spec = spec
+        self.title = (
+            f"replay of {spec.path.name}, {spec.start:g}-{spec.start + spec.seconds:g} s, "
+            f"token counts / {spec.scale:g} ({TRACE_BLOCK_TOKENS}-token blocks -> "
+            f"{self.block_tokens:g}), outputs / {spec.scale:g} capped at {OUTPUT_TOKENS}, "
+            f"arrivals x{spec.speed:g}"
+        )
+        self.prompt_tokens = self.uncached_tokens = 0
+        self._rows: list[dict[str, Any]] | None = None
+        self._blocks: dict[tuple[int, int], str] = {}
+        self.truncated = 0
+
+    @property
+    def block_tokens(self) -> float:
+        return TRACE_BLOCK_TOKENS / self.spec.scale
+
+    @property
+    def duration(self) -> float:
+        """Seconds the replay lasts (arrivals only)."""
+        return self.spec.seconds / self.spec.speed
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The trace's requests in the window, in arrival order."""
+        if self._rows is None:
+            lo, hi = self.spec.start * 1e3, (self.spec.start + self.spec.seconds) * 1e3
+            rows = []
+            with self.spec.path.open() as f:
+                for line in f:
+                    if line.strip():
+                        row = json.loads(line)
+                        if lo <= float(row["timestamp"]) < hi:
+                            rows.append(row)
+            rows.sort(key=lambda r: float(r["timestamp"]))
+            self._rows = rows
+            n = max(len(rows), 1)
+            self.prompt_tokens = round(
+                sum(min(r["input_length"] / self.spec.scale, TRACE_MAX_PROMPT) for r in rows) / n
+            )
+        return self._rows
+
+    def block(self, block: int, words: int) -> str:
+        key = (block, words)
+        if key not in self._blocks:
+            rng = random.Random(f"rq:trace:block:{block}")
+            rest = _words(rng, words - 1) if words > 1 else ""
+            self._blocks[key] = f"{_block_word(block)} {rest}".rstrip() + " "
+        return self._blocks[key]
+
+    def requests(self, tokens_per_word: float) -> list[Request]:
+        """The replay's requests; a word of the text is `tokens_per_word` tokens on the
+        engine (1 on llmgw-sim, ~4 on the tiny model's byte-level vocabulary)."""
+        out = []
+        block_words = max(1, round(self.block_tokens / tokens_per_word))
+        cap = TRACE_MAX_PROMPT / self.block_tokens
+        t0 = self.spec.start * 1e3
+        self.truncated = 0
+        for row in self.rows():
+            ids = [int(h) for h in row["hash_ids"]]
+            if not ids:
+                continue
+            scaled = float(row["input_length"]) / self.spec.scale
+            last = scaled - self.block_tokens * (len(ids) - 1)  # the last block's share
+            if len(ids) > cap:
+                self.truncated += 1
+                ids, last = ids[: max(1, int(cap))], self.block_tokens
+            parts = [self.block(b, block_words) for b in ids[:-1]]
+            last_words = max(1, round(min(last, self.block_tokens) / tokens_per_word))
+            parts.append(" ".join(self.block(ids[-1], block_words).split()[:last_words]))
+            text = "".join(parts)
+            words = len(text.split())
+            output = min(OUTPUT_TOKENS, max(1, round(row["output_length"] / self.spec.scale)))
+            out.append(
+                Request(
+                    ({"role": "user", "content": text},),
+                    ids[0],
+                    ids[0],
+                    words,
+                    max_tokens=output,
+                    at=(float(row["timestamp"]) - t0) / 1e3 / self.spec.speed,
+                )
+            )
+        return out
+
+    def conversation(self, seed: str, index: int) -> list[Request]:
+        raise NotImplementedError("a trace is replayed, not looped")
 
 
 def _zipf(n: int, s: float) -> list[float]:
@@ -302,7 +540,10 @@ _PROMPT = f"{SYSTEM_TOKENS}-token system prompt + {UNIQUE_TOKENS} unique tokens"
 _HOT = _zipf(TENANTS, ZIPF_EXPONENT)[0] / sum(_zipf(TENANTS, ZIPF_EXPONENT))
 
 
-def workloads() -> dict[str, Workload]:
+def workloads(trace: TraceSpec | None = None) -> dict[str, Workload]:
+    spec = trace or TraceSpec(
+        default_trace(), TRACE_START, TRACE_SECONDS, TRACE_SCALE, TRACE_SPEED["sim"]
+    )
     return {
         w.name: w
         for w in (
@@ -320,6 +561,7 @@ def workloads() -> dict[str, Workload]:
                 [1.0] * TENANTS,
                 bronze=0.5,
             ),
+            Trace(spec),
         )
     }
 
@@ -483,9 +725,20 @@ def wait_seen_idle(router: c.RouterProc, timeout: float = 10.0) -> None:
     c.log(f"llmgw still sees busy replicas after {timeout:g}s; starting the turn anyway")
 
 
-def reset_caches(sims: Sequence[str]) -> None:
+def reset_caches(sims: Sequence[str], slots: int | None = None) -> None:
+    """Empty every replica's prefix cache: llmgw-sim's POST /reset_prefix_cache (vLLM's
+    and SGLang's), or with `slots` (llama-server, which has no such call) POST
+    /slots/{id}?action=erase for each slot, which drops the slot's cached prompt."""
     for base in sims:
-        httpx.post(f"{base}/reset_prefix_cache", timeout=5, trust_env=False).raise_for_status()
+        if slots is None:
+            r = httpx.post(f"{base}/reset_prefix_cache", timeout=5, trust_env=False)
+            r.raise_for_status()
+            continue
+        for slot in range(slots):
+            r = httpx.post(
+                f"{base}/slots/{slot}", params={"action": "erase"}, timeout=5, trust_env=False
+            )
+            r.raise_for_status()
 
 
 def parse_llmgw(text: str) -> dict[str, float]:
@@ -535,7 +788,7 @@ async def send(
         text="",
         words=req.words,
         prefix_words=0,
-        max_tokens=OUTPUT_TOKENS,
+        max_tokens=req.max_tokens,
     )
     cfg = attrs.evolve(config, band=req.band, extra_body={"messages": list(req.messages)})
     target = who.target
@@ -711,6 +964,44 @@ async def open_loop(
     return OpenRun(samples, arrivals, shed, at_end)
 
 
+async def replay_loop(
+    who: Contender,
+    requests: Sequence[Request],
+    window: Window,
+    max_requests: int,
+    concurrency: int,
+) -> OpenRun:
+    """Each request sent at its own arrival time (open loop), the first `max_requests`
+    at most; one finding concurrency x IN_FLIGHT_FACTOR requests in flight is shed.
+    Requests in flight at the end finish."""
+    config = base_config(concurrency)
+    cap = concurrency * IN_FLIGHT_FACTOR
+    samples: list[bench.Sample] = []
+    arrivals: list[float] = []
+    t0 = window.t0
+    in_flight = shed = 0
+
+    async def one(i: int, req: Request) -> None:
+        nonlocal in_flight
+        in_flight += 1
+        try:
+            samples.append(await send(who, config, req, i, t0))
+        finally:
+            in_flight -= 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(window.watch)
+        for i, req in enumerate(requests[:max_requests]):
+            await trio.sleep_until(t0 + req.at)
+            arrivals.append(req.at)
+            if in_flight >= cap:
+                shed += 1
+                continue
+            nursery.start_soon(one, i, req)
+        at_end = in_flight
+    return OpenRun(samples, arrivals, shed, at_end)
+
+
 async def warm_up(who: Contender, n: int) -> None:
     """A few short requests (unmeasured): connections, the router's first paths."""
     config = base_config(8)
@@ -738,6 +1029,8 @@ class Bed:
     sims: list[str]
     contenders: list[Contender]
     scraper: httpx.AsyncClient
+    tokens_per_word: float = 1.0  # of the workloads' words, on this engine
+    slots: int | None = None  # llama-server: its slots (erased as the cache reset)
 
 
 @attrs.define
@@ -786,9 +1079,13 @@ async def run_turn(
     wait_sims_idle(bed.sims, bed.fmt)
     if who.router is not None:
         wait_seen_idle(who.router)
-    reset_caches(bed.sims)
+    reset_caches(bed.sims, bed.slots)
     if phase == "closed":
         least, seconds = settings.closed_warm, settings.closed_seconds
+    elif isinstance(wl, Trace):
+        # The caches were reset: the replay's start, while they fill, is not measured.
+        least = min(max(settings.open_warm, TRACE_WARM * wl.duration), wl.duration / 2)
+        seconds = max(wl.duration - least, 0.1)
     else:
         least, seconds = settings.open_warm, settings.open_seconds
     pid = who.router_pid
@@ -818,6 +1115,10 @@ async def run_turn(
             samples = await closed_loop(
                 who, wl, seed, window, settings.closed_requests, concurrency
             )
+        elif isinstance(wl, Trace):
+            requests = wl.requests(bed.tokens_per_word)
+            run = await replay_loop(who, requests, window, settings.open_requests, concurrency)
+            samples = run.samples
         else:
             assert rate is not None
             run = await open_loop(who, wl, seed, window, settings.open_requests, concurrency, rate)
@@ -876,9 +1177,10 @@ async def run_turn(
         f"{turn.completed / span:.1f} req/s done, TTFT p90 "
         f"{c.ms(ttft.p90 if ttft else None, 0)} ms"
         + (
-            f"; {turn.arrived / seconds:.1f} req/s arrived (Poisson {rate:.1f}), "
-            f"{turn.in_flight_at_end} in flight when arrivals stopped"
-            if run and rate is not None
+            f"; {turn.arrived / seconds:.1f} req/s arrived "
+            + (f"(Poisson {rate:.1f}), " if rate is not None else "(the trace's), ")
+            + f"{turn.in_flight_at_end} in flight when arrivals stopped"
+            if run
             else ""
         )
         + (f", {turn.shed} shed" if turn.shed else "")
@@ -899,6 +1201,12 @@ async def run_cell(
             f"[{bed.personality} x {wl.name}] round {rnd + 1}: {', '.join(w.name for w in order)}"
         )
         seed = f"{SEED}:{bed.personality}:{wl.name}:{rnd}"
+        if wl.replay:
+            for who in order:
+                turns.append(
+                    await run_turn(bed, who, wl, seed, "open", rnd, settings, concurrency, None)
+                )
+            continue
         closed = {}
         for who in order:
             t = await run_turn(
@@ -922,6 +1230,22 @@ async def run_cell(
         "personality": bed.personality,
         "workload": wl.name,
         "title": wl.title,
+        "replay": wl.replay,
+        "trace": (
+            {
+                "path": str(wl.spec.path),
+                "start": wl.spec.start,
+                "seconds": wl.spec.seconds,
+                "scale": wl.spec.scale,
+                "speed": wl.spec.speed,
+                "requests": len(wl.rows()),
+                "mean_prompt_tokens": wl.prompt_tokens,
+                "truncated": wl.truncated,
+                "tokens_per_word": bed.tokens_per_word,
+            }
+            if isinstance(wl, Trace)
+            else None
+        ),
         "shared": wl.shared,
         "rates": rates,
         "notes": notes,
@@ -984,6 +1308,58 @@ def aggregate(turns: Sequence[Turn]) -> dict[str, Any]:
     }
 
 
+def start_llama_servers(fleet: c.Fleet, binary: str) -> tuple[list[Proc], list[str], list[str]]:
+    """REPLICAS llama-server processes of the tiny GGUF model on loopback ports of their
+    own; returns them, their base URLs and the first one's argv (port and paths elided)."""
+    from llmgw.testing_gguf import write_tiny_gguf
+
+    weights = write_tiny_gguf(fleet.logdir / "tiny.gguf")
+    saves = fleet.logdir / "slots"
+    saves.mkdir(exist_ok=True)
+    procs, bases = [], []
+    shown: list[str] = []
+    for i in range(REPLICAS):
+        port = fleet.reserve_port()
+        base = f"http://{LOOPBACK}:{port}"
+        args = [
+            *("-m", str(weights), "--host", LOOPBACK, "--port", str(port), "-a", MODEL),
+            *("--metrics", "--no-webui", "-np", str(LLAMA_SLOTS)),
+            *("-c", str(LLAMA_SLOTS * LLAMA_SLOT_CONTEXT), "-t", str(LLAMA_THREADS)),
+            *("--slot-save-path", str(saves)),
+            *LLAMA_FLAGS,
+        ]
+        procs.append(fleet.start(binary, *args, name=f"llama-server-{i}", health=f"{base}/health"))
+        bases.append(base)
+        if not shown:
+            shown = ["llama-server", *args]
+            shown[shown.index(str(port))] = "PORT"
+            shown[shown.index(str(weights))] = "tiny.gguf"
+            shown[shown.index(str(saves))] = "DIR"
+    return procs, bases, shown
+
+
+def measure_tokens_per_word(base: str) -> float:
+    """Tokens a workload word (VOCABULARY, space-separated) is on the replica's model,
+    by its own POST /tokenize."""
+    text = _words(random.Random("rq:tokens-per-word"), 500)
+    r = httpx.post(f"{base}/tokenize", json={"content": text}, timeout=10, trust_env=False)
+    r.raise_for_status()
+    return len(r.json()["tokens"]) / 500
+
+
+def llama_version(binary: str) -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "version unknown"
+    text = (out.stdout + out.stderr).strip().splitlines()
+    return next((line for line in text if line.startswith("version")), "version unknown")
+
+
 async def run_personality(
     fleet: c.Fleet,
     personality: str,
@@ -993,17 +1369,34 @@ async def run_personality(
     concurrency: int,
     peers: dict[str, Path | None],
     peer_reasons: dict[str, str],
+    llama_server: str | None = None,
 ) -> dict[str, Any]:
-    fmt = zoo.get(personality).metrics_format
-    procs: list[c.Proc] = []
-    sims = []
+    procs: list[Proc] = []
+    sims: list[str] = []
     c.log(f"[{personality}] starting {REPLICAS} replicas and the routers")
-    for i in range(REPLICAS):
-        proc, base = fleet.sim(
-            f"{personality}-{i}", "--personality", personality, "--seed", str(i), model=MODEL
+    llama = personality == LLAMA_ENGINE
+    if llama:
+        assert llama_server is not None
+        fmt = "llamacpp"
+        procs, sims, argv = start_llama_servers(fleet, llama_server)
+        tokens_per_word = measure_tokens_per_word(sims[0])
+        about = (
+            f"{REPLICAS} real llama-server replicas ({llama_version(llama_server)}) of "
+            f"llmgw.testing_gguf's tiny model; argv {' '.join(argv)}; a workload word is "
+            f"{tokens_per_word:.2f} tokens (byte-level vocabulary)"
         )
-        procs.append(proc)
-        sims.append(base)
+        engine: dict[str, Any] = {"argv": argv, "slots": LLAMA_SLOTS}
+    else:
+        fmt = zoo.get(personality).metrics_format
+        for i in range(REPLICAS):
+            proc, base = fleet.sim(
+                f"{personality}-{i}", "--personality", personality, "--seed", str(i), model=MODEL
+            )
+            procs.append(proc)
+            sims.append(base)
+        tokens_per_word = 1.0  # llmgw-sim: 4 characters a token, a word 3 letters + space
+        about = zoo.get(personality).summary
+        engine = dict(zoo.get(personality).engine)
     gw = fleet.router(
         [(f"{personality}-{i}", base, MODEL) for i, base in enumerate(sims)],
         name=f"llmgw-{personality}",
@@ -1071,7 +1464,17 @@ async def run_personality(
         for who in contenders:
             await warm_up(who, settings.warm_requests)
         scraper = await stack.enter_async_context(httpx.AsyncClient(timeout=5, trust_env=False))
-        bed = Bed(personality, fmt, sims, contenders, scraper)
+        for wl in wls:
+            wl.tokens_per_word = tokens_per_word
+        bed = Bed(
+            personality,
+            fmt,
+            sims,
+            contenders,
+            scraper,
+            tokens_per_word=tokens_per_word,
+            slots=LLAMA_SLOTS if llama else None,
+        )
         cells = []
         for k, wl in enumerate(wls):
             cells.append(await run_cell(bed, wl, first_cell + k, settings, concurrency))
@@ -1079,10 +1482,11 @@ async def run_personality(
     fleet.stop(procs)
     return {
         "personality": personality,
-        "summary": zoo.get(personality).summary,
-        "engine": dict(zoo.get(personality).engine),
+        "summary": about,
+        "engine": engine,
         "metrics_format": fmt,
-        "requests_source": REQUESTS_SOURCE[fmt],
+        "requests_source": REQUESTS_SOURCE[fmt]
+        + (" (the trace's outputs vary: generated tokens over the mean)" if llama else ""),
         "cache_source": CACHE_SOURCE[fmt],
         "skipped": skipped,
         "router_flags": {w.name: w.flags for w in contenders if w.flags},
@@ -1114,6 +1518,8 @@ def verdicts(cell: dict[str, Any]) -> dict[str, Any]:
     best_closed, best_closed_p90 = best("closed")
     best_open, best_open_p90 = best("open")
     out: dict[str, Any] = {"best_peer": best_closed, "best_peer_open": best_open}
+    if cell.get("replay"):
+        out["best_peer"] = best_open  # a replay has no closed loop
 
     def check(value: float | None, limit: float, at_most: bool) -> dict[str, Any]:
         if value is None:
@@ -1154,10 +1560,59 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
+def report_replay(p: dict[str, Any], cell: dict[str, Any]) -> None:
+    tr = cell["trace"]
+    rows = []
+    for name, x in cell["targets"].items():
+        op = x["open"]
+        ttft = op.ttft if op else None
+        rows.append(
+            [
+                name,
+                f"{x['failed']}/{x['sent']}",
+                c.ms(ttft.p50 if ttft else None, 0),
+                c.ms(ttft.p90 if ttft else None, 0),
+                c.ms(ttft.p99 if ttft else None, 0),
+                c.ms(op.e2e.p50 if op and op.e2e else None, 0),
+                (
+                    f"{x['arrived_rate']:.1f} -> {x['open_throughput']:.1f}"
+                    if x["arrived_rate"] is not None and x["open_throughput"] is not None
+                    else "-"
+                ),
+                _pct(x["hit_rate"]),
+                "-" if x["busiest_over_mean"] is None else f"{x['busiest_over_mean']:.2f}x",
+                c.ms(x["cpu_per_request"], 2),
+            ]
+        )
+    c.print_table(
+        f"{p['personality']} x trace: {cell['title']}; {tr['requests']} requests, mean "
+        f"prompt {tr['mean_prompt_tokens']} tokens after scaling ({tr['truncated']} cut to "
+        f"{TRACE_MAX_PROMPT}), a word {tr['tokens_per_word']:.2f} tokens on this engine; "
+        "streamed, open loop at the trace's arrival times; times in ms",
+        [
+            "target",
+            "failed/sent",
+            "TTFT p50",
+            "TTFT p90",
+            "TTFT p99",
+            "e2e p50",
+            "req/s arrived -> done",
+            "prefix hit rate",
+            "busiest / mean",
+            "router CPU ms/req",
+        ],
+        rows,
+    )
+
+
 def report_cell(p: dict[str, Any], cell: dict[str, Any], concurrency: int) -> None:
+    if cell.get("replay"):
+        report_replay(p, cell)
     rates = ", ".join("-" if r is None else f"{r:.1f}" for r in cell["rates"])
     rows = []
     for name, x in cell["targets"].items():
+        if cell.get("replay"):
+            break
         cl, op = x["closed"], x["open"]
         rows.append(
             [
@@ -1179,26 +1634,27 @@ def report_cell(p: dict[str, Any], cell: dict[str, Any], concurrency: int) -> No
                 c.ms(x["cpu_per_request"], 2),
             ]
         )
-    c.print_table(
-        f"{p['personality']} x {cell['workload']}: {cell['title']}; {OUTPUT_TOKENS} output "
-        f"tokens, streamed; closed loop at concurrency {concurrency}, open loop Poisson at "
-        f"{rates} req/s ({OPEN_FACTOR:g}x round robin's closed loop); times in ms",
-        [
-            "target",
-            "failed/sent",
-            "TTFT p50",
-            "TTFT p90",
-            "TTFT p99",
-            "e2e p50",
-            "closed req/s",
-            "open req/s arrived -> done",
-            "open TTFT p90",
-            "prefix hit rate",
-            "busiest / mean",
-            "router CPU ms/req",
-        ],
-        rows,
-    )
+    if rows:
+        c.print_table(
+            f"{p['personality']} x {cell['workload']}: {cell['title']}; {OUTPUT_TOKENS} output "
+            f"tokens, streamed; closed loop at concurrency {concurrency}, open loop Poisson at "
+            f"{rates} req/s ({OPEN_FACTOR:g}x round robin's closed loop); times in ms",
+            [
+                "target",
+                "failed/sent",
+                "TTFT p50",
+                "TTFT p90",
+                "TTFT p99",
+                "e2e p50",
+                "closed req/s",
+                "open req/s arrived -> done",
+                "open TTFT p90",
+                "prefix hit rate",
+                "busiest / mean",
+                "router CPU ms/req",
+            ],
+            rows,
+        )
     gw = cell["targets"][LLMGW]["llmgw"]
     tiers = ", ".join(
         f"{k.split(':', 1)[1]} {v:.0f}" for k, v in sorted(gw.items()) if k.startswith("tier:")
@@ -1255,7 +1711,7 @@ def report_summary(result: dict[str, Any]) -> None:
         "Targets, llmgw with its default configuration (ratios are llmgw's over the other's)",
         [
             "cell",
-            "best peer (closed TTFT p90)",
+            "best peer (closed TTFT p90; a replay's)",
             f"TTFT p90 / best peer's, closed (<= {TARGET_VS_PEER:g}x)",
             f"same, open (<= {TARGET_VS_PEER:g}x)",
             f"TTFT p90 / round robin's, closed (<= {TARGET_VS_RR:g}x)",
@@ -1288,6 +1744,11 @@ def report(result: dict[str, Any]) -> None:
         f"estimated "
         f"{result['estimate_seconds'] / 60:.0f} min, took {result['wall_seconds'] / 60:.1f} min"
     )
+    if any(cell.get("replay") for p in result["personalities"] for cell in p["cells"]):
+        print(
+            "trace cells: one replay per target at the trace's arrival times, its first "
+            f"{TRACE_WARM:.0%} unmeasured (at least the open-loop warm-up)"
+        )
     for name, version in result["peer_versions"].items():
         print(f"{name}: {version}")
     for p in result["personalities"]:
@@ -1338,7 +1799,13 @@ def estimate(
     for name in names:
         total += PERSONALITY_SETUP + n_targets * WARM_PER_TARGET
         for wl in wls:
-            cold, unloaded, e2e = typical_e2e(name, wl, concurrency)
+            if isinstance(wl, Trace):
+                total += n_targets * settings.rounds * (wl.duration + 5 + 2 * TURN_OVERHEAD)
+                continue
+            # llama-server: its simulated personality's figures, a rough guess.
+            cold, unloaded, e2e = typical_e2e(
+                "llamacpp" if name == LLAMA_ENGINE else name, wl, concurrency
+            )
             # A closed window waits for `concurrency` answers (at most 3x its length).
             window = min(max(settings.closed_seconds, e2e), 3 * settings.closed_seconds)
             closed = max(settings.closed_warm, cold) + window + e2e
@@ -1355,8 +1822,10 @@ async def main_async(
     concurrency: int,
     peers: dict[str, Path | None],
     peer_reasons: dict[str, str],
+    trace: TraceSpec,
+    llama_server: str | None,
 ) -> dict[str, Any]:
-    wls = workloads()
+    wls = workloads(trace)
     out = []
     for k, name in enumerate(names):
         out.append(
@@ -1369,6 +1838,7 @@ async def main_async(
                 concurrency,
                 peers,
                 peer_reasons,
+                llama_server,
             )
         )
         for cell in out[-1]["cells"]:
@@ -1394,6 +1864,47 @@ def main(argv: list[str] | None = None) -> int:
         help=f"repeatable (default {', '.join(DEFAULT_WORKLOADS)}; "
         f"--quick {', '.join(QUICK_WORKLOADS)})",
     )
+    p.add_argument(
+        "--engine",
+        choices=("sim", "llamacpp"),
+        default="sim",
+        help="sim: llmgw-sim personalities (default); llamacpp: four real llama-server "
+        "replicas of the tiny GGUF model (scripts/llama_server.sh builds the binary)",
+    )
+    p.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help=f"trace file of the trace workload (Mooncake's format; default {default_trace()})",
+    )
+    p.add_argument(
+        "--trace-start",
+        type=float,
+        default=TRACE_START,
+        help=f"s into the trace where the replay starts (default {TRACE_START:g})",
+    )
+    p.add_argument(
+        "--trace-seconds",
+        type=float,
+        default=None,
+        help=f"s of the trace replayed (default {TRACE_SECONDS:g}, "
+        f"--quick {TRACE_QUICK_SECONDS:g})",
+    )
+    p.add_argument(
+        "--trace-scale",
+        type=float,
+        default=TRACE_SCALE,
+        help=f"token counts divided by this (default {TRACE_SCALE:g}: "
+        f"{TRACE_BLOCK_TOKENS}-token blocks of {TRACE_BLOCK_TOKENS / TRACE_SCALE:g})",
+    )
+    p.add_argument(
+        "--trace-speed",
+        type=float,
+        default=None,
+        help="arrivals this many times as fast as the trace's (default "
+        + ", ".join(f"{k} {v:g}" for k, v in TRACE_SPEED.items())
+        + ")",
+    )
     p.add_argument("--no-peers", action="store_true", help="no vllm-router or sglang-router")
     p.add_argument(
         "--concurrency",
@@ -1418,17 +1929,41 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--concurrency must be at least 1")
     if args.rounds is not None and args.rounds < 1:
         p.error("--rounds must be at least 1")
+    if args.trace_scale <= 0 or (args.trace_speed is not None and args.trace_speed <= 0):
+        p.error("--trace-scale and --trace-speed must be positive")
+    if args.trace_seconds is not None and args.trace_seconds <= 0:
+        p.error("--trace-seconds must be positive")
     settings = QUICK if args.quick else DEFAULT
     if args.rounds is not None:
         settings = attrs.evolve(settings, rounds=args.rounds)
-    names = list(
-        dict.fromkeys(
-            args.personality or (QUICK_PERSONALITIES if args.quick else DEFAULT_PERSONALITIES)
-        )
+    trace = TraceSpec(
+        args.trace or default_trace(),
+        args.trace_start,
+        args.trace_seconds or (TRACE_QUICK_SECONDS if args.quick else TRACE_SECONDS),
+        args.trace_scale,
+        args.trace_speed or TRACE_SPEED[args.engine],
     )
+    llama_server = None
+    if args.engine == "llamacpp":
+        if args.personality:
+            p.error("--personality is for --engine sim")
+        from llmgw.agent.adapters.llamacpp import find_llama_server
+
+        llama_server = find_llama_server()
+        if llama_server is None:
+            p.error("llama-server not found: scripts/llama_server.sh builds it")
+        names = [LLAMA_ENGINE]
+    else:
+        names = list(
+            dict.fromkeys(
+                args.personality or (QUICK_PERSONALITIES if args.quick else DEFAULT_PERSONALITIES)
+            )
+        )
     wl_names = list(
         dict.fromkeys(args.workload or (QUICK_WORKLOADS if args.quick else DEFAULT_WORKLOADS))
     )
+    if "trace" in wl_names and not trace.path.is_file():
+        p.error(f"no trace file {trace.path} (--trace PATH)")
     peers: dict[str, Path | None] = {}
     reasons: dict[str, str] = {}
     versions: dict[str, str] = {}
@@ -1445,7 +1980,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             versions[dist] = c.peer_version(dist, args.peers_venv)
     n_targets = 3 + sum(1 for b in peers.values() if b is not None)
-    all_wls = workloads()
+    all_wls = workloads(trace)
     eta = estimate(settings, names, [all_wls[w] for w in wl_names], n_targets, args.concurrency)
     c.log(
         f"{len(names)} personalities x {len(wl_names)} workloads x {n_targets} targets: "
@@ -1459,7 +1994,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with c.fleet() as fleet:
             result = c.run_trio(
-                main_async, fleet, settings, names, wl_names, args.concurrency, peers, reasons
+                main_async,
+                fleet,
+                settings,
+                names,
+                wl_names,
+                args.concurrency,
+                peers,
+                reasons,
+                trace,
+                llama_server,
             )
     except* KeyboardInterrupt:
         pass  # trio may deliver it inside an exception group
@@ -1472,6 +2016,7 @@ def main(argv: list[str] | None = None) -> int:
         machine=machine,
         revision=c.revision(),
         settings=attrs.asdict(settings),
+        engine=args.engine,
         concurrency=args.concurrency,
         open_factor=OPEN_FACTOR,
         peer_versions=versions,
