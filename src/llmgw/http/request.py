@@ -7,7 +7,8 @@ Requests are parsed by llhttp, Node.js's parser, through httptools (as uvicorn d
 refuses is a :class:`Refusal`, which carries the status to answer; the server answers
 it and closes the connection.
 
-* Limits: a head of at most :data:`MAX_HEAD_BYTES` (``431``), trailers of at most 4 KiB.
+* Limits: a head of at most :data:`MAX_HEAD_BYTES` and :data:`MAX_HEADERS` fields
+  (``431``), trailers of at most 4 KiB.
 * Parsing is strict where leniency lets a front proxy and this server disagree about
   where a request ends (request smuggling): bare CR or LF, NUL, whitespace before a
   header's colon, folded lines, Content-Length together with Transfer-Encoding, two
@@ -23,10 +24,12 @@ from collections import deque
 
 import httptools
 
-__all__ = ["MAX_HEAD_BYTES", "Refusal", "Request", "RequestReader"]
+__all__ = ["MAX_HEADERS", "MAX_HEAD_BYTES", "Refusal", "Request", "RequestReader"]
 
 #: Largest request head (request line and headers) accepted; larger: 431.
 MAX_HEAD_BYTES = 64 * 1024
+#: Most header fields in a request head (nginx and Envoy allow about 100); more: 431.
+MAX_HEADERS = 100
 #: Largest trailer section of a chunked body (its fields are read and dropped).
 _MAX_TRAILER_BYTES = 4096
 
@@ -166,6 +169,8 @@ class RequestReader:
                 self._refuse(400, f"the trailer section exceeds {_MAX_TRAILER_BYTES} bytes")
             return
         self._grow(request, size)
+        if len(request.headers) >= MAX_HEADERS:
+            self._refuse(431, f"the request head has more than {MAX_HEADERS} header fields")
         # llhttp drops the whitespace before a value, not after it (RFC 9112 5: OWS).
         request.headers.append((name.lower(), value.rstrip(b" \t")))
 
