@@ -18,11 +18,22 @@ import socket
 import ssl
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any
 
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
 import httpx
 import pytest
+import trio
 
+from llmgw.http import hyper
+from llmgw.http.asgi import answer_non_http
+from llmgw.http.hyper import HyperConfig, serve_hypercorn
+from llmgw.http.request import MAX_HEADERS, RequestReader
 from llmgw.testing_procs import Proc
 from llmgw.transport.certs import CertPair
 from tests.procs import BIN, scratch_dir, server, sim
@@ -36,7 +47,7 @@ FLOOD = 600
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
-def _config(sim_url: str, certs: Path | None, extra: str = "") -> str:
+def _config(sim_url: str, certs: Path | None, extra: str = "", store: str = "") -> str:
     tls = ""
     if certs is not None:
         tls = f"""
@@ -46,7 +57,7 @@ key = "{certs / "server.key"}"
 """
     return f"""
 [store]
-url = ""
+url = "{store}"
 {tls}
 [router]
 max_body_bytes = "1MiB"
@@ -216,7 +227,9 @@ BODY_TIMEOUT = 2.0
 @pytest.fixture(scope="module")
 def plain(engine: str) -> Iterator[object]:
     extra = f'client_body = "{BODY_TIMEOUT:g}s"'
-    with server(config=_config(engine, None, extra)) as srv:
+    # A store, for an admin request that reads its body (a new API key).
+    store = f"sqlite:///{scratch_dir('llmgw-store-') / 'llmgw.db'}"
+    with server(config=_config(engine, None, extra, store)) as srv:
         yield srv
 
 
@@ -257,19 +270,28 @@ def test_a_slow_admin_body_gets_a_408(plain: object) -> None:
     assert took >= BODY_TIMEOUT * 0.9
 
 
+#: A path each listener answers 200 on.
+_PATHS = {"listen": b"/v1/models", "admin_listen": b"/healthz"}
+
+
+def _get(listener: str, fields: int) -> bytes:
+    """A GET with `fields` header fields in all (Host and Connection among them)."""
+    extra = b"".join(b"x-f%d: 1\r\n" % i for i in range(fields - 2))
+    return b"GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s\r\n" % (
+        _PATHS[listener],
+        extra,
+    )
+
+
 @pytest.mark.parametrize("listener", ["listen", "admin_listen"])
 def test_too_many_header_fields_get_a_431(plain: object, listener: str) -> None:
-    fields = b"".join(b"x-f%d: 1\r\n" % i for i in range(101))
-    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + fields + b"\r\n"
-    answer, _ = _exchange(_address(plain, listener), request)
+    answer, _ = _exchange(_address(plain, listener), _get(listener, MAX_HEADERS + 1))
     assert answer.startswith(b"HTTP/1.1 431"), answer
 
 
 @pytest.mark.parametrize("listener", ["listen", "admin_listen"])
 def test_a_hundred_header_fields_are_served(plain: object, listener: str) -> None:
-    fields = b"".join(b"x-f%d: 1\r\n" % i for i in range(98))  # with host and connection
-    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + fields
-    answer, _ = _exchange(_address(plain, listener), request + b"\r\n")
+    answer, _ = _exchange(_address(plain, listener), _get(listener, MAX_HEADERS))
     assert answer.startswith(b"HTTP/1.1 200"), answer
 
 
@@ -283,3 +305,95 @@ def test_a_chunk_larger_than_the_body_limit_gets_a_413_at_once(plain: object) ->
     assert answer.startswith(b"HTTP/1.1 413"), answer
     # Not after the body deadline: the chunk's size says enough.
     assert took < BODY_TIMEOUT, took
+
+
+# -- the parser's look at chunk sizes, and HTTP/2 resets, in-process --------------------
+
+_CHUNKED_HEAD = b"POST /x HTTP/1.1\r\nHost: a\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def _read(reader: RequestReader, *reads: bytes) -> RequestReader:
+    for data in reads:
+        reader.feed(data)
+    return reader
+
+
+@pytest.mark.parametrize(
+    "reads",
+    [
+        [_CHUNKED_HEAD + b"401\r\n{"],  # the head and the size line in one read
+        [_CHUNKED_HEAD, b"401\r\n"],
+        [_CHUNKED_HEAD, b"4", b"01;ext=1\r", b"\n"],  # the size line across reads
+        [_CHUNKED_HEAD, b"10\r\n" + b"x" * 16 + b"\r\n401\r\n"],  # after a chunk within it
+        # after a whole request, pipelined
+        [b"GET / HTTP/1.1\r\nHost: a\r\n\r\n" + _CHUNKED_HEAD + b"401\r\n"],
+    ],
+)
+def test_a_chunk_announced_over_the_limit_is_refused_at_once(reads: list[bytes]) -> None:
+    reader = _read(RequestReader(max_body=1024), *reads)
+    assert reader.error is not None and reader.error.status == 413, reader.error
+    assert reader.requests[-1].head_done  # served: the app is told, then the 413 goes
+
+
+def test_chunks_within_the_limit_and_lines_in_the_data_pass() -> None:
+    data = b"a\nb\r\n401\r\n"  # a size line's look-alike inside a chunk's data
+    reader = _read(
+        RequestReader(max_body=1024),
+        _CHUNKED_HEAD + b"%x\r\n" % len(data),
+        data + b"\r\n400\r\n" + b"y" * 1024 + b"\r\n0\r\n\r\n",
+    )
+    assert reader.error is None
+    request = reader.requests[-1]
+    assert request.complete and bytes(request.body) == data + b"y" * 1024
+
+
+def test_without_a_limit_the_parser_does_not_look_at_chunk_sizes() -> None:
+    reader = _read(RequestReader(), _CHUNKED_HEAD + b"ffffff\r\n{")
+    assert reader.error is None
+
+
+async def _hello(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        await answer_non_http(scope, receive, send)
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"hello"})
+
+
+async def test_an_http2_client_resetting_streams_fast_gets_a_goaway() -> None:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            partial(serve_hypercorn, _hello, listeners, HyperConfig(), shutdown_trigger=stop.wait)
+        )
+        port = listeners[0].socket.getsockname()[1]
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        client.initiate_connection()  # prior knowledge: no TLS needed
+        headers = [(":method", "GET"), (":path", "/"), (":scheme", "http"), (":authority", "a")]
+        ended: h2.events.ConnectionTerminated | None = None
+        with trio.fail_after(30):
+            # Bounded: far more than the burst allowed, sent as fast as the socket takes.
+            for _ in range(hyper.RESET_BURST * 5):
+                stream_id = client.get_next_available_stream_id()
+                client.send_headers(stream_id, headers, end_stream=True)
+                client.reset_stream(stream_id)
+                try:
+                    await stream.send_all(client.data_to_send())
+                except trio.BrokenResourceError:
+                    break  # the server closed: its GOAWAY is read below
+            while ended is None:
+                try:
+                    data = await stream.receive_some(65536)
+                except trio.BrokenResourceError:
+                    data = b""
+                if not data:
+                    break
+                for event in client.receive_data(data):
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        ended = event
+        await stream.aclose()
+        stop.set()
+    assert ended is not None, "no GOAWAY"
+    assert ended.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM

@@ -136,7 +136,10 @@ class HyperConfig:
 RESET_BURST = 200
 RESET_RATE = 20.0
 
-_H2_PREFACE = len(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+#: Seconds a connection's close may take (a TLS close_notify to send); the socket is
+#: closed then in any case (trio's aclose closes when cancelled).
+_CLOSE_TIMEOUT = 1.0
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _RST_STREAM = 0x3
 
 
@@ -147,8 +150,8 @@ class _ResetWatch:
 
     __slots__ = ("_head", "_skip", "_stamp", "_tokens")
 
-    def __init__(self) -> None:
-        self._skip = _H2_PREFACE  # bytes to pass over: the preface, then payloads
+    def __init__(self, skip: int) -> None:
+        self._skip = skip  # bytes to pass over: the preface, then payloads
         self._head = bytearray()
         self._tokens = float(RESET_BURST)
         self._stamp = trio.current_time()
@@ -188,13 +191,17 @@ class _Connection(TCPServer):
 
     async def _read_data(self) -> None:
         watch: _ResetWatch | None = None
-        if isinstance(self.protocol.protocol, H2Protocol):
-            watch = _ResetWatch()
         while True:
             try:
                 data = await self.stream.receive_some(MAX_RECV)
             except (trio.ClosedResourceError, trio.BrokenResourceError):
                 break
+            if watch is None:
+                # HTTP/2 by ALPN, or by prior knowledge: hypercorn switches as the
+                # preface arrives.
+                preface = data.startswith(_PREFACE)
+                if preface or isinstance(self.protocol.protocol, H2Protocol):
+                    watch = _ResetWatch(skip=len(_PREFACE) if preface else 0)
             if watch is not None and watch.over(data):
                 await self._calm_down()
                 break
@@ -202,6 +209,14 @@ class _Connection(TCPServer):
             if data == b"":
                 break
         await self.protocol.handle(Closed())
+
+    async def _close(self) -> None:
+        # Hypercorn closes from the app's task, after its last response: quart-trio
+        # cancels that task as the disconnect it is then told of arrives, which left
+        # the connection open until the client closed it. Shielded, and bounded: a TLS
+        # close_notify to a client that does not read must not hold the close.
+        with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
+            await super()._close()
 
     async def _calm_down(self) -> None:
         log.warning("an HTTP/2 client reset streams faster than allowed: GOAWAY, closing")

@@ -30,6 +30,8 @@ __all__ = ["MAX_HEADERS", "MAX_HEAD_BYTES", "Refusal", "Request", "RequestReader
 MAX_HEAD_BYTES = 64 * 1024
 #: Most header fields in a request head (nginx and Envoy allow about 100); more: 431.
 MAX_HEADERS = 100
+#: Bytes of a chunk-size line kept across reads to read its size.
+_MAX_SIZE_LINE = 256
 #: Largest trailer section of a chunked body (its fields are read and dropped).
 _MAX_TRAILER_BYTES = 4096
 
@@ -90,9 +92,26 @@ class RequestReader:
     served and the error answered after them.
     """
 
-    __slots__ = ("_begun", "_parser", "_refusal", "error", "requests", "stopped")
+    __slots__ = (
+        "_begun",
+        "_chunk_header",
+        "_chunks",
+        "_line",
+        "_parser",
+        "_refusal",
+        "error",
+        "max_body",
+        "requests",
+        "stopped",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, max_body: int | None = None) -> None:
+        #: A chunk announced larger than this is refused at once (413), without waiting
+        #: for its bytes; None: no limit here (the app's).
+        self.max_body = max_body
+        self._chunks = False  # a chunked body is being read: its size lines are looked at
+        self._chunk_header = False  # llhttp read a chunk's size line
+        self._line = b""  # the size line's start, from an earlier read
         self._parser = httptools.HttpRequestParser(self)
         self.requests: deque[Request] = deque()
         self.error: Refusal | None = None
@@ -107,7 +126,12 @@ class RequestReader:
         carried = bool(requests) and not requests[-1].complete
         begun = self._begun
         try:
-            self._parser.feed_data(data)
+            if self._chunks:
+                self._feed_chunks(data)
+            elif self.max_body is None or (carried and requests[-1].head_done):
+                self._parser.feed_data(data)
+            else:
+                self._feed_head(data)
         except httptools.HttpParserUpgrade:
             # llmgw serves no upgrades: the request is answered as a plain one, and the
             # connection closes after it (its next bytes are another protocol's).
@@ -128,6 +152,65 @@ class RequestReader:
                 tail.fed += len(data)
                 if tail.fed > MAX_HEAD_BYTES:
                     self._fail(_too_large())
+
+    def _feed_head(self, data: bytes) -> None:
+        """Feed `data`, head by head (split after each blank line, a head's end most
+        often), so that a chunked body that follows a head goes to :meth:`_feed_chunks`
+        from its start."""
+        parser = self._parser
+        requests = self.requests
+        view = memoryview(data)
+        start, size = 0, len(data)
+        while start < size:
+            end = data.find(b"\r\n\r\n", start) + 4
+            if end < 4 or end >= size:
+                break
+            parser.feed_data(view[start:end])
+            start = end
+            if self._chunks:
+                self._feed_chunks(data, start)
+                return
+            if self.error is not None:
+                return
+            if requests and requests[-1].head_done and not requests[-1].complete:
+                break  # a body sized by Content-Length: the rest is its
+        if start < size:
+            parser.feed_data(view[start:] if start else data)
+
+    def _feed_chunks(self, data: bytes, start: int = 0) -> None:
+        """Feed a chunked body from `start` line by line, so that a size line llhttp has
+        just read is the end of what it was fed: httptools does not tell a chunk's size,
+        and a chunk announced larger than the limit is refused before its bytes come."""
+        parser = self._parser
+        view = memoryview(data)
+        size = len(data)
+        while start < size and self._chunks and self.error is None:
+            end = data.find(b"\n", start) + 1 or size
+            piece = view[start:end]
+            self._chunk_header = False
+            parser.feed_data(piece)
+            if self._chunk_header:
+                self._check_chunk(self._line + bytes(piece))
+                self._line = b""
+            elif data[end - 1] != 0x0A:
+                # A line still coming (a read ends here): keep its start.
+                self._line = (self._line + bytes(piece))[-_MAX_SIZE_LINE:]
+            else:
+                self._line = b""
+            start = end
+        if start < size and self.error is None:
+            parser.feed_data(view[start:])
+
+    def _check_chunk(self, line: bytes) -> None:
+        digits = line.rstrip(b"\r\n").rpartition(b"\n")[2].partition(b";")[0].strip()
+        try:
+            announced = int(digits, 16)
+        except ValueError:
+            return  # not a size line after all: the body's limit is the app's to keep
+        if self.max_body is not None and announced > self.max_body:
+            self._fail(
+                Refusal(413, f"a chunk of {announced} bytes exceeds the limit of {self.max_body}")
+            )
 
     def _fail(self, refusal: Refusal) -> None:
         self.error = refusal
@@ -201,14 +284,19 @@ class RequestReader:
         if version == "1.1" and hosts != 1:
             self._refuse(400, "an HTTP/1.1 request needs exactly one Host header")
         request.head_done = True
+        self._chunks = request.chunked and self.max_body is not None
 
     def on_body(self, body: bytes) -> None:
         request = self.requests[-1]
         request.body += body
         request.received += len(body)
 
+    def on_chunk_header(self) -> None:
+        self._chunk_header = True
+
     def on_message_complete(self) -> None:
         self.requests[-1].complete = True
+        self._chunks = False
 
 
 def _reason(exc: Exception) -> str:

@@ -128,6 +128,9 @@ class HttpServerConfig:
     #: Connections served at once; one past it gets a one-line ``503`` and is closed.
     #: None: unbounded.
     max_connections: int | None = None
+    #: A chunk of a request body announced larger than this is refused at once
+    #: (``413``); a body's total is the app's to bound. None: not looked at.
+    max_body_bytes: int | None = None
 
 
 class ClientDisconnected(OSError):
@@ -343,7 +346,7 @@ class _Connection:
         self.server = server
         self.sock = sock
         self.scope = trio.CancelScope()
-        self.reader = RequestReader()
+        self.reader = RequestReader(server.config.max_body_bytes)
         self.request = Request()
         self.busy = False
         self.peer_closed = False  # the client closed its side (or reset the connection)

@@ -38,6 +38,7 @@ def client_listener_config(config: Config, router: Router, name: str) -> HttpSer
         body_timeout_key="router.timeouts.client_body",
         send_timeout=timeouts.idle,
         max_connections=connection_cap(config.router.max_connections),
+        max_body_bytes=config.router.max_body_bytes,
         graceful_timeout=config.router.drain_timeout,
         on_header_timeout=timed_out.labels(name, "header").inc,
         on_body_timeout=timed_out.labels(name, "body").inc,
