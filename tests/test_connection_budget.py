@@ -221,7 +221,7 @@ def test_a_flood_on_the_admin_listener_leaves_the_client_port_and_established_ad
 
 # -- the limits of each request ------------------------------------------------------
 
-BODY_TIMEOUT = 2.0
+BODY_TIMEOUT = 4.0
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,10 @@
 any listener with TLS (HTTP/2 where the client offers it by ALPN, HTTP/1.1 else).
 
 The sockets are bound by :func:`llmgw.server.serve` (port 0 in tests, so the port is
-known before serving), then handed to hypercorn's trio worker. With TLS, the
+known before serving); connections are accepted here, through the listener's share of
+the connection budget (:mod:`llmgw.http.budget`), and each is served by hypercorn's
+HTTP/1.1 or HTTP/2 protocol, with the deadlines and limits of :class:`HyperConfig`
+and :func:`limit_requests`. With TLS, the
 certificate and key are read into one :class:`ReloadableTls` context, which
 :meth:`ReloadableTls.reload` reads again in place: connections from then on get the
 new certificate, those open keep theirs (SIGHUP, :mod:`llmgw.server`).
@@ -239,7 +242,7 @@ async def serve_hypercorn(
     with `tls`) until `shutdown_trigger` returns; requests in flight then get
     `config.graceful_timeout`. Hypercorn's own worker is replaced by this accept loop, so
     that connections go through the listener's share of the budget
-    (:mod:`llmgw.http.budget`); the listening sockets stay the caller's to close."""
+    (:mod:`llmgw.http.budget`). The listening sockets are closed once shutdown begins."""
     settings = _Config(tls)
     settings.keep_alive_timeout = config.header_timeout
     settings.read_timeout = None  # see _Connection
@@ -297,6 +300,9 @@ async def serve_hypercorn(
                 task_status.started([_url(listener, tls is not None) for listener in listeners])
                 await shutdown_trigger()
                 accepting.cancel_scope.cancel()
+            # New clients are refused from now on, not left waiting in the backlog.
+            for listener in listeners:
+                listener.socket.close()
             # Idle connections close now, busy ones after their request.
             await context.terminated.set()
             connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
