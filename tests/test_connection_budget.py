@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import select
 import socket
 import ssl
@@ -343,8 +344,8 @@ def _read(reader: RequestReader, *reads: bytes) -> RequestReader:
         [_CHUNKED_HEAD, b"401\r\n"],
         [_CHUNKED_HEAD, b"4", b"01;ext=1\r", b"\n"],  # the size line across reads
         [_CHUNKED_HEAD, b"10\r\n" + b"x" * 16 + b"\r\n401\r\n"],  # after a chunk within it
-        # after a whole request, pipelined
-        [b"GET / HTTP/1.1\r\nHost: a\r\n\r\n" + _CHUNKED_HEAD + b"401\r\n"],
+        [_CHUNKED_HEAD + b"4", b"01\r\n"],  # the size line begun with the head
+        [_CHUNKED_HEAD + b"2\r\n{}\r\n401\r\n"],  # after a chunk, with the head
     ],
 )
 def test_a_chunk_announced_over_the_limit_is_refused_at_once(reads: list[bytes]) -> None:
@@ -415,3 +416,19 @@ async def test_an_http2_client_resetting_streams_fast_gets_a_goaway() -> None:
         stop.set()
     assert ended is not None, "no GOAWAY"
     assert ended.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+
+
+def test_a_chunked_body_within_the_limit_passes_however_it_is_split() -> None:
+    # Chunk data with size-line look-alikes (hex over the limit between line ends).
+    chunks = [b"\r\nfffffff\r\n", b"x" * 700, b"\n401\n\r\n", b"a;b\r\n"]
+    body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+    wire = _CHUNKED_HEAD + body + b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+    rng = random.Random(32)
+    for _ in range(300):  # bounded: 300 ways to cut it into reads
+        cuts = sorted(rng.sample(range(1, len(wire)), rng.randint(1, 8)))
+        reads = [wire[a:b] for a, b in zip([0, *cuts], [*cuts, len(wire)], strict=True)]
+        reader = _read(RequestReader(max_body=1024), *reads)
+        assert reader.error is None, (cuts, reader.error)
+        first, second = reader.requests
+        assert first.complete and bytes(first.body) == b"".join(chunks), cuts
+        assert second.head_done

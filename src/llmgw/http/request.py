@@ -128,10 +128,12 @@ class RequestReader:
         try:
             if self._chunks:
                 self._feed_chunks(data)
-            elif self.max_body is None or (carried and requests[-1].head_done):
-                self._parser.feed_data(data)
             else:
-                self._feed_head(data)
+                self._parser.feed_data(data)
+                if self._chunks and self._begun - begun == 1 and not carried:
+                    # A chunked head began and ended in this read (its first request):
+                    # the size lines that came with it, llhttp has read already.
+                    self._first_chunks(data, data.find(b"\r\n\r\n") + 4)
         except httptools.HttpParserUpgrade:
             # llmgw serves no upgrades: the request is answered as a plain one, and the
             # connection closes after it (its next bytes are another protocol's).
@@ -153,34 +155,27 @@ class RequestReader:
                 if tail.fed > MAX_HEAD_BYTES:
                     self._fail(_too_large())
 
-    def _feed_head(self, data: bytes) -> None:
-        """Feed `data`, head by head (split after each blank line, a head's end most
-        often), so that a chunked body that follows a head goes to :meth:`_feed_chunks`
-        from its start."""
-        parser = self._parser
-        requests = self.requests
-        view = memoryview(data)
-        start, size = 0, len(data)
-        while start < size:
-            end = data.find(b"\r\n\r\n", start) + 4
-            if end < 4 or end >= size:
-                break
-            parser.feed_data(view[start:end])
-            start = end
-            if self._chunks:
-                self._feed_chunks(data, start)
+    def _first_chunks(self, data: bytes, start: int) -> None:
+        """Check the size lines of a chunked body from `start` (its first byte) to the
+        end of `data`, which the parser has read: a size line, that many bytes and a
+        CRLF, again. llhttp has checked the framing; a line that is not a size is left
+        to it."""
+        size = len(data)
+        while start < size and self.error is None:
+            end = data.find(b"\n", start) + 1
+            if end <= 0:  # the line ends in the next read: _feed_chunks reads it
+                self._line = data[start:][-_MAX_SIZE_LINE:]
                 return
-            if self.error is not None:
+            announced = self._check_chunk(data[start:end])
+            if not announced:  # the last chunk, or not a size line
                 return
-            if requests and requests[-1].head_done and not requests[-1].complete:
-                break  # a body sized by Content-Length: the rest is its
-        if start < size:
-            parser.feed_data(view[start:] if start else data)
+            start = end + announced + 2
 
     def _feed_chunks(self, data: bytes, start: int = 0) -> None:
         """Feed a chunked body from `start` line by line, so that a size line llhttp has
         just read is the end of what it was fed: httptools does not tell a chunk's size,
-        and a chunk announced larger than the limit is refused before its bytes come."""
+        and a chunk announced larger than the limit is refused before its bytes come.
+        Only chunked bodies are fed so: the other requests are fed a read at a time."""
         parser = self._parser
         view = memoryview(data)
         size = len(data)
@@ -201,16 +196,19 @@ class RequestReader:
         if start < size and self.error is None:
             parser.feed_data(view[start:])
 
-    def _check_chunk(self, line: bytes) -> None:
+    def _check_chunk(self, line: bytes) -> int | None:
+        """The size a chunk-size `line` announces (None if it is not one); refused when
+        over the limit."""
         digits = line.rstrip(b"\r\n").rpartition(b"\n")[2].partition(b";")[0].strip()
         try:
             announced = int(digits, 16)
         except ValueError:
-            return  # not a size line after all: the body's limit is the app's to keep
+            return None
         if self.max_body is not None and announced > self.max_body:
             self._fail(
                 Refusal(413, f"a chunk of {announced} bytes exceeds the limit of {self.max_body}")
             )
+        return announced
 
     def _fail(self, refusal: Refusal) -> None:
         self.error = refusal
