@@ -38,7 +38,7 @@ from llmgw.models import ModelRegistry
 from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router, catalog_for
 from llmgw.router.limits import SharedLimits
-from llmgw.router.listener import client_listener_config
+from llmgw.router.listener import client_listener_config, hypercorn_listener_config
 from llmgw.store import open_store
 from llmgw.store.base import Store, StoreError
 from llmgw.store.usage import UsageBatcher
@@ -431,8 +431,6 @@ async def _serve(
         mount(build_app(admin, api=False, dashboard=client_dashboard), "/admin"),
         router.app,
     )
-    drain = config.router.drain_timeout
-    timeouts = config.router.timeouts
 
     async def trigger() -> None:
         await stop.wait()
@@ -486,9 +484,7 @@ async def _serve(
                         serve_hypercorn,
                         trust_forwarded_client(client_app),
                         [uds],
-                        keep_alive_timeout=timeouts.client_header,
-                        read_timeout=timeouts.client_header,
-                        graceful_timeout=drain,
+                        hypercorn_listener_config(config, admin=True),
                         shutdown_trigger=trigger,
                     )
                 )
@@ -511,13 +507,8 @@ async def _serve(
                             serve_hypercorn,
                             app,
                             socks,
+                            hypercorn_listener_config(config, admin=name == "admin"),
                             tls=tls.get(name),
-                            # Hypercorn has no head deadline of its own: a connection
-                            # with no complete request is idle, closed after this.
-                            keep_alive_timeout=timeouts.client_header,
-                            read_timeout=timeouts.client_header,
-                            send_timeout=timeouts.idle,
-                            graceful_timeout=drain,
                             shutdown_trigger=trigger,
                         )
                     )

@@ -66,6 +66,8 @@ class Timeouts:
     client_header: Seconds = Seconds(10.0)
     # The client's request body (408 past it).
     client_body: Seconds = Seconds(30.0)
+    # A TLS handshake on the client port or the admin listener, from the accept.
+    tls_handshake: Seconds = Seconds(5.0)
 
     def problems(self, key: str) -> list[str]:
         found: list[str] = []
@@ -260,8 +262,9 @@ class RouterConfig:
     inject_usage: bool = True
     # The largest request body taken from a client (413 past it).
     max_body_bytes: Bytes = Bytes(32 * 1024 * 1024)
-    # Client connections each listener serves at once (past it: 503 and close); 0:
-    # derived from the open-file limit at start (llmgw.router.listener.connection_cap).
+    # Client connections the client listener serves at once (past it: 503 and close,
+    # or with TLS just the close); 0: derived from the open-file limit at start, which
+    # also sizes the admin listener's share (llmgw.http.budget).
     max_connections: int = 0
     # What the router takes from an engine: a non-streaming answer (an embeddings batch
     # is the large case) and one SSE event of a stream, at most. Beyond, the attempt

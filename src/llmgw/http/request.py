@@ -7,7 +7,8 @@ Requests are parsed by llhttp, Node.js's parser, through httptools (as uvicorn d
 refuses is a :class:`Refusal`, which carries the status to answer; the server answers
 it and closes the connection.
 
-* Limits: a head of at most :data:`MAX_HEAD_BYTES` (``431``), trailers of at most 4 KiB.
+* Limits: a head of at most :data:`MAX_HEAD_BYTES` and :data:`MAX_HEADERS` fields
+  (``431``), trailers of at most 4 KiB.
 * Parsing is strict where leniency lets a front proxy and this server disagree about
   where a request ends (request smuggling): bare CR or LF, NUL, whitespace before a
   header's colon, folded lines, Content-Length together with Transfer-Encoding, two
@@ -23,10 +24,14 @@ from collections import deque
 
 import httptools
 
-__all__ = ["MAX_HEAD_BYTES", "Refusal", "Request", "RequestReader"]
+__all__ = ["MAX_HEADERS", "MAX_HEAD_BYTES", "Refusal", "Request", "RequestReader"]
 
 #: Largest request head (request line and headers) accepted; larger: 431.
 MAX_HEAD_BYTES = 64 * 1024
+#: Most header fields in a request head (nginx and Envoy allow about 100); more: 431.
+MAX_HEADERS = 100
+#: Bytes of a chunk-size line kept across reads to read its size.
+_MAX_SIZE_LINE = 256
 #: Largest trailer section of a chunked body (its fields are read and dropped).
 _MAX_TRAILER_BYTES = 4096
 
@@ -87,9 +92,26 @@ class RequestReader:
     served and the error answered after them.
     """
 
-    __slots__ = ("_begun", "_parser", "_refusal", "error", "requests", "stopped")
+    __slots__ = (
+        "_begun",
+        "_chunk_header",
+        "_chunks",
+        "_line",
+        "_parser",
+        "_refusal",
+        "error",
+        "max_body",
+        "requests",
+        "stopped",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, max_body: int | None = None) -> None:
+        #: A chunk announced larger than this is refused at once (413), without waiting
+        #: for its bytes; None: no limit here (the app's).
+        self.max_body = max_body
+        self._chunks = False  # a chunked body is being read: its size lines are looked at
+        self._chunk_header = False  # llhttp read a chunk's size line
+        self._line = b""  # the size line's start, from an earlier read
         self._parser = httptools.HttpRequestParser(self)
         self.requests: deque[Request] = deque()
         self.error: Refusal | None = None
@@ -104,7 +126,14 @@ class RequestReader:
         carried = bool(requests) and not requests[-1].complete
         begun = self._begun
         try:
-            self._parser.feed_data(data)
+            if self._chunks:
+                self._feed_chunks(data)
+            else:
+                self._parser.feed_data(data)
+                if self._chunks and self._begun - begun == 1 and not carried:
+                    # A chunked head began and ended in this read (its first request):
+                    # the size lines that came with it, llhttp has read already.
+                    self._first_chunks(data, data.find(b"\r\n\r\n") + 4)
         except httptools.HttpParserUpgrade:
             # llmgw serves no upgrades: the request is answered as a plain one, and the
             # connection closes after it (its next bytes are another protocol's).
@@ -125,6 +154,61 @@ class RequestReader:
                 tail.fed += len(data)
                 if tail.fed > MAX_HEAD_BYTES:
                     self._fail(_too_large())
+
+    def _first_chunks(self, data: bytes, start: int) -> None:
+        """Check the size lines of a chunked body from `start` (its first byte) to the
+        end of `data`, which the parser has read: a size line, that many bytes and a
+        CRLF, again. llhttp has checked the framing; a line that is not a size is left
+        to it."""
+        size = len(data)
+        while start < size and self.error is None:
+            end = data.find(b"\n", start) + 1
+            if end <= 0:  # the line ends in the next read: _feed_chunks reads it
+                self._line = data[start:][-_MAX_SIZE_LINE:]
+                return
+            announced = self._check_chunk(data[start:end])
+            if not announced:  # the last chunk, or not a size line
+                return
+            start = end + announced + 2
+
+    def _feed_chunks(self, data: bytes, start: int = 0) -> None:
+        """Feed a chunked body from `start` line by line, so that a size line llhttp has
+        just read is the end of what it was fed: httptools does not tell a chunk's size,
+        and a chunk announced larger than the limit is refused before its bytes come.
+        Only chunked bodies are fed so: the other requests are fed a read at a time."""
+        parser = self._parser
+        view = memoryview(data)
+        size = len(data)
+        while start < size and self._chunks and self.error is None:
+            end = data.find(b"\n", start) + 1 or size
+            piece = view[start:end]
+            self._chunk_header = False
+            parser.feed_data(piece)
+            if self._chunk_header:
+                self._check_chunk(self._line + bytes(piece))
+                self._line = b""
+            elif data[end - 1] != 0x0A:
+                # A line still coming (a read ends here): keep its start.
+                self._line = (self._line + bytes(piece))[-_MAX_SIZE_LINE:]
+            else:
+                self._line = b""
+            start = end
+        if start < size and self.error is None:
+            parser.feed_data(view[start:])
+
+    def _check_chunk(self, line: bytes) -> int | None:
+        """The size a chunk-size `line` announces (None if it is not one); refused when
+        over the limit."""
+        digits = line.rstrip(b"\r\n").rpartition(b"\n")[2].partition(b";")[0].strip()
+        try:
+            announced = int(digits, 16)
+        except ValueError:
+            return None
+        if self.max_body is not None and announced > self.max_body:
+            self._fail(
+                Refusal(413, f"a chunk of {announced} bytes exceeds the limit of {self.max_body}")
+            )
+        return announced
 
     def _fail(self, refusal: Refusal) -> None:
         self.error = refusal
@@ -166,6 +250,8 @@ class RequestReader:
                 self._refuse(400, f"the trailer section exceeds {_MAX_TRAILER_BYTES} bytes")
             return
         self._grow(request, size)
+        if len(request.headers) >= MAX_HEADERS:
+            self._refuse(431, f"the request head has more than {MAX_HEADERS} header fields")
         # llhttp drops the whitespace before a value, not after it (RFC 9112 5: OWS).
         request.headers.append((name.lower(), value.rstrip(b" \t")))
 
@@ -196,14 +282,19 @@ class RequestReader:
         if version == "1.1" and hosts != 1:
             self._refuse(400, "an HTTP/1.1 request needs exactly one Host header")
         request.head_done = True
+        self._chunks = request.chunked and self.max_body is not None
 
     def on_body(self, body: bytes) -> None:
         request = self.requests[-1]
         request.body += body
         request.received += len(body)
 
+    def on_chunk_header(self) -> None:
+        self._chunk_header = True
+
     def on_message_complete(self) -> None:
         self.requests[-1].complete = True
+        self._chunks = False
 
 
 def _reason(exc: Exception) -> str:

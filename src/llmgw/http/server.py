@@ -50,7 +50,6 @@ and the connection is closed. Refusals are OpenAI-shaped errors, like the apps' 
 from __future__ import annotations
 
 import contextlib
-import errno
 import http
 import logging
 import math
@@ -67,6 +66,7 @@ import trio
 
 from llmgw.http import sockio
 from llmgw.http.asgi import WATCH_DISCONNECT, App, error_body
+from llmgw.http.budget import Acceptor, detach, turn_away
 from llmgw.http.request import MAX_HEAD_BYTES as MAX_HEAD_BYTES
 from llmgw.http.request import Refusal, Request, RequestReader
 from llmgw.units import Address
@@ -91,18 +91,10 @@ _LINGER_BYTES = 1 << 20
 #: step, cancel scope or epoll registration, about 40 us of CPU each; a client that
 #: leaves sooner is noticed at this mark, so an engine works this long for it at most.
 WATCH_AFTER = 0.1
-#: accept() errors that mean "out of resources for now": wait and retry.
-_ACCEPT_RETRY = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
 _TOKEN = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _FORBIDDEN = re.compile(b"[\r\n\0]")
 _DISCONNECT: dict[str, Any] = {"type": "http.disconnect"}
-#: At most one accept-failure line per this many seconds (EMFILE comes in storms).
-_ACCEPT_LOG_EVERY = 10.0
-_BUSY = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-    b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
-)
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _NO_BODY_STATUS = frozenset({204, 304})
 _REASONS = {s.value: s.phrase.encode() for s in http.HTTPStatus}
@@ -136,6 +128,9 @@ class HttpServerConfig:
     #: Connections served at once; one past it gets a one-line ``503`` and is closed.
     #: None: unbounded.
     max_connections: int | None = None
+    #: A chunk of a request body announced larger than this is refused at once
+    #: (``413``); a body's total is the app's to bound. None: not looked at.
+    max_body_bytes: int | None = None
 
 
 class ClientDisconnected(OSError):
@@ -246,32 +241,12 @@ class _Server:
 
     async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
         cap = self.config.max_connections
-        failed = 0
-        logged_at = -math.inf
+        acceptor = Acceptor(listener)
         while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:
-                if exc.errno not in _ACCEPT_RETRY:
-                    raise
-                failed += 1
-                now = trio.current_time()
-                if now - logged_at >= _ACCEPT_LOG_EVERY:
-                    log.error(
-                        "accept failed %d time(s) (%s): out of file descriptors or memory;"
-                        " retrying every 100 ms",
-                        failed,
-                        exc,
-                    )
-                    logged_at, failed = now, 0
-                await trio.sleep(0.1)  # the resource frees as connections end: retry then
-                continue
             # trio set TCP_NODELAY on it; from here on the socket is driven directly.
-            trio_sock = stream.socket
-            sock = socket.socket(trio_sock.family, trio_sock.type, fileno=trio_sock.detach())
-            sock.setblocking(False)
+            sock = detach(await acceptor.accept())
             if cap is not None and len(self.connections) >= cap:
-                _turn_away(sock, cap)
+                turn_away(sock, cap)
                 continue
             nursery.start_soon(self._connection, sock)
 
@@ -292,19 +267,6 @@ class _Server:
             if connection.watcher is not None:
                 connection.watcher.scope.cancel()
             sockio.close(sock)
-
-
-def _turn_away(sock: socket.socket, cap: int) -> None:
-    """Answer a connection past the cap with a 503 in one non-blocking write, and close
-    it: no task, no buffer, no wait for a client that does not read."""
-    body = error_body(
-        f"the server is at its connection limit ({cap}); retry shortly",
-        "server_error",
-        "service_unavailable",
-    )
-    with contextlib.suppress(OSError):
-        sock.send(_BUSY % (len(body), body))
-    sock.close()
 
 
 _date: tuple[int, bytes] = (0, b"")
@@ -384,7 +346,7 @@ class _Connection:
         self.server = server
         self.sock = sock
         self.scope = trio.CancelScope()
-        self.reader = RequestReader()
+        self.reader = RequestReader(server.config.max_body_bytes)
         self.request = Request()
         self.busy = False
         self.peer_closed = False  # the client closed its side (or reset the connection)

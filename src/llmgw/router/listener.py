@@ -6,38 +6,23 @@ worker does not import the control plane to read them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from llmgw.config import Config
+from llmgw.http.budget import FD_RESERVE as FD_RESERVE
+from llmgw.http.budget import connection_budget
 from llmgw.http.server import HttpServerConfig
 from llmgw.router.core import Router
 
-#: File descriptors kept back from the connection cap: the store, logs, scrapes, the
-#: agent port and its streams.
-FD_RESERVE = 128
+if TYPE_CHECKING:
+    from llmgw.http.hyper import HyperConfig
 
 
 def connection_cap(configured: int) -> int:
-    """Connections each listener serves at once: `configured` (router.max_connections),
-    or with 0 what the open-file limit allows.
-
-    The soft limit is first raised to the hard one (systemd's default soft limit is
-    1024, far below what a proxy needs; the hard one is usually far higher). Each
-    proxied request holds its client's connection and one to an engine, so the cap
-    is half of what the reserve leaves."""
-    if configured:
-        return configured
-    try:
-        import resource
-    except ImportError:  # not POSIX
-        return 1024
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    return max(16, (soft - FD_RESERVE) // 2)
+    """Connections the client listener serves at once: `configured`
+    (router.max_connections), or with 0 its share of the open-file limit
+    (:func:`llmgw.http.budget.connection_budget`, the one rule for every listener)."""
+    return connection_budget(configured).client
 
 
 def client_listener_config(config: Config, router: Router, name: str) -> HttpServerConfig:
@@ -53,7 +38,26 @@ def client_listener_config(config: Config, router: Router, name: str) -> HttpSer
         body_timeout_key="router.timeouts.client_body",
         send_timeout=timeouts.idle,
         max_connections=connection_cap(config.router.max_connections),
+        max_body_bytes=config.router.max_body_bytes,
         graceful_timeout=config.router.drain_timeout,
         on_header_timeout=timed_out.labels(name, "header").inc,
         on_body_timeout=timed_out.labels(name, "body").inc,
+    )
+
+
+def hypercorn_listener_config(config: Config, *, admin: bool) -> HyperConfig:
+    """Hypercorn's settings for the admin listener (`admin`) or a TLS client listener:
+    the same deadlines as the plain client port's, and the listener's share of the
+    connection budget."""
+    from llmgw.http.hyper import HyperConfig  # hypercorn only where a listener needs it
+
+    timeouts = config.router.timeouts
+    budget = connection_budget(config.router.max_connections)
+    return HyperConfig(
+        header_timeout=timeouts.client_header,
+        body_timeout=timeouts.client_body,
+        send_timeout=timeouts.idle,
+        handshake_timeout=timeouts.tls_handshake,
+        max_connections=budget.admin if admin else budget.client,
+        graceful_timeout=config.router.drain_timeout,
     )

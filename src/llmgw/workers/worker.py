@@ -38,7 +38,7 @@ from llmgw.http.server import serve_listeners
 from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router
 from llmgw.router.limits import SharedLimits
-from llmgw.router.listener import client_listener_config
+from llmgw.router.listener import client_listener_config, hypercorn_listener_config
 from llmgw.store import open_store
 from llmgw.store.base import Store
 from llmgw.workers import sockets, wire
@@ -142,8 +142,6 @@ class Worker:
         app: App = self.router.app
         if self.hello.dashboard is not None:
             app = split(under("/admin"), Forward(uds=self.hello.dashboard), app)
-        drain = config.router.drain_timeout
-        timeouts = config.router.timeouts
 
         async def trigger() -> None:
             await self.stop.wait()
@@ -164,11 +162,8 @@ class Worker:
                             serve_hypercorn,
                             app,
                             listeners,
+                            hypercorn_listener_config(config, admin=False),
                             tls=self.tls,
-                            keep_alive_timeout=timeouts.client_header,
-                            read_timeout=timeouts.client_header,
-                            send_timeout=timeouts.idle,
-                            graceful_timeout=drain,
                             shutdown_trigger=trigger,
                         )
                     )
