@@ -374,7 +374,7 @@ def test_the_table_learns_an_engines_cache_from_its_answers() -> None:
     LRU cuts and predicts what the engine does."""
     blocks, capacity = 8, 40
     naive = replay(PrefixTable(1000, 1e9), LruEngine(capacity), 8, blocks, 600, learn=False)
-    table = PrefixTable(1000, 1e9)
+    table = PrefixTable(1000, 1e9, learn=True)
     learnt = replay(table, LruEngine(capacity), 8, blocks, 600, learn=True)
 
     def agreement(outcomes: list[str]) -> float:
@@ -387,7 +387,7 @@ def test_the_table_learns_an_engines_cache_from_its_answers() -> None:
 
 
 def test_a_miss_on_a_block_still_in_its_first_prefill_teaches_nothing() -> None:
-    t = PrefixTable(1000, 1e9)
+    t = PrefixTable(1000, 1e9, learn=True)
     chain = prefix_hashes("A" * 32, 4, 100)
     t.record(chain, "ep", 0.0)
     probe = t.probe(chain, "ep", 0.2)  # picked 0.2 s after the first: still prefilling
@@ -404,7 +404,7 @@ def test_a_capacity_learnt_too_low_rises_with_the_engines_hits() -> None:
     """A reset cache (an engine restarted) looks like a small one; the blocks the
     engine then keeps holding, at distances past the bound, raise it again."""
     blocks = 8
-    table = PrefixTable(1000, 1e9)
+    table = PrefixTable(1000, 1e9, learn=True)
     engine = LruEngine(64)
     replay(table, engine, 4, blocks, 50, learn=True)  # everything fits: all hits
     assert table.capacity("ep") is None

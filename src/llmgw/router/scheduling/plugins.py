@@ -2,7 +2,7 @@
 
 :func:`default_scheduler` is what every ``[router.profiles.*]`` entry runs::
 
-    filters:  Fresh -> SessionAffinity -> Room -> PrefixAffinity -> Rendezvous
+    filters:  Fresh -> SessionAffinity -> PrefixAffinity -> Room -> Rendezvous
     scorers:  Queue*queue + Load*inflight + Prefill*prefill + KvCache*kv
               + Staleness*staleness + Unknown + Stale + Throttle + PrefixBonus*prefix
               (weights: the profile)
@@ -37,11 +37,18 @@ Filters
     throughput; benchmarks/README.md.) Where the prefix table says nothing of the
     session's replica (hashing off, a prompt shorter than a block) it is taken to
     hold the whole conversation.
-  - :class:`PrefixAffinity`: when a survivor holds part of the prompt, the survivors
-    with the least work (within :data:`WORK_TIE`) are kept. When the home has too
-    much work the prompt spills to the least-worked replica, which then holds it
-    too: later requests balance between the holders by their work, so spilled
-    traffic warms one more cache instead of all of them.
+  - :class:`PrefixAffinity` (before Room too): when a replica holds part of the
+    prompt, the ones with the least work (within :data:`WORK_TIE`) are kept, among
+    the holders and the replicas with room (in Room's priority tier; not one that
+    answered 429). A holder stays a candidate when its engine is full, for the
+    session's reason: its queue holds the request while a miss elsewhere computes
+    the whole prompt again and evicts someone else's. (Measured: with Room first, a
+    serialized-prefill engine whose queue reached ``target_waiting`` lost its
+    prefixes to whichever replica had just drained, and the fleet fell to round
+    robin's hit rate and throughput; issue #31, benchmarks/README.md.) When the home
+    has too much work the prompt spills to the least-worked replica, which then
+    holds it too: later requests balance between the holders by their work, so
+    spilled traffic warms one more cache instead of all of them.
 
   When every replica is saturated, affinity still decides among them.
 
@@ -175,13 +182,26 @@ class PrefixAffinity:
     def filter(self, ctx: Context, survivors: list[int]) -> list[int]:
         if ctx.tier is not None or not ctx.cached_tokens:
             return survivors
-        cached, cands = ctx.cached_tokens, ctx.candidates
-        if not any(cands[i].endpoint_id in cached for i in survivors):
+        cached, cands, full = ctx.cached_tokens, ctx.candidates, ctx.saturated
+        # Room's tier: the best priority with room; holders in it may be full.
+        room = [cands[i].priority for i in survivors if not full[i]]
+        tier = min(room) if room else None
+        eligible = [
+            i
+            for i in survivors
+            if tier is None
+            or (
+                cands[i].priority == tier
+                and not cands[i].throttled
+                and (cands[i].endpoint_id in cached or not full[i])
+            )
+        ]
+        if not any(cands[i].endpoint_id in cached for i in eligible):
             return survivors
-        work = [ctx.work(i) for i in survivors]
+        work = [ctx.work(i) for i in eligible]
         least = min(work)
         ctx.tier = "prefix"
-        return [i for i, w in zip(survivors, work, strict=True) if w <= least + WORK_TIE]
+        return [i for i, w in zip(eligible, work, strict=True) if w <= least + WORK_TIE]
 
 
 @attrs.frozen
@@ -331,7 +351,7 @@ def default_scheduler(
     built-in ones, `scorers` add to the built-in terms, `picker` replaces LowestCost."""
     return Scheduler(
         saturation=Saturation(scoring, stale_after),
-        filters=(Fresh(), SessionAffinity(), Room(), PrefixAffinity(), Rendezvous(), *filters),
+        filters=(Fresh(), SessionAffinity(), PrefixAffinity(), Room(), Rendezvous(), *filters),
         scorers=(
             (Queue(scoring.target_waiting), profile.queue),
             (Load(), profile.inflight),
