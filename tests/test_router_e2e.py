@@ -369,7 +369,7 @@ def test_admin_endpoints_view_and_metrics(pair: tuple[Server, list[str]]) -> Non
     for view in views.values():
         assert view["engine"] == "vllm"
         assert view["breaker"] in ("closed", "open", "half_open")
-        assert set(view["scores"]) == {"chat", "batch"}
+        assert set(view["scores"]) == {"chat", "batch", "cache_aware"}
         assert view["stale"] is False
     text = httpx.get(f"{srv.admin}/metrics", timeout=5).text
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}

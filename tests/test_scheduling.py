@@ -731,3 +731,42 @@ def test_affinity_the_router_knows_comes_before_the_home() -> None:
                     rng=random.Random(0), prompt_tokens=PROMPT,
                     cached_tokens={"b": PROMPT}, home_key=key)  # fmt: skip
     assert d is not None and (d.endpoint_id, d.tier) == ("b", "prefix")
+
+
+# -- the cache_aware rule (the peers') ----------------------------------------------------
+
+PEER_RULE = default_scheduler(SCORING, RoutingProfile(rule="cache_aware"), 10.0)
+
+
+def peer_pick(cands: list[Candidate], cached: dict[str, float]) -> tuple[str, str]:
+    d = PEER_RULE.pick(
+        cands,
+        session_endpoint=None,
+        prefix_matches={ep: t / PROMPT for ep, t in cached.items()},
+        rng=random.Random(0),
+        prompt_tokens=PROMPT,
+        cached_tokens=cached,
+    )
+    assert d is not None
+    return d.endpoint_id, d.tier
+
+
+def test_cache_aware_keeps_the_longest_match_until_the_load_is_badly_uneven() -> None:
+    # Full by its engine's account, 30 requests more than the idlest: still the match.
+    cands = [cand("a", running=8, waiting=30), cand("b", running=8), cand("c", running=9)]
+    assert peer_pick(cands, {"a": 1800.0, "b": 1000.0}) == ("a", "prefix")
+    # 33 more, and more than the idlest at all: the least loaded, whatever it holds.
+    cands = [cand("a", running=8, waiting=33), cand("b", running=8), cand("c", running=9)]
+    assert peer_pick(cands, {"a": 1800.0, "b": 1000.0}) == ("b", "balance")
+    # Under half of the prompt held anywhere: the least loaded.
+    cands = [cand("a", running=3), cand("b", running=1)]
+    assert peer_pick(cands, {"a": 900.0}) == ("b", "score")
+
+
+def test_an_unknown_routing_rule_is_a_configuration_error() -> None:
+    import llmgw
+
+    with pytest.raises(llmgw.ConfigError, match="rule: one of work, cache_aware"):
+        llmgw.load_config(data={"router": {"profiles": {"x": {"rule": "nope"}}}}, environ={})
+    config = llmgw.load_config(data={"router": {"default_profile": "cache_aware"}}, environ={})
+    assert config.router.profiles["cache_aware"].rule == "cache_aware"

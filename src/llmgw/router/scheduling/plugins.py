@@ -92,6 +92,9 @@ from llmgw.router.scheduling.pipeline import (
 from llmgw.router.scheduling.state import Candidate, Saturation
 
 __all__ = [
+    "BALANCE_ABS",
+    "BALANCE_REL",
+    "CACHE_MATCH",
     "LOAD_UNIT",
     "PREFILL_UNIT",
     "STALE_PENALTY",
@@ -99,6 +102,7 @@ __all__ = [
     "TIE",
     "UNKNOWN_PENALTY",
     "WORK_TIE",
+    "CacheAware",
     "Fresh",
     "KvCache",
     "Load",
@@ -239,6 +243,44 @@ def _mix(h: int) -> int:
     return z ^ (z >> 31)
 
 
+# The cache_aware rule's thresholds: vllm-router's and sglang-router's defaults
+# (balance_abs_threshold, balance_rel_threshold, cache_threshold).
+BALANCE_ABS = 32.0
+BALANCE_REL = 1.0001
+CACHE_MATCH = 0.5
+
+
+@attrs.frozen
+class CacheAware:
+    """The rule of vllm-router's and sglang-router's cache_aware policies: while the
+    fleet's load (requests, Estimate.load) is not uneven by more than `abs_threshold`
+    and `rel_threshold` times, the replica holding the longest part of the prompt if
+    that is at least `match_threshold` of it; otherwise the least loaded. (Theirs sends
+    an unmatched prompt to the replica whose cache tree is smallest; the router keeps
+    no size per replica, so the least loaded stands in.)"""
+
+    abs_threshold: float = BALANCE_ABS
+    rel_threshold: float = BALANCE_REL
+    match_threshold: float = CACHE_MATCH
+
+    def filter(self, ctx: Context, survivors: list[int]) -> list[int]:
+        if ctx.tier is not None or len(survivors) < 2:
+            return survivors
+        load = [ctx.estimates[i].load / ctx.candidates[i].weight for i in survivors]
+        most, least = max(load), min(load)
+        lightest = [i for i, x in zip(survivors, load, strict=True) if x <= least + TIE]
+        if most - least > self.abs_threshold and most > self.rel_threshold * least:
+            ctx.tier = "balance"
+            return lightest
+        if ctx.prompt_tokens > 0 and ctx.cached_tokens:
+            held = [ctx.cached_tokens.get(ctx.candidates[i].endpoint_id, 0.0) for i in survivors]
+            best = max(held)
+            if best >= self.match_threshold * ctx.prompt_tokens:
+                ctx.tier = "prefix"
+                return [i for i, h in zip(survivors, held, strict=True) if h >= best - TIE]
+        return lightest
+
+
 # -- scorers ----------------------------------------------------------------------------
 
 
@@ -349,9 +391,14 @@ def default_scheduler(
 ) -> Scheduler:
     """The built-in composition for one routing profile; `filters` run after the
     built-in ones, `scorers` add to the built-in terms, `picker` replaces LowestCost."""
+    built_in: tuple[Filter, ...] = (
+        (Fresh(), CacheAware())
+        if profile.rule == "cache_aware"
+        else (Fresh(), SessionAffinity(), PrefixAffinity(), Room(), Rendezvous())
+    )
     return Scheduler(
         saturation=Saturation(scoring, stale_after),
-        filters=(Fresh(), SessionAffinity(), PrefixAffinity(), Room(), Rendezvous(), *filters),
+        filters=(*built_in, *filters),
         scorers=(
             (Queue(scoring.target_waiting), profile.queue),
             (Load(), profile.inflight),
