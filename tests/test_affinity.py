@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import random
+from collections import OrderedDict
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -275,7 +279,7 @@ def naive_match(table: PrefixTable, hashes: list[int], now: float) -> dict[str, 
     cutoff = now - table.ttl
     for i, h in enumerate(hashes):
         holders = table._entries.get(h)
-        live = {ep: n for ep, (seen, n) in (holders or {}).items() if seen >= cutoff}
+        live = {ep: n for ep, (seen, n, _) in (holders or {}).items() if seen >= cutoff}
         if not live:
             break
         most = max(live.values())
@@ -312,3 +316,110 @@ def test_match_agrees_with_the_walk_from_the_start(
         table.record(chains[prompt][:blocks], ep, now)
     at = now + later
     assert table.match(chains[probe], at) == pytest.approx(naive_match(table, chains[probe], at))
+
+
+# -- the table against the engines' answers -------------------------------------------
+
+
+class LruEngine:
+    """An engine's prefix cache of `capacity` blocks, least recently used out first; a
+    prompt's tail blocks are older than its head (vLLM frees them in that order)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+
+    def serve(self, chain: Sequence[int]) -> int:
+        """Serve a prompt; the leading blocks it found cached."""
+        cached = 0
+        for h in chain:
+            if h not in self.blocks:
+                break
+            cached += 1
+        for h in reversed(chain):
+            self.blocks[h] = None
+            self.blocks.move_to_end(h)
+        while len(self.blocks) > self.capacity:
+            self.blocks.popitem(last=False)
+        return cached
+
+    def reset(self) -> None:
+        self.blocks.clear()
+
+
+def replay(
+    table: PrefixTable, engine: LruEngine, prompts: int, blocks: int, n: int, *, learn: bool
+) -> list[str]:
+    """`n` requests to one endpoint, prompts drawn at random (seeded); per request
+    whether the table's prediction agreed with the engine."""
+    rng = random.Random(7)
+    chains = [prefix_hashes(chr(65 + p) * 4 * blocks, 4, 100) for p in range(prompts)]
+    outcomes = []
+    for step in range(n):
+        chain = chains[rng.randrange(prompts)]
+        probe = table.probe(chain, "ep", float(step))
+        table.record(chain, "ep", float(step))
+        cached = engine.serve(chain)
+        if learn:
+            outcomes.append(table.observe("ep", probe, cached, settle=0.5))
+        else:
+            agreed = (probe.held >= blocks - 1) == (cached >= blocks - 1)
+            outcomes.append("hit" if agreed else "over")
+    return outcomes
+
+
+def test_the_table_learns_an_engines_cache_from_its_answers() -> None:
+    """An engine that holds 5 of 8 prompts: a table that trusts its ttl predicts a hit
+    for every prompt it saw; one that weighs the engine's answers learns where its
+    LRU cuts and predicts what the engine does."""
+    blocks, capacity = 8, 40
+    naive = replay(PrefixTable(1000, 1e9), LruEngine(capacity), 8, blocks, 600, learn=False)
+    table = PrefixTable(1000, 1e9, learn=True)
+    learnt = replay(table, LruEngine(capacity), 8, blocks, 600, learn=True)
+
+    def agreement(outcomes: list[str]) -> float:
+        tail = outcomes[300:]
+        return sum(o in ("hit", "miss") for o in tail) / len(tail)
+
+    assert agreement(naive) < 0.7
+    assert agreement(learnt) >= 0.9
+    assert table.capacity("ep") is not None
+
+
+def test_a_miss_on_a_block_still_in_its_first_prefill_teaches_nothing() -> None:
+    t = PrefixTable(1000, 1e9, learn=True)
+    chain = prefix_hashes("A" * 32, 4, 100)
+    t.record(chain, "ep", 0.0)
+    probe = t.probe(chain, "ep", 0.2)  # picked 0.2 s after the first: still prefilling
+    t.record(chain, "ep", 0.2)
+    assert t.observe("ep", probe, 0, settle=1.0) == "over"
+    assert t.capacity("ep") is None
+    probe = t.probe(chain, "ep", 5.0)
+    t.record(chain, "ep", 5.0)
+    assert t.observe("ep", probe, 0, settle=1.0) == "over"
+    assert t.capacity("ep") == len(chain)  # never below the prompt it just computed
+
+
+def test_a_capacity_learnt_too_low_rises_with_the_engines_hits() -> None:
+    """A reset cache (an engine restarted) looks like a small one; the blocks the
+    engine then keeps holding, at distances past the bound, raise it again."""
+    blocks = 8
+    table = PrefixTable(1000, 1e9, learn=True)
+    engine = LruEngine(64)
+    replay(table, engine, 4, blocks, 50, learn=True)  # everything fits: all hits
+    assert table.capacity("ep") is None
+    engine.reset()
+    chains = [prefix_hashes(chr(65 + p) * 4 * blocks, 4, 100) for p in range(4)]
+    for step, chain in enumerate(chains * 3, start=100):
+        probe = table.probe(chain, "ep", float(step))
+        table.record(chain, "ep", float(step))
+        table.observe("ep", probe, engine.serve(chain), settle=0.5)
+    low = table.capacity("ep")
+    assert low is not None and low < 4 * blocks
+    outcomes = replay(table, engine, 4, blocks, 100, learn=True)
+    capacity = table.capacity("ep")
+    assert capacity is not None and capacity >= 4 * blocks
+    # Agreed again: no hit predicted that the engine lacked, few it held unforeseen
+    # (references count repeats, so a long gap can still pass the bound).
+    tail = outcomes[-50:]
+    assert "over" not in tail and tail.count("hit") >= 45

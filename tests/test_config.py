@@ -55,7 +55,7 @@ def test_defaults_match_the_design_table() -> None:
         ("silver", 200, 0.6),
         ("bronze", 100, 0.3),
     ]
-    assert set(r.profiles) == {"chat", "batch"}
+    assert set(r.profiles) == {"chat", "batch", "cache_aware"}
     assert c.endpoints == () and c.models == ()
     assert c.store.url == "sqlite://llmgw.db"  # the embedded default (DESIGN §8), in the cwd
     assert c.auth.session_ttl == 8 * 3600
@@ -111,15 +111,16 @@ def test_env_beats_file_and_overrides_beat_env(tmp_path: Path) -> None:
 
 def test_routing_profiles_merge_with_the_builtins() -> None:
     c = cfg.load(data={"router": {"profiles": {"fast": {"queue": 2.0}, "chat": {"kv": 0.0}}}})
-    assert set(c.router.profiles) == {"chat", "batch", "fast"}
+    assert set(c.router.profiles) == {"chat", "batch", "cache_aware", "fast"}
     assert c.router.profiles["fast"].queue == 2.0
     assert c.router.profiles["chat"].kv == 0.0 and c.router.profiles["chat"].queue == 1.0
     # A table set whole from the environment merges the same way.
     c = cfg.load(environ={"LLMGW_ROUTER__PROFILES": "{ fast = { queue = 2.0 } }"})
-    assert set(c.router.profiles) == {"chat", "batch", "fast"}
+    assert set(c.router.profiles) == {"chat", "batch", "cache_aware", "fast"}
     assert cfg.load(environ={"LLMGW_ROUTER__PROFILES": "{}"}).router.profiles.keys() == {
         "chat",
         "batch",
+        "cache_aware",
     }
 
 
@@ -208,7 +209,7 @@ RULES: list[tuple[str, str]] = [
     ),
     (
         'router.default_profile = "fast"',
-        "router.default_profile: no routing profile named 'fast' (have batch, chat)",
+        "router.default_profile: no routing profile named 'fast' (have batch, cache_aware, chat)",
     ),
     *(
         (f"router.admission.{key} = 0", f"router.admission.{key}: must be greater than 0, got 0")
@@ -358,7 +359,8 @@ RULES: list[tuple[str, str]] = [
     ),
     (
         'models = [{ name = "a", routing_profile = "fast" }]',
-        "models[0].routing_profile: no routing profile named 'fast' (have batch, chat)",
+        "models[0].routing_profile: no routing profile named 'fast' "
+        "(have batch, cache_aware, chat)",
     ),
     (
         'models = [{ name = "a", profiles = [{ name = "p", engine = "vllm", weights = "w" }, '

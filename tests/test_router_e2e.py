@@ -369,7 +369,7 @@ def test_admin_endpoints_view_and_metrics(pair: tuple[Server, list[str]]) -> Non
     for view in views.values():
         assert view["engine"] == "vllm"
         assert view["breaker"] in ("closed", "open", "half_open")
-        assert set(view["scores"]) == {"chat", "batch"}
+        assert set(view["scores"]) == {"chat", "batch", "cache_aware"}
         assert view["stale"] is False
     text = httpx.get(f"{srv.admin}/metrics", timeout=5).text
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
@@ -435,3 +435,42 @@ def test_clients_see_endpoints_without_the_leaders_fencing_token() -> None:
     assert epoch_floor(2) == 2 << EPOCH_TOKEN_SHIFT  # the control plane's layout
     assert public_name("m-r1796601234567") == "m-r1796601234567"  # no leader: as is
     assert public_name("s0") == "s0" and public_name("x-r") == "x-r"
+
+
+def test_the_prefix_tables_predictions_are_weighed_against_the_engines_answers() -> None:
+    """The engine's cached_tokens against the router's prediction: a prompt sent again
+    is a predicted hit the engine confirms; after the engine's cache is reset (as a
+    restart would), the table still says held and the engine's answer shows it was
+    wrong, counted as `over`."""
+    with fleet(1) as (srv, bases):
+        system = "You are a careful assistant for the tenant ACME. " * 60
+
+        def ask(i: int) -> None:
+            r = httpx.post(
+                f"{srv.base}/v1/chat/completions",
+                json={
+                    "model": "m",
+                    "messages": [
+                        {"role": "system", "content": system},
+                        {"role": "user", "content": f"question {i}"},
+                    ],
+                    "max_tokens": 2,
+                },
+                timeout=30,
+            )
+            assert r.status_code == 200, r.text
+
+        def counted(outcome: str) -> float:
+            return srv.metric("llmgw_prefix_predictions_total", model="m", outcome=outcome)
+
+        ask(0)  # the first: nothing predicted, nothing cached
+        assert counted("miss") == 1
+        for i in range(1, 4):
+            ask(i)
+        assert counted("hit") == 3
+        assert counted("over") == 0
+        httpx.post(f"{bases[0]}/reset_prefix_cache", timeout=10).raise_for_status()
+        ask(4)
+        assert counted("over") == 1
+        ask(5)  # computed again by the engine just now: held, as predicted
+        assert counted("hit") == 4

@@ -265,18 +265,34 @@ def test_prefix_goes_where_its_prefill_work_is_least() -> None:
     assert pick(cands, prefix={"a": 0.9, "b": 0.5}) == ("c", "prefix")
 
 
-def test_prefix_stays_home_until_its_engine_is_full() -> None:
+def test_prefix_stays_home_when_its_engine_is_full_until_a_miss_costs_less() -> None:
     # A big engine with 40 running and nothing queued has room: the prefix stays.
     cands = [cand("a", running=40), cand("b", running=34)]
     assert pick(cands, prefix={"a": 1.0}) == ("a", "prefix")
-    # Every slot of a taken: it is full, and the prefix goes to its second holder.
+    # Every slot of a taken, or its queue at the target: it is full by its engine's
+    # account, and still the least work for this prompt (a queue of hits ahead of it
+    # against a whole prompt computed, and another's prefix evicted, elsewhere).
     full = [cand("a", running=8, capacity=8), cand("b", running=6), cand("c", running=5)]
-    assert pick(full, prefix={"a": 1.0, "b": 0.5}) == ("b", "prefix")
-    # Its engine queueing says the same without a known capacity.
+    assert pick(full, prefix={"a": 1.0, "b": 0.5}) == ("a", "prefix")
     queued = [cand("a", running=8, waiting=4), cand("b", running=6), cand("c", running=5)]
-    assert pick(queued, prefix={"a": 1.0, "b": 0.5}) == ("b", "prefix")
-    # Nobody else holds it: the lowest score among those with room.
-    assert pick(queued, prefix={"a": 1.0}) == ("c", "score")
+    assert pick(queued, prefix={"a": 1.0}) == ("a", "prefix")
+    # More prefill queued there than a miss at c costs: the prompt leaves.
+    busy = [cand("a", waiting=4, prefill=4500), cand("b", running=6), cand("c", running=5)]
+    assert pick(busy, prefix={"a": 1.0}) == ("c", "prefix")
+    # A home that answered 429 is left at once.
+    throttled = [attrs.evolve(cand("a"), throttled=True), cand("b"), cand("c", running=1)]
+    assert pick(throttled, prefix={"a": 1.0}) == ("b", "score")
+
+
+def test_a_prefix_spills_only_to_replicas_with_room_in_the_best_tier() -> None:
+    # The home is busy; c is idle but full by its KV cache, d is on a fallback tier.
+    cands = [
+        cand("a", waiting=4, prefill=4500),
+        cand("b", running=2),
+        cand("c", kv=0.95),
+        attrs.evolve(cand("d"), priority=1),
+    ]
+    assert pick(cands, prefix={"a": 1.0}) == ("b", "prefix")
 
 
 def test_prefix_affinity_holds_when_every_replica_is_saturated() -> None:
@@ -290,9 +306,9 @@ def test_prefix_tie_goes_to_lower_score() -> None:
     assert pick(cands, prefix={"a": 0.5, "b": 0.5}) == ("b", "prefix")
 
 
-def test_prefix_never_on_saturated() -> None:
+def test_a_prefix_stays_on_its_kv_full_home() -> None:
     cands = [cand("a", kv=0.95), cand("b", running=2)]
-    assert pick(cands, prefix={"a": 1.0}) == ("b", "score")
+    assert pick(cands, prefix={"a": 1.0}) == ("a", "prefix")
 
 
 def test_decision_carries_each_replicas_uncached_tokens() -> None:
@@ -506,11 +522,19 @@ def test_saturated_never_chosen_over_room_in_its_tier(
     scenario: tuple[list[Candidate], str | None, dict[str, float]],
 ) -> None:
     """While a replica has room, the choice is in the best priority tier that has room,
-    and only the session tier chooses a replica full by its engine's account: the
-    session's own replica, never one that answered 429, and never on a worse priority
-    tier than the best one with room."""
+    and only the affinity tiers choose a replica full by its engine's account: the
+    session's own replica, or one that holds part of the prompt; never one that
+    answered 429, and never on a worse priority tier than the best one with room."""
     cands, session, prefix = scenario
-    d = SCORER.pick(cands, session_endpoint=session, prefix_matches=prefix, rng=random.Random(0))
+    cached = {ep: f * PROMPT for ep, f in prefix.items() if f > 0}
+    d = SCORER.pick(
+        cands,
+        session_endpoint=session,
+        prefix_matches=prefix,
+        rng=random.Random(0),
+        prompt_tokens=PROMPT,
+        cached_tokens=cached,
+    )
     assert d is not None
     prior = SAT.prior(cands)
     chosen = next(c for c in cands if c.endpoint_id == d.endpoint_id)
@@ -523,7 +547,10 @@ def test_saturated_never_chosen_over_room_in_its_tier(
     else:
         assert chosen.priority == best_tier, (chosen, room)
     if SAT.saturated(chosen, prior):
-        assert d.tier == "session" and chosen.endpoint_id == session, (chosen, d.tier, room)
+        if d.tier == "session":
+            assert chosen.endpoint_id == session, (chosen, room)
+        else:
+            assert d.tier == "prefix" and chosen.endpoint_id in cached, (chosen, d.tier, room)
         assert not chosen.throttled
 
 
@@ -704,3 +731,42 @@ def test_affinity_the_router_knows_comes_before_the_home() -> None:
                     rng=random.Random(0), prompt_tokens=PROMPT,
                     cached_tokens={"b": PROMPT}, home_key=key)  # fmt: skip
     assert d is not None and (d.endpoint_id, d.tier) == ("b", "prefix")
+
+
+# -- the cache_aware rule (the peers') ----------------------------------------------------
+
+PEER_RULE = default_scheduler(SCORING, RoutingProfile(rule="cache_aware"), 10.0)
+
+
+def peer_pick(cands: list[Candidate], cached: dict[str, float]) -> tuple[str, str]:
+    d = PEER_RULE.pick(
+        cands,
+        session_endpoint=None,
+        prefix_matches={ep: t / PROMPT for ep, t in cached.items()},
+        rng=random.Random(0),
+        prompt_tokens=PROMPT,
+        cached_tokens=cached,
+    )
+    assert d is not None
+    return d.endpoint_id, d.tier
+
+
+def test_cache_aware_keeps_the_longest_match_until_the_load_is_badly_uneven() -> None:
+    # Full by its engine's account, 30 requests more than the idlest: still the match.
+    cands = [cand("a", running=8, waiting=30), cand("b", running=8), cand("c", running=9)]
+    assert peer_pick(cands, {"a": 1800.0, "b": 1000.0}) == ("a", "prefix")
+    # 33 more, and more than the idlest at all: the least loaded, whatever it holds.
+    cands = [cand("a", running=8, waiting=33), cand("b", running=8), cand("c", running=9)]
+    assert peer_pick(cands, {"a": 1800.0, "b": 1000.0}) == ("b", "balance")
+    # Under half of the prompt held anywhere: the least loaded.
+    cands = [cand("a", running=3), cand("b", running=1)]
+    assert peer_pick(cands, {"a": 900.0}) == ("b", "score")
+
+
+def test_an_unknown_routing_rule_is_a_configuration_error() -> None:
+    import llmgw
+
+    with pytest.raises(llmgw.ConfigError, match="rule: one of work, cache_aware"):
+        llmgw.load_config(data={"router": {"profiles": {"x": {"rule": "nope"}}}}, environ={})
+    config = llmgw.load_config(data={"router": {"default_profile": "cache_aware"}}, environ={})
+    assert config.router.profiles["cache_aware"].rule == "cache_aware"

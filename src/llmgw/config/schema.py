@@ -92,10 +92,17 @@ class ScoringConfig:
         return found
 
 
+ROUTING_RULES = ("work", "cache_aware")
+
+
 @attrs.frozen
 class RoutingProfile:
-    """Weights of the scorers that rank replicas for a model with this profile."""
+    """Weights of the scorers that rank replicas for a model with this profile, and the
+    rule its affinity follows (llmgw.router.scheduling.plugins)."""
 
+    # "work": llmgw's (a prompt stays where its prefill work is least); "cache_aware":
+    # the rule of vllm-router's and sglang-router's cache_aware policies, for comparison.
+    rule: str = "work"
     queue: float = 1.0
     inflight: float = 1.0
     kv: float = 0.5
@@ -106,11 +113,14 @@ class RoutingProfile:
     prefill: float = 1.0
 
     def problems(self, key: str) -> list[str]:
-        return [
+        found = [
             f"{at(key, f.name)}: weights must be 0 or more, got {getattr(self, f.name):g}"
             for f in attrs.fields(RoutingProfile)
-            if getattr(self, f.name) < 0
+            if f.name != "rule" and getattr(self, f.name) < 0
         ]
+        if self.rule not in ROUTING_RULES:
+            found.append(f"{at(key, 'rule')}: one of {', '.join(ROUTING_RULES)}, got {self.rule!r}")
+        return found
 
 
 def _default_profiles() -> dict[str, RoutingProfile]:
@@ -121,6 +131,8 @@ def _default_profiles() -> dict[str, RoutingProfile]:
         "batch": RoutingProfile(
             queue=0.5, inflight=0.5, kv=1.0, prefix=1.0, staleness=1.0, prefill=0.5
         ),
+        # The peers' rule, to measure the default against (benchmarks/routing_quality.py).
+        "cache_aware": RoutingProfile(rule="cache_aware"),
     }
 
 

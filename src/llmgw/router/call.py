@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from llmgw.domain.catalog import ModelConfig
     from llmgw.router.access import AccessLog
     from llmgw.router.admission import AdmissionController
-    from llmgw.router.affinity import PrefixIndex
+    from llmgw.router.affinity import PrefixIndex, Probe
     from llmgw.router.auth import Authenticator
     from llmgw.router.coldstart import ColdStarts
     from llmgw.router.endpoints import EndpointRegistry, EndpointState
@@ -139,6 +139,7 @@ class Routing(Protocol):
         request_id: str | None = None,
         path: str | None = None,
         queue_wait: float | None = None,
+        probe: Probe | None = None,
     ) -> None: ...
 
     def refused(

@@ -12,6 +12,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 from prometheus_client import generate_latest
 
@@ -23,7 +24,7 @@ from llmgw.domain.engine_metrics import EngineSample
 from llmgw.domain.usage import Caller, Usage, UsageRecord, UsageSink
 from llmgw.router.access import AccessLog
 from llmgw.router.admission import AdmissionController
-from llmgw.router.affinity import PrefixIndex, SessionTable
+from llmgw.router.affinity import PrefixIndex, Probe, SessionTable
 from llmgw.router.app import ClientApp
 from llmgw.router.auth import Authenticator
 from llmgw.router.breaker import Outcome, Ticket
@@ -280,7 +281,9 @@ class Router:
             if session_key:
                 self.sessions.record(session_key, decision.endpoint_id, now)
             if prefix and self.prefixes is not None:
+                probe = self.prefixes.probe(prefix, decision.endpoint_id, now, prompt_tokens)
                 self.prefixes.table.record(prefix, decision.endpoint_id, now)
+                decision = attrs.evolve(decision, probe=probe)
         return decision
 
     def record_attempt(
@@ -310,9 +313,11 @@ class Router:
         request_id: str | None = None,
         path: str | None = None,
         queue_wait: float | None = None,
+        probe: Probe | None = None,
     ) -> None:
         """Account a request that reached the client (after `retries` attempts on
-        other endpoints)."""
+        other endpoints). `probe` is what the prefix table said `state` held of the
+        prompt when it was picked: weighed against the engine's cached tokens."""
         now = trio.current_time()
         ident = state.endpoint.id
         m = self.metrics
@@ -331,6 +336,21 @@ class Router:
                 m.cached_tokens.labels(model.name, ident).inc(usage.cached_tokens)
             if usage.estimated:
                 m.estimated_usage.labels(model.name).inc()
+            elif (
+                probe is not None
+                and usage.cached_tokens is not None  # absent is not 0: nothing to learn
+                and code == 200
+                and delivery.failure is None
+                and self.prefixes is not None
+            ):
+                # Blocks marked less than this request's own wait for its first token
+                # before it was picked may have been in their first prefill then.
+                settle = delivery.ttft if delivery.ttft is not None else latency
+                outcome = self.prefixes.observe(
+                    ident, probe, usage.cached_tokens, usage.prompt_tokens, settle
+                )
+                if outcome is not None:
+                    m.prefix_predictions.labels(model.name, outcome).inc()
         # A retry may have served elsewhere than the pick: the session follows it.
         if (
             session_key

@@ -256,6 +256,7 @@ class Dispatch:
                         request_id=call.request_id,
                         path=call.scope["path"],
                         queue_wait=call.queued,
+                        probe=decision.probe if endpoint_id == decision.endpoint_id else None,
                     )
                     if call.response_id is not None and delivery.status == 200:
                         owner = call.key.id if call.key is not None else None

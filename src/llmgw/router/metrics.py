@@ -131,6 +131,15 @@ class RouterMetrics:
             ["model", "endpoint"],
             registry=r,
         )
+        self.prefix_predictions = Counter(
+            "llmgw_prefix_predictions_total",
+            "Answers whose cached prompt tokens (the engine's count) were weighed against "
+            "the prefix table's prediction for the replica picked: hit or miss (agreed), "
+            "over (predicted held, the engine had evicted it), under (the engine held "
+            "more than predicted).",
+            ["model", "outcome"],
+            registry=r,
+        )
         self.estimated_usage = Counter(
             "llmgw_estimated_usage_requests_total",
             "Requests whose token counts were estimated (the stream was cut before usage).",

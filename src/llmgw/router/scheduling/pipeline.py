@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
 from llmgw.router.scheduling.state import Candidate, Estimate, Prior, Saturation
+
+if TYPE_CHECKING:
+    from llmgw.router.affinity import Probe
 
 __all__ = ["MISS_WEIGHT", "Context", "Decision", "Filter", "Picker", "Scheduler", "Scorer"]
 
@@ -52,6 +55,9 @@ class Decision:
     # Per endpoint, the estimated tokens of this prompt it would have to prefill (what
     # the router charges to its prefill work while the request has no first token).
     uncached: Mapping[str, float] = attrs.field(factory=dict)
+    # What the router's prefix table said the chosen endpoint held of the prompt (set by
+    # the router, which owns the table): weighed against the engine's answer.
+    probe: Probe | None = None
 
 
 @attrs.define

@@ -2,7 +2,7 @@
 
 :func:`default_scheduler` is what every ``[router.profiles.*]`` entry runs::
 
-    filters:  Fresh -> SessionAffinity -> Room -> PrefixAffinity -> Rendezvous
+    filters:  Fresh -> SessionAffinity -> PrefixAffinity -> Room -> Rendezvous
     scorers:  Queue*queue + Load*inflight + Prefill*prefill + KvCache*kv
               + Staleness*staleness + Unknown + Stale + Throttle + PrefixBonus*prefix
               (weights: the profile)
@@ -37,11 +37,18 @@ Filters
     throughput; benchmarks/README.md.) Where the prefix table says nothing of the
     session's replica (hashing off, a prompt shorter than a block) it is taken to
     hold the whole conversation.
-  - :class:`PrefixAffinity`: when a survivor holds part of the prompt, the survivors
-    with the least work (within :data:`WORK_TIE`) are kept. When the home has too
-    much work the prompt spills to the least-worked replica, which then holds it
-    too: later requests balance between the holders by their work, so spilled
-    traffic warms one more cache instead of all of them.
+  - :class:`PrefixAffinity` (before Room too): when a replica holds part of the
+    prompt, the ones with the least work (within :data:`WORK_TIE`) are kept, among
+    the holders and the replicas with room (in Room's priority tier; not one that
+    answered 429). A holder stays a candidate when its engine is full, for the
+    session's reason: its queue holds the request while a miss elsewhere computes
+    the whole prompt again and evicts someone else's. (Measured: with Room first, a
+    serialized-prefill engine whose queue reached ``target_waiting`` lost its
+    prefixes to whichever replica had just drained, and the fleet fell to round
+    robin's hit rate and throughput; issue #31, benchmarks/README.md.) When the home
+    has too much work the prompt spills to the least-worked replica, which then
+    holds it too: later requests balance between the holders by their work, so
+    spilled traffic warms one more cache instead of all of them.
 
   When every replica is saturated, affinity still decides among them.
 
@@ -85,6 +92,9 @@ from llmgw.router.scheduling.pipeline import (
 from llmgw.router.scheduling.state import Candidate, Saturation
 
 __all__ = [
+    "BALANCE_ABS",
+    "BALANCE_REL",
+    "CACHE_MATCH",
     "LOAD_UNIT",
     "PREFILL_UNIT",
     "STALE_PENALTY",
@@ -92,6 +102,7 @@ __all__ = [
     "TIE",
     "UNKNOWN_PENALTY",
     "WORK_TIE",
+    "CacheAware",
     "Fresh",
     "KvCache",
     "Load",
@@ -175,13 +186,26 @@ class PrefixAffinity:
     def filter(self, ctx: Context, survivors: list[int]) -> list[int]:
         if ctx.tier is not None or not ctx.cached_tokens:
             return survivors
-        cached, cands = ctx.cached_tokens, ctx.candidates
-        if not any(cands[i].endpoint_id in cached for i in survivors):
+        cached, cands, full = ctx.cached_tokens, ctx.candidates, ctx.saturated
+        # Room's tier: the best priority with room; holders in it may be full.
+        room = [cands[i].priority for i in survivors if not full[i]]
+        tier = min(room) if room else None
+        eligible = [
+            i
+            for i in survivors
+            if tier is None
+            or (
+                cands[i].priority == tier
+                and not cands[i].throttled
+                and (cands[i].endpoint_id in cached or not full[i])
+            )
+        ]
+        if not any(cands[i].endpoint_id in cached for i in eligible):
             return survivors
-        work = [ctx.work(i) for i in survivors]
+        work = [ctx.work(i) for i in eligible]
         least = min(work)
         ctx.tier = "prefix"
-        return [i for i, w in zip(survivors, work, strict=True) if w <= least + WORK_TIE]
+        return [i for i, w in zip(eligible, work, strict=True) if w <= least + WORK_TIE]
 
 
 @attrs.frozen
@@ -217,6 +241,44 @@ def _mix(h: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
     return z ^ (z >> 31)
+
+
+# The cache_aware rule's thresholds: vllm-router's and sglang-router's defaults
+# (balance_abs_threshold, balance_rel_threshold, cache_threshold).
+BALANCE_ABS = 32.0
+BALANCE_REL = 1.0001
+CACHE_MATCH = 0.5
+
+
+@attrs.frozen
+class CacheAware:
+    """The rule of vllm-router's and sglang-router's cache_aware policies: while the
+    fleet's load (requests, Estimate.load) is not uneven by more than `abs_threshold`
+    and `rel_threshold` times, the replica holding the longest part of the prompt if
+    that is at least `match_threshold` of it; otherwise the least loaded. (Theirs sends
+    an unmatched prompt to the replica whose cache tree is smallest; the router keeps
+    no size per replica, so the least loaded stands in.)"""
+
+    abs_threshold: float = BALANCE_ABS
+    rel_threshold: float = BALANCE_REL
+    match_threshold: float = CACHE_MATCH
+
+    def filter(self, ctx: Context, survivors: list[int]) -> list[int]:
+        if ctx.tier is not None or len(survivors) < 2:
+            return survivors
+        load = [ctx.estimates[i].load / ctx.candidates[i].weight for i in survivors]
+        most, least = max(load), min(load)
+        lightest = [i for i, x in zip(survivors, load, strict=True) if x <= least + TIE]
+        if most - least > self.abs_threshold and most > self.rel_threshold * least:
+            ctx.tier = "balance"
+            return lightest
+        if ctx.prompt_tokens > 0 and ctx.cached_tokens:
+            held = [ctx.cached_tokens.get(ctx.candidates[i].endpoint_id, 0.0) for i in survivors]
+            best = max(held)
+            if best >= self.match_threshold * ctx.prompt_tokens:
+                ctx.tier = "prefix"
+                return [i for i, h in zip(survivors, held, strict=True) if h >= best - TIE]
+        return lightest
 
 
 # -- scorers ----------------------------------------------------------------------------
@@ -329,9 +391,14 @@ def default_scheduler(
 ) -> Scheduler:
     """The built-in composition for one routing profile; `filters` run after the
     built-in ones, `scorers` add to the built-in terms, `picker` replaces LowestCost."""
+    built_in: tuple[Filter, ...] = (
+        (Fresh(), CacheAware())
+        if profile.rule == "cache_aware"
+        else (Fresh(), SessionAffinity(), PrefixAffinity(), Room(), Rendezvous())
+    )
     return Scheduler(
         saturation=Saturation(scoring, stale_after),
-        filters=(Fresh(), SessionAffinity(), Room(), PrefixAffinity(), Rendezvous(), *filters),
+        filters=(*built_in, *filters),
         scorers=(
             (Queue(scoring.target_waiting), profile.queue),
             (Load(), profile.inflight),
