@@ -191,6 +191,10 @@ QUICK_WORKLOADS = ("uniform", "zipf", "sessions")
 
 RR = "round robin"
 ORACLE = "pinned oracle"
+# llmgw with its built-in cache_aware profile (the peers' rule): the default may not
+# lose to it in any cell (issue #31).
+LLMGW_CA = "llmgw cache_aware"
+CACHE_AWARE_CONFIG = '[router]\ndefault_profile = "cache_aware"\n'
 LLMGW = "llmgw"
 VLLM = "vllm-router cache_aware"
 SGLANG = "sglang-router cache_aware"
@@ -1402,7 +1406,14 @@ async def run_personality(
         name=f"llmgw-{personality}",
     )
     procs.insert(0, gw.proc)
+    gw_ca = fleet.router(
+        [(f"{personality}-{i}", base, MODEL) for i, base in enumerate(sims)],
+        config=CACHE_AWARE_CONFIG,
+        name=f"llmgw-ca-{personality}",
+    )
+    procs.insert(0, gw_ca.proc)
     gw.wait_scraped()
+    gw_ca.wait_scraped()
     started: dict[str, tuple[int, str]] = {}  # name -> (pid, flags)
     peer_urls: dict[str, str] = {}
     skipped = dict(peer_reasons)
@@ -1447,6 +1458,14 @@ async def run_personality(
                 router_pid=gw.pid,
                 router=gw,
                 flags='default configuration, no store (store.url = "")',
+            ),
+            Contender(
+                LLMGW_CA,
+                bench.Target(gw_ca.base, MODEL, name=LLMGW_CA),
+                await client(c.pooled_transport(pool)),
+                router_pid=gw_ca.pid,
+                router=gw_ca,
+                flags='router.default_profile = "cache_aware", no store',
             ),
         ]
         for name in PEERS:
@@ -1534,6 +1553,11 @@ def verdicts(cell: dict[str, Any]) -> dict[str, Any]:
         _ratio(_p90(gw["closed"]), _p90(rr["closed"])), TARGET_VS_RR, True
     )
     out["ttft_vs_rr_open"] = check(_ratio(_p90(gw["open"]), _p90(rr["open"])), TARGET_VS_RR, True)
+    ca = t.get(LLMGW_CA)
+    phase = "open" if cell.get("replay") else "closed"
+    out["ttft_vs_cache_aware"] = check(
+        _ratio(_p90(gw[phase]), _p90(ca[phase])) if ca else None, 1.0, True
+    )
     out["busiest"] = check(gw["busiest_over_mean"], TARGET_BUSIEST, True)
 
     def tput(name: str) -> float | None:
@@ -1701,6 +1725,7 @@ def report_summary(result: dict[str, Any]) -> None:
                     _fmt_check(v["ttft_vs_peer_open"]),
                     _fmt_check(v["ttft_vs_rr_closed"]),
                     _fmt_check(v["ttft_vs_rr_open"]),
+                    _fmt_check(v["ttft_vs_cache_aware"]),
                     _fmt_check(v["busiest"]),
                     _fmt_check(v["throughput"]),
                     "-" if v["oracle_throughput"] is None else f"{v['oracle_throughput']:.2f}x",
@@ -1716,6 +1741,7 @@ def report_summary(result: dict[str, Any]) -> None:
             f"same, open (<= {TARGET_VS_PEER:g}x)",
             f"TTFT p90 / round robin's, closed (<= {TARGET_VS_RR:g}x)",
             f"same, open (<= {TARGET_VS_RR:g}x)",
+            "TTFT p90 / llmgw cache_aware's, closed; a replay's (<= 1x)",
             f"busiest replica / mean (<= {TARGET_BUSIEST:g}x)",
             f"closed req/s / round robin's (>= {TARGET_THROUGHPUT:g}x where shared)",
             "oracle's req/s / round robin's",
