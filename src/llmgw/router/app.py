@@ -51,6 +51,7 @@ from llmgw.router.call import (
     Native,
     Routing,
     auth_error,
+    buffer_full_error,
     engine_of,
 )
 from llmgw.router.dispatch import Dispatch
@@ -260,13 +261,7 @@ class ClientApp:
                     code="upstream_error",
                 ) from None
             except BufferFull as exc:
-                raise HttpError(
-                    503,
-                    str(exc),
-                    type_="server_error",
-                    code="response_buffer_full",
-                    headers=[(b"retry-after", b"1")],
-                ) from None
+                raise buffer_full_error(exc) from None
             if scope["method"] == "DELETE" and answer.status_code == 200:
                 router.responses.forget(response_id)
             await send_json(

@@ -24,7 +24,7 @@ from llmgw.router.body import RequestBody
 from llmgw.router.breaker import Outcome, Ticket
 from llmgw.router.forms import FormBody
 from llmgw.router.paths import ApiPath
-from llmgw.router.proxy import AttemptFailed, Delivery
+from llmgw.router.proxy import AttemptFailed, BufferFull, Delivery
 from llmgw.router.usage import estimate_prompt_tokens
 
 if TYPE_CHECKING:
@@ -87,6 +87,18 @@ def auth_error(exc: AuthError) -> HttpError:
         exc.status, "rate_limit_exceeded"
     )
     return HttpError(exc.status, str(exc), type_=kind, code=exc.code, headers=retry)
+
+
+def buffer_full_error(exc: BufferFull) -> HttpError:
+    """The buffered-answer budget spent: memory, not the replica (another's answer would
+    not fit either), so the client is told to come back, and nothing is retried."""
+    return HttpError(
+        503,
+        str(exc),
+        type_="server_error",
+        code="response_buffer_full",
+        headers=[(b"retry-after", b"1")],
+    )
 
 
 class Routing(Protocol):

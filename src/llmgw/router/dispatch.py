@@ -19,7 +19,16 @@ from llmgw.router.admission import AdmissionRejected, UnknownBand
 from llmgw.router.auth import AuthError
 from llmgw.router.body import BIG_BODY, BodyError
 from llmgw.router.breaker import Outcome, Ticket, classify_status
-from llmgw.router.call import REQUEST_ID, Call, HttpError, Native, Routing, auth_error, engine_of
+from llmgw.router.call import (
+    REQUEST_ID,
+    Call,
+    HttpError,
+    Native,
+    Routing,
+    auth_error,
+    buffer_full_error,
+    engine_of,
+)
 from llmgw.router.proxy import AttemptFailed, BufferFull, Delivery, PathMissing
 from llmgw.router.responses import Home
 
@@ -237,14 +246,7 @@ class Dispatch:
                         last = failure
                         continue
                     except BufferFull as exc:
-                        # Memory, not the replica: another's answer would not fit either.
-                        raise HttpError(
-                            503,
-                            str(exc),
-                            type_="server_error",
-                            code="response_buffer_full",
-                            headers=[(b"retry-after", b"1")],
-                        ) from None
+                        raise buffer_full_error(exc) from None
                     router.finish(
                         model,
                         state,
