@@ -308,7 +308,9 @@ class Store(Protocol):
         """Let the lease go at once."""
 
     async def read_leadership(self, name: str) -> tuple[Any, ...] | None:
-        """(holder, agent address, admin address, token, expires at), if anyone led."""
+        """(holder, agent address, admin address, token, expires at, now), if anyone led:
+        the lease's end and the time of the read by the lease's clock (PostgreSQL's own on
+        PostgreSQL, so instances with skewed clocks agree; this host's on SQLite)."""
 
     async def publish_endpoints(
         self,
