@@ -111,6 +111,7 @@ class ToLeader:
                 f"{'https' if self.tls is not None else 'http'}://{address}",
                 host=address,
                 timeout=forward_timeout,
+                deadline=forward_timeout,
                 verify=self.tls if self.tls is not None else True,
                 unanswered=unanswered,
             )

@@ -11,6 +11,7 @@ believes it (llmgw.workers.pool.trust_forwarded_client).
 
 from __future__ import annotations
 
+import math
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -57,10 +58,10 @@ async def bad_gateway(send: Send, error: Exception | None) -> None:
 class Forward:
     """An ASGI app passing each request to the HTTP(S) server at `base_url`, or on the
     unix socket `uds`; `host` replaces the request's Host (the target's own name, for
-    a target that checks it). The whole exchange gets `timeout` seconds (a cancel
-    scope: a target that accepts and then says nothing is not waited on longer);
-    `verify` is httpx's (an SSL context for https); `unanswered` answers the client
-    when the target did not (default: 502)."""
+    a target that checks it). `timeout` is httpx's (each step's); with a `deadline`
+    the whole exchange gets that many seconds (a cancel scope: a target that accepts
+    and then says nothing is not waited on longer); `verify` is httpx's (an SSL context
+    for https); `unanswered` answers the client when the target did not (default: 502)."""
 
     def __init__(
         self,
@@ -69,11 +70,12 @@ class Forward:
         uds: str | None = None,
         host: str | None = None,
         timeout: float = 30.0,
+        deadline: float | None = None,
         verify: ssl.SSLContext | bool = True,
         unanswered: Unanswered = bad_gateway,
     ) -> None:
         self.host = host
-        self.timeout = timeout
+        self.deadline = math.inf if deadline is None else deadline
         self.unanswered = unanswered
 
         def make() -> httpx.AsyncClient:
@@ -110,7 +112,7 @@ class Forward:
             target += b"?" + scope["query_string"]
         answer = None
         try:
-            with trio.move_on_after(self.timeout):
+            with trio.move_on_after(self.deadline):
                 answer = await self._client.get().request(
                     scope["method"], target.decode("latin-1"), headers=headers, content=body
                 )
