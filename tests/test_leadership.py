@@ -147,3 +147,48 @@ async def test_on_sqlite_the_lease_goes_by_the_callers_clock(tmp_path: Path) -> 
         assert await store.claim_leadership(LEASE, "b", "", "", 10.0) == 2
     finally:
         await store.aclose()
+
+
+async def test_a_follower_answers_503_with_retry_after_when_the_leader_is_gone() -> None:
+    """The leader named in the store does not take connections (killed): a fleet call
+    to a follower is answered 503 with Retry-After (the rest of the lease), not 502; the
+    follower's own routes stay its own."""
+    import socket
+
+    from llmgw.admin.leader import ToLeader
+    from llmgw.control.leadership import Leader
+
+    with socket.socket() as sock:  # a port nobody listens on once it is closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store: Any = FakeStore(grant=False)
+    leadership = Leadership(store, instance="me", agent_address="", admin_address="", ttl=10)
+    leadership.leader = Leader("other", "", f"127.0.0.1:{port}", 7, trio.current_time() + 4.5)
+    local: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        local.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def call(path: str) -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": path, "headers": [], "query_string": b""}
+        await to_leader(scope, receive, send)
+        return sent
+
+    to_leader = ToLeader(app, leadership)
+    with trio.fail_after(10):
+        start, body = await call("/api/v1/nodes")
+    assert start["status"] == 503, (start, body)
+    assert 1 <= int(dict(start["headers"])[b"retry-after"]) <= 5  # the lease's rest
+    assert b"no_leader" in body["body"]
+    start, _ = await call("/api/v1/endpoints")
+    assert start["status"] == 200 and local == ["/api/v1/endpoints"]

@@ -53,6 +53,8 @@ CONTROL_PAGES = ("/",)
 #: has most likely missed a renewal; the client hears 503 well within the lease, and
 #: a retry after the rest of it reaches whoever leads then.
 FORWARD_SHARE = 0.5
+#: Seconds between lines about one leader not answering.
+LOG_EVERY = 30.0
 
 
 def _control(path: str) -> bool:
@@ -80,7 +82,7 @@ class ToLeader:
         self.leadership = leadership
         self.tls = tls
         self._forwards: dict[str, Forward] = {}
-        self._unanswered: set[str] = set()  # leaders whose silence was logged
+        self._said: dict[str, float] = {}  # leader -> when its silence was last logged
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not _control(scope["path"]) or self.leadership.leading():
@@ -95,8 +97,9 @@ class ToLeader:
         if forward is None:
 
             async def unanswered(send: Send, error: Exception | None) -> None:
-                if address not in self._unanswered:  # once per leader, not per request
-                    self._unanswered.add(address)
+                now = self.leadership.clock()
+                if now - self._said.get(address, -math.inf) >= LOG_EVERY:  # not per request
+                    self._said[address] = now
                     log.warning(
                         "the leader's admin listener %s did not answer: %s",
                         address,

@@ -331,5 +331,7 @@ class Store(Protocol):
     ) -> None:
         """This instance's demand per model (replacing its previous rows)."""
 
-    async def read_demand(self, since: float) -> list[tuple[Any, ...]]:
-        """Every instance's demand rows written after `since` (Unix seconds)."""
+    async def read_demand(self, fresh: float) -> list[tuple[Any, ...]]:
+        """Every instance's demand rows written in the last `fresh` seconds: (instance,
+        model, in flight, queued, saturation, serving, idle for, age in seconds), their
+        time and age by the lease's clock (PostgreSQL's own: no skew between hosts)."""

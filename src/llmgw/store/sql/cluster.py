@@ -119,10 +119,11 @@ def put_demand(
     db: DB,
     instance: str,
     rows: Sequence[tuple[str, int, int, float, int, float | None]],
-    now: float,
+    now: float | None,
 ) -> None:
     """This instance's demand per model: (model, in flight, queued, saturation, serving,
-    seconds since its last request or None)."""
+    seconds since its last request or None), stamped by the lease's clock."""
+    now = _clock(db, now)
     db.run("DELETE FROM instance_demand WHERE instance = ?", (instance,))
     db.many(
         "INSERT INTO instance_demand"
@@ -132,11 +133,15 @@ def put_demand(
     )
 
 
-def read_demand(db: DB, since: float) -> list[Row]:
-    """(instance, model, inflight, queued, saturation, serving, idle_for, at) of the rows
-    written after `since`."""
-    return db.rows(
-        "SELECT instance, model, inflight, queued, saturation, serving, idle_for, at"
-        " FROM instance_demand WHERE at > ?",
-        (since,),
-    )
+def read_demand(db: DB, fresh: float, now: float | None) -> list[Row]:
+    """(instance, model, inflight, queued, saturation, serving, idle_for, age) of the
+    rows written in the last `fresh` seconds, age in seconds (by the lease's clock)."""
+    now = _clock(db, now)
+    return [
+        (*row[:7], now - float(row[7]))
+        for row in db.rows(
+            "SELECT instance, model, inflight, queued, saturation, serving, idle_for, at"
+            " FROM instance_demand WHERE at > ?",
+            (now - fresh,),
+        )
+    ]

@@ -313,10 +313,10 @@ class ThreadedStore:
     async def put_demand(
         self, instance: str, rows: Sequence[tuple[str, int, int, float, int, float | None]]
     ) -> None:
-        await self._write(partial(put_demand, instance=instance, rows=rows, now=self._clock()))
+        await self._write(partial(put_demand, instance=instance, rows=rows, now=self._lease_now()))
 
-    async def read_demand(self, since: float) -> list[Row]:
-        return await self._read(partial(read_demand, since=since))
+    async def read_demand(self, fresh: float) -> list[Row]:
+        return await self._read(partial(read_demand, fresh=fresh, now=self._lease_now()))
 
     # sessions
 
