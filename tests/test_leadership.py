@@ -192,3 +192,28 @@ async def test_a_follower_answers_503_with_retry_after_when_the_leader_is_gone()
     assert b"no_leader" in body["body"]
     start, _ = await call("/api/v1/endpoints")
     assert start["status"] == 200 and local == ["/api/v1/endpoints"]
+
+
+def test_the_follower_presents_renewed_admin_certificates(tmp_path: Path) -> None:
+    """The admin listener takes renewed files on SIGHUP; what a follower presents to the
+    leader follows them: a new context once they change, the same one until then."""
+    import os
+
+    from llmgw.admin.leader import LeaderTls
+    from llmgw.transport.certs import make_ca, make_server_cert
+
+    ca = make_ca(tmp_path)
+    pair = make_server_cert(tmp_path, ca)
+    tls = LeaderTls(str(pair.cert), str(pair.key), str(ca.cert))
+    first = tls.context
+    assert not tls.renewed() and tls.context is first
+    make_server_cert(tmp_path, ca)  # renewed in place, as an operator would
+    later = os.stat(pair.cert).st_mtime + 1  # (a clock too coarse to tell them apart)
+    os.utime(pair.cert, (later, later))
+    assert tls.renewed() and tls.context is not first
+    assert not tls.renewed()
+    # A renewal that cannot be read keeps the context there is.
+    pair.key.write_text("not a key")
+    os.utime(pair.key, (later + 1, later + 1))
+    kept = tls.context
+    assert not tls.renewed() and tls.context is kept

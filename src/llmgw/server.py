@@ -20,7 +20,7 @@ import trio
 from llmgw import units
 from llmgw.admin.api import AdminApp
 from llmgw.admin.hosts import allowed_hosts, machine_names, wildcard
-from llmgw.admin.leader import ToLeader, leader_tls
+from llmgw.admin.leader import LeaderTls, ToLeader
 from llmgw.admin.web import asgi, build_app, mount
 from llmgw.config import Config, ControlConfig
 from llmgw.control.controller import Controller
@@ -421,7 +421,7 @@ async def _serve(
         admin_app = ToLeader(
             admin_app,
             shared[0],
-            tls=None if files is None else leader_tls(files.cert, files.key, files.client_ca),
+            tls=None if files is None else LeaderTls(files.cert, files.key, files.client_ca),
         )
     client_dashboard = DashboardApp(
         admin,

@@ -22,16 +22,18 @@ With no leader known (an election under way), or a leader that does not answer w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import os
 import ssl
 
 from llmgw.control.leadership import Leadership
 from llmgw.http.asgi import App, Receive, Scope, Send
 from llmgw.http.forward import Forward
 
-__all__ = ["CONTROL_PATHS", "FORWARD_SHARE", "ToLeader", "leader_tls"]
+__all__ = ["CONTROL_PATHS", "FORWARD_SHARE", "LeaderTls", "ToLeader", "leader_tls"]
 
 log = logging.getLogger("llmgw.admin")
 
@@ -72,12 +74,41 @@ def leader_tls(cert: str, key: str, ca: str | None) -> ssl.SSLContext:
     return context
 
 
+class LeaderTls:
+    """:func:`leader_tls` of the admin listener's files, made again when they change:
+    the listener takes renewed files on SIGHUP, and so does what presents them to the
+    leader (checked per fleet call, off the hot path: a few stat calls)."""
+
+    def __init__(self, cert: str, key: str, ca: str | None) -> None:
+        self.files = tuple(f for f in (cert, key, ca) if f is not None)
+        self.cert, self.key, self.ca = cert, key, ca
+        self._seen = self._stamps()
+        self.context = leader_tls(cert, key, ca)
+
+    def _stamps(self) -> tuple[float, ...]:
+        return tuple(os.stat(f).st_mtime for f in self.files)
+
+    def renewed(self) -> bool:
+        """Whether the files changed since the context was made (then it is made
+        again; a failure keeps the old one, logged)."""
+        try:
+            stamps = self._stamps()
+            if stamps == self._seen:
+                return False
+            self.context = leader_tls(self.cert, self.key, self.ca)
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("admin_tls: the renewed files were not taken for the leader: %s", exc)
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                self._seen = self._stamps()  # one warning per change, not per call
+        return True
+
+
 class ToLeader:
     """`app`, but for the control-plane routes while this instance does not lead."""
 
-    def __init__(
-        self, app: App, leadership: Leadership, *, tls: ssl.SSLContext | None = None
-    ) -> None:
+    def __init__(self, app: App, leadership: Leadership, *, tls: LeaderTls | None = None) -> None:
         self.app = app
         self.leadership = leadership
         self.tls = tls
@@ -93,6 +124,10 @@ class ToLeader:
             await self._unavailable(send, "no instance leads the control plane now")
             return
         address = leader.admin_address
+        if self.tls is not None and self.tls.renewed():
+            # New clients present the new certificate; the old ones' pooled connections
+            # go with them (requests under way finish on them).
+            self._forwards = {}
         forward = self._forwards.get(address)
         if forward is None:
 
@@ -115,7 +150,7 @@ class ToLeader:
                 host=address,
                 timeout=forward_timeout,
                 deadline=forward_timeout,
-                verify=self.tls if self.tls is not None else True,
+                verify=self.tls.context if self.tls is not None else True,
                 unanswered=unanswered,
             )
         await forward(scope, receive, send)
