@@ -17,12 +17,13 @@
 # and each agent      --tls-cert NODE_ID.pem --tls-key NODE_ID.key --tls-ca ca.pem.
 # The same server pair serves https:  listen_tls = {cert = server.pem, key = server.key}
 # (clients trust ca.pem); admin_tls with client_ca = ca.pem takes NODE_ID.pem as an
-# operator's client certificate.
+# operator's client certificate, and server.pem as another instance's (a follower
+# passes fleet calls to the leader with it: hence clientAuth too).
 # (src/llmgw/transport/certs.py does the same from Python.)
 set -euo pipefail
 
 if [[ $# -lt 1 || "$1" == -* ]]; then
-    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 command -v openssl >/dev/null || { echo "make_certs: openssl is not installed" >&2; exit 1; }
@@ -77,7 +78,7 @@ if [[ ! -f "$dir/server.pem" ]]; then
     sign server "$first" \
         "basicConstraints=critical,CA:FALSE" \
         "keyUsage=critical,digitalSignature,keyEncipherment" \
-        "extendedKeyUsage=serverAuth" \
+        "extendedKeyUsage=serverAuth,clientAuth" \
         "subjectAltName=$san"
 fi
 

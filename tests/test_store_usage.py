@@ -5,6 +5,8 @@ The same batcher against both real backends is in test_store.py.
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Sequence
 
 import pytest
@@ -182,3 +184,38 @@ async def test_a_write_that_times_out_is_not_retried() -> None:
     batcher.record(rec("a"))
     assert await batcher.flush() is False
     assert batcher.lost == 1 and batcher.pending == 0 and store.batches == []
+
+
+async def test_a_store_outage_logs_one_line_per_interval_not_tracebacks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two minutes of failing writes (one every 2 s): a concise line when it starts and
+    at most one per LOG_EVERY after it, each counting the failures it stands for, no
+    traceback; one line when the writes succeed again."""
+    store = FakeStore()
+    store.fail_next = 10**9
+    batcher = UsageBatcher(store, max_batch=10, flush_interval=1.0)
+    caplog.set_level(logging.INFO, logger="llmgw.store.usage")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(batcher.run)
+        batcher.record(rec("a"))
+        await trio.sleep(120)  # the outage (virtual time)
+        failed = batcher.failed_writes
+        store.fail_next = 0
+        await trio.sleep(5)  # the next attempts succeed (virtual time)
+        nursery.cancel_scope.cancel()
+    assert failed >= 40  # it kept retrying meanwhile
+    assert store.models == ["a"]
+    lines = [r for r in caplog.records if r.name == "llmgw.store.usage"]
+    assert all(r.exc_info is None for r in lines), [r.getMessage() for r in lines]
+    assert all("\n" not in r.getMessage() for r in lines)
+    warnings = [r.getMessage() for r in lines if r.levelno == logging.WARNING]
+    assert 2 <= len(warnings) <= 120 / UsageBatcher.LOG_EVERY + 1, warnings
+    assert "database is down" in warnings[0]
+    # The later lines say how many failures they stand for, the last one all of them.
+    counts = [int(m) for w in warnings[1:] for m in re.findall(r"(\d+) failed writes", w)]
+    assert len(counts) == len(warnings) - 1 and sum(counts) + 1 <= failed, warnings
+    back = [r.getMessage() for r in lines if r.levelno == logging.INFO]
+    assert [int(n) for m in back for n in re.findall(r"written again after (\d+)", m)] == [
+        failed
+    ], back

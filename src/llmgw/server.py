@@ -20,13 +20,13 @@ import trio
 from llmgw import units
 from llmgw.admin.api import AdminApp
 from llmgw.admin.hosts import allowed_hosts, machine_names, wildcard
-from llmgw.admin.leader import ToLeader
+from llmgw.admin.leader import LeaderTls, ToLeader
 from llmgw.admin.web import asgi, build_app, mount
 from llmgw.config import Config, ControlConfig
 from llmgw.control.controller import Controller
 from llmgw.control.fleet_metrics import register_fleet_metrics
 from llmgw.control.instances import SharedDemand, SharedEndpoints
-from llmgw.control.leadership import Leadership
+from llmgw.control.leadership import Leadership, wall_clock
 from llmgw.control.scaler import router_demand
 from llmgw.dashboard import DashboardApp, TrafficRing
 from llmgw.domain.endpoints import Endpoint, EndpointSink
@@ -117,7 +117,7 @@ async def serve(
         raise ValueError("workers bind the client port themselves: no client_listeners")
     owned = store is None and bool(config.store.url)
     if owned:
-        store = await open_store(config.store.url)
+        store = await open_store(config.store.url, clock=wall_clock)
     try:
         bound: list[trio.SocketListener] = []
         try:
@@ -418,7 +418,13 @@ async def _serve(
         )
     )
     if shared is not None:
-        admin_app = ToLeader(admin_app, shared[0])  # a follower's fleet is the leader's
+        # A follower's fleet is the leader's, over https when admin listeners speak it.
+        files = config.admin_tls
+        admin_app = ToLeader(
+            admin_app,
+            shared[0],
+            tls=None if files is None else LeaderTls(files.cert, files.key, files.client_ca),
+        )
     client_dashboard = DashboardApp(
         admin,
         prefix="/admin",

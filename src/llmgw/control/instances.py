@@ -25,7 +25,6 @@ instance serves the data plane. Two things cross between them through the store:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable
 
 import msgspec
@@ -169,7 +168,6 @@ class SharedDemand:
         catalog: Callable[[], Catalog],
         *,
         clock: Callable[[], float] = trio.current_time,
-        wall: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.instance = instance
@@ -177,7 +175,6 @@ class SharedDemand:
         self.local_last_request = last_request
         self.catalog = catalog
         self.clock = clock
-        self.wall = wall
         # model -> the other instances' rows, as read: (inflight, queued, saturation,
         # serving, when their last request was on our clock or None)
         self._others: dict[str, list[tuple[int, int, float, int, float | None]]] = {}
@@ -222,13 +219,13 @@ class SharedDemand:
             if s.busy or idle is not None:
                 rows.append((model.name, s.inflight, s.queued, s.saturation, s.serving or 0, idle))
         await self.store.put_demand(self.instance, rows)
-        wall = self.wall()
         others: dict[str, list[tuple[int, int, float, int, float | None]]] = {}
-        for row in await self.store.read_demand(wall - FRESH):
-            instance, model, inflight, queued, saturation, serving, idle, at = row
+        # Ages by the store's clock (PostgreSQL's): another host's skew does not enter.
+        for row in await self.store.read_demand(FRESH):
+            instance, model, inflight, queued, saturation, serving, idle, age = row
             if instance == self.instance:
                 continue
-            last = None if idle is None else now - (wall - float(at)) - float(idle)
+            last = None if idle is None else now - float(age) - float(idle)
             if inflight or queued:
                 last = now  # busy there now
             others.setdefault(str(model), []).append(

@@ -15,8 +15,18 @@ the next **fencing token**. The token is what makes a deposed leader harmless:
   still holds the lease (``Store.publish_endpoints``);
 * a leader stops acting (no command leaves it) as soon as its own clock says its
   lease may have expired, before any other instance may claim it: it counts from
-  *before* its last renewal was sent, so a leader paused (SIGSTOP, a long GC, a
+  *before* its last renewal was sent, on its monotonic clock, and a margin
+  (:data:`MARGIN` of the lease) sooner, so a leader paused (SIGSTOP, a long GC, a
   frozen VM) wakes up knowing it may no longer lead.
+
+**One clock.** The lease row is timed by the store's clock: PostgreSQL's own
+(``clock_timestamp()``), the one clock instances on several hosts share, so two
+instances whose wall clocks disagree still agree on when it expires (with each
+instance's own clock, 8 s of skew once made two leaders for most of a second). On
+SQLite, one host's file, that host's clock is the store's. And a leader's own
+reckoning needs no wall clock at all: the database set the lease's end no earlier
+than the renewal was sent, which is where the leader's monotonic count starts, so no
+skew can make it act past the moment another instance may claim the lease.
 
 :class:`Leadership` is this instance's part: it claims or renews every ``ttl / 3`` and
 says whether this instance leads (:meth:`Leadership.leading`), whom to send agents to
@@ -26,6 +36,9 @@ otherwise (:attr:`Leadership.leader`), and wakes those waiting for a change.
 from __future__ import annotations
 
 import logging
+import math
+import os
+import time
 from collections.abc import Callable
 
 import attrs
@@ -33,12 +46,28 @@ import trio
 
 from llmgw.store.base import Store, StoreError
 
-__all__ = ["LEASE", "Leader", "Leadership", "epoch_floor"]
+__all__ = ["LEASE", "Leader", "Leadership", "epoch_floor", "wall_clock"]
 
 log = logging.getLogger("llmgw.control")
 
+#: TEST ONLY: seconds added to this process's wall clock (the store's timestamps), to
+#: run instances with skewed clocks on one host (tests/test_instances_e2e.py; faketime
+#: is not available). Never set it in production: it skews keys' expiry and usage.
+CLOCK_OFFSET_ENV = "_LLMGW_TEST_CLOCK_OFFSET"  # not LLMGW_: those are configuration
+_offset = float(os.environ.get(CLOCK_OFFSET_ENV) or 0.0)
+
+
+def wall_clock() -> float:
+    """This instance's wall clock (Unix seconds): time.time(), unless a test skews it."""
+    return time.time() + _offset
+
+
 #: The lease's name in the store.
 LEASE = "control"
+#: How much sooner than its lease's end (a fraction of the lease) a leader stops
+#: acting: room for clocks that run at slightly different rates and for the moment
+#: between checking `leading()` and a command leaving.
+MARGIN = 0.1
 
 
 def epoch_floor(token: int) -> int:
@@ -54,7 +83,9 @@ class Leader:
     agent_address: str  # where agents reach it (HOST:PORT)
     admin_address: str  # its admin listener (HOST:PORT)
     token: int
-    expires_at: float = 0.0  # Unix seconds: its lease, as last read
+    # When its lease ends by this instance's clock (Leadership.clock): the lease's
+    # remaining time as read from the store, counted from before the read.
+    until: float = 0.0
 
 
 class Leadership:
@@ -76,7 +107,7 @@ class Leadership:
         self.clock = clock
         self.token: int | None = None  # ours, while we lead
         self.leader: Leader | None = None  # whoever leads, as last read
-        self._valid_until = -1.0  # our lease's end by our clock (monotonic)
+        self._valid_until = -1.0  # when we stop acting, by our clock (monotonic)
         self._changed = trio.Event()
         self.terms = 0  # times this instance became the leader
 
@@ -114,9 +145,11 @@ class Leadership:
         another instance takes over at once rather than after ttl."""
         task_status.started()
         try:
-            while True:
-                await self._step()
-                await trio.sleep(self.ttl / 3)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._lapse)
+                while True:
+                    await self._step()
+                    await trio.sleep(self.ttl / 3)
         finally:
             token, self.token = self.token, None
             if token is not None:
@@ -127,15 +160,29 @@ class Leadership:
                     except StoreError as exc:
                         log.warning("the lease was not let go (it expires on its own): %s", exc)
 
+    async def _lapse(self) -> None:
+        """Step down the moment our own reckoning ends (a renewal late or failing): said
+        then, and waking those waiting, not at the next step."""
+        while True:
+            if self.token is not None and not self.leading():
+                self._set(None)
+            changed = self._changed
+            with trio.move_on_at(self._valid_until if self.token is not None else math.inf):
+                await changed.wait()
+
+    def _until(self, started: float) -> float:
+        # A renewal counts from before it was sent, and ends a margin early.
+        return started + self.ttl * (1 - MARGIN)
+
     async def _step(self) -> None:
-        started = self.clock()  # a renewal counts from before it was sent
+        started = self.clock()
         try:
             if self.token is not None:
                 renewed = await self.store.renew_leadership(
                     LEASE, self.instance, self.token, self.ttl
                 )
-                if renewed:
-                    self._valid_until = started + self.ttl
+                if renewed and self.token is not None:  # (not stepped down meanwhile)
+                    self._valid_until = self._until(started)
                     self._set(self.token)
                 else:
                     self._set(None)
@@ -144,8 +191,9 @@ class Leadership:
                     LEASE, self.instance, self.agent_address, self.admin_address, self.ttl
                 )
                 if token is not None:
-                    self._valid_until = started + self.ttl
+                    self._valid_until = self._until(started)
                     self._set(token)
+            read = self.clock()
             row = await self.store.read_leadership(LEASE)
         except StoreError as exc:
             # Without the store no lease is renewed: this instance leads until its
@@ -156,13 +204,15 @@ class Leadership:
                 self._set(None)
             return
         if row is not None:
-            holder, agents, admin, token, expires = row
-            self.leader = Leader(str(holder), str(agents), str(admin), int(token), float(expires))
+            holder, agents, admin, token, expires, now = row
+            # The lease's remaining time by the store's clock, on ours: no skew enters.
+            until = read + float(expires) - float(now)
+            self.leader = Leader(str(holder), str(agents), str(admin), int(token), until)
 
     def current_leader(self) -> Leader | None:
         """Whoever leads, as last read, unless its lease has expired since: an instance
         gone (killed) is not named to agents while another takes over."""
         leader = self.leader
-        if leader is None or leader.expires_at <= self.store.wall_clock():
+        if leader is None or leader.until <= self.clock():
             return None
         return leader

@@ -11,7 +11,12 @@ believes it (llmgw.workers.pool.trust_forwarded_client).
 
 from __future__ import annotations
 
+import math
+import ssl
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
+
+import trio
 
 from llmgw.http.asgi import BodyTooLarge, ClientLeft, Receive, Scope, Send, read_body
 from llmgw.http.ondemand import OnDemandClient
@@ -19,7 +24,7 @@ from llmgw.http.ondemand import OnDemandClient
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["CLIENT_HEADER", "MAX_FORM_BYTES", "Forward"]
+__all__ = ["CLIENT_HEADER", "MAX_FORM_BYTES", "Forward", "Unanswered", "bad_gateway"]
 
 #: The header carrying the client's address to the control process.
 CLIENT_HEADER = b"x-llmgw-forwarded-client"
@@ -42,10 +47,21 @@ _HOP = frozenset(
 )
 
 
+#: What answers the client when the target did not (the error, None for the deadline).
+Unanswered = Callable[[Send, "Exception | None"], Awaitable[None]]
+
+
+async def bad_gateway(send: Send, error: Exception | None) -> None:
+    await _plain(send, 502, b"the llmgw process this is passed on to did not answer")
+
+
 class Forward:
-    """An ASGI app passing each request to the HTTP server at `base_url`, or on the
+    """An ASGI app passing each request to the HTTP(S) server at `base_url`, or on the
     unix socket `uds`; `host` replaces the request's Host (the target's own name, for
-    a target that checks it)."""
+    a target that checks it). `timeout` is httpx's (each step's); with a `deadline`
+    the whole exchange gets that many seconds (a cancel scope: a target that accepts
+    and then says nothing is not waited on longer); `verify` is httpx's (an SSL context
+    for https); `unanswered` answers the client when the target did not (default: 502)."""
 
     def __init__(
         self,
@@ -54,14 +70,21 @@ class Forward:
         uds: str | None = None,
         host: str | None = None,
         timeout: float = 30.0,
+        deadline: float | None = None,
+        verify: ssl.SSLContext | bool = True,
+        unanswered: Unanswered = bad_gateway,
     ) -> None:
         self.host = host
+        self.deadline = math.inf if deadline is None else deadline
+        self.unanswered = unanswered
 
         def make() -> httpx.AsyncClient:
             import httpx  # on first use (llmgw.http.ondemand)
 
             transport = httpx.AsyncHTTPTransport(uds=uds) if uds is not None else None
-            return httpx.AsyncClient(transport=transport, base_url=base_url, timeout=timeout)
+            return httpx.AsyncClient(
+                transport=transport, base_url=base_url, timeout=timeout, verify=verify
+            )
 
         self._client = OnDemandClient(make)
 
@@ -87,12 +110,17 @@ class Forward:
         target = scope.get("raw_path") or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
+        answer = None
         try:
-            answer = await self._client.get().request(
-                scope["method"], target.decode("latin-1"), headers=headers, content=body
-            )
-        except httpx.HTTPError:
-            await _plain(send, 502, b"the llmgw process this is passed on to did not answer")
+            with trio.move_on_after(self.deadline):
+                answer = await self._client.get().request(
+                    scope["method"], target.decode("latin-1"), headers=headers, content=body
+                )
+        except httpx.HTTPError as exc:
+            await self.unanswered(send, exc)
+            return
+        if answer is None:
+            await self.unanswered(send, None)
             return
         out = [
             (k.lower(), v)

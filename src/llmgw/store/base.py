@@ -308,7 +308,9 @@ class Store(Protocol):
         """Let the lease go at once."""
 
     async def read_leadership(self, name: str) -> tuple[Any, ...] | None:
-        """(holder, agent address, admin address, token, expires at), if anyone led."""
+        """(holder, agent address, admin address, token, expires at, now), if anyone led:
+        the lease's end and the time of the read by the lease's clock (PostgreSQL's own on
+        PostgreSQL, so instances with skewed clocks agree; this host's on SQLite)."""
 
     async def publish_endpoints(
         self,
@@ -329,5 +331,7 @@ class Store(Protocol):
     ) -> None:
         """This instance's demand per model (replacing its previous rows)."""
 
-    async def read_demand(self, since: float) -> list[tuple[Any, ...]]:
-        """Every instance's demand rows written after `since` (Unix seconds)."""
+    async def read_demand(self, fresh: float) -> list[tuple[Any, ...]]:
+        """Every instance's demand rows written in the last `fresh` seconds: (instance,
+        model, in flight, queued, saturation, serving, idle for, age in seconds), their
+        time and age by the lease's clock (PostgreSQL's own: no skew between hosts)."""

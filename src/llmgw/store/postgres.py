@@ -85,6 +85,13 @@ class _PostgresDB:
     def bucket_expr(self) -> str:
         return "floor(ts / ?) * ?"
 
+    def now(self) -> float:
+        # clock_timestamp(), not now(): the time of this statement, not of the
+        # transaction's start (it may have waited on a row lock).
+        found = self.conn.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())").fetchone()
+        assert found is not None
+        return float(found[0])
+
 
 def _cancel(conn: psycopg.Connection[Any]) -> None:
     with contextlib.suppress(Exception):  # failing that, the query ends anyway, only later
@@ -97,6 +104,9 @@ def _cancel(conn: psycopg.Connection[Any]) -> None:
 
 class PostgresStore(ThreadedStore):
     """The shared store. Build with :func:`llmgw.store.open_store` or ``await start()``."""
+
+    # Instances on several hosts share PostgreSQL's clock, not each other's.
+    database_clock = True
 
     def __init__(
         self,

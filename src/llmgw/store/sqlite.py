@@ -94,6 +94,9 @@ class _SQLiteDB:
         # Timestamps are positive, so truncation is floor.
         return "CAST(ts / ? AS INTEGER) * ?"
 
+    def now(self) -> float:
+        return time.time()  # one host: its clock is the database's
+
 
 class _Job(Generic[T]):
     """One write: run on the writer thread, its outcome handed back to trio."""

@@ -14,7 +14,11 @@ What can be lost, and how it is counted:
 * **A full buffer** (the store is down or slower than the traffic) drops the
   *oldest* records first and counts them in `dropped`.
 * **A failed write** (the transaction rolled back) puts its batch back at the
-  front of the buffer and is retried at the next interval (`failed_writes`).
+  front of the buffer and is retried at the next interval (`failed_writes`). An
+  outage is logged as one line when it starts and at most one every
+  :attr:`UsageBatcher.LOG_EVERY` seconds after (each counting the failures it stands
+  for; no traceback: the cause is the store's, said in its message), and one line
+  when writes succeed again.
 * **A write that outlives `write_timeout`** may still commit later, so its batch
   is not retried (it would count twice); it is counted in `lost`.
 * **Graceful shutdown** (cancelling ``run()``) finishes the write in flight and
@@ -49,6 +53,9 @@ class UsageWriter(Protocol):
 class UsageBatcher:
     """A bounded buffer of finished requests, written to `store` in batches by :meth:`run`."""
 
+    #: Seconds between lines about failing writes while the store stays away.
+    LOG_EVERY = 30.0
+
     def __init__(
         self,
         store: UsageWriter,
@@ -80,6 +87,11 @@ class UsageBatcher:
         self.lost = 0
         self.batches = 0
         self.failed_writes = 0
+        # The current run of failed writes, and those of it not logged yet (and when
+        # the last line was, on trio's clock).
+        self._streak = 0
+        self._unlogged = 0
+        self._logged_at = -float("inf")
 
     @property
     def pending(self) -> int:
@@ -124,15 +136,19 @@ class UsageBatcher:
             with trio.move_on_after(self.write_timeout, shield=shield):
                 try:
                     await self.store.record_usage(batch)
-                except Exception:
+                except Exception as exc:
                     settled = True
                     self.failed_writes += 1
                     self._put_back(batch)
-                    log.warning("writing %d usage records failed", len(batch), exc_info=True)
+                    self._failed(len(batch), exc)
                     return False
                 settled = True
                 self.written += len(batch)
                 self.batches += 1
+                if self._streak:
+                    log.info("usage records written again after %d failed writes", self._streak)
+                    self._streak = self._unlogged = 0
+                    self._logged_at = -float("inf")
                 return True
             return False
         finally:
@@ -142,6 +158,36 @@ class UsageBatcher:
                     "writing %d usage records was cut off (may still commit): not retried",
                     len(batch),
                 )
+
+    def _failed(self, size: int, exc: Exception) -> None:
+        """Say a write failed: at once when the store was fine, then once per LOG_EVERY
+        (a failing store is retried every interval: a line each, with a traceback, was
+        hundreds of lines a minute saying the same)."""
+        self._streak += 1
+        self._unlogged += 1
+        now = trio.current_time()
+        if now - self._logged_at < self.LOG_EVERY:
+            return
+        text = str(exc).strip()
+        cause = type(exc).__name__ + (f": {text.splitlines()[0]}" if text else "")
+        if self._streak == 1:
+            log.warning(
+                "writing %d usage records failed (%s); %d held, retried every %gs",
+                size,
+                cause[:300],
+                len(self._buffer),
+                self.flush_interval,
+            )
+        else:
+            log.warning(
+                "usage records still not written: %d failed writes in the last %.0fs (%s); %d held",
+                self._unlogged,
+                now - self._logged_at,
+                cause[:300],
+                len(self._buffer),
+            )
+        self._unlogged = 0
+        self._logged_at = now
 
     async def flush(self, *, shield: bool = True) -> bool:
         """Write everything buffered now, batch by batch; False at the first failure."""

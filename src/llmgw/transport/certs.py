@@ -134,7 +134,9 @@ def make_server_cert(
         [
             "basicConstraints=critical,CA:FALSE",
             "keyUsage=critical,digitalSignature,keyEncipherment",
-            "extendedKeyUsage=serverAuth",
+            # clientAuth too: a follower instance presents it to the leader's admin
+            # listener (llmgw.admin.leader).
+            "extendedKeyUsage=serverAuth,clientAuth",
             _san(hosts),
         ],
     )

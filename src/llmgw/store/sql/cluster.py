@@ -1,5 +1,10 @@
 """Several instances: leadership, published endpoints, demand (leadership,
 published_endpoints, instance_demand).
+
+The lease is timed by one clock for every instance: `now` None means the database's
+(``DB.now``, PostgreSQL's ``clock_timestamp()``), which the store passes on
+PostgreSQL, so instances whose own clocks disagree never both hold it. SQLite is one
+host's file: its callers pass their own clock.
 """
 
 from __future__ import annotations
@@ -11,11 +16,16 @@ from llmgw.store.sql.db import DB, Row, one
 # -- several instances: leadership, published endpoints, demand --------------------------
 
 
+def _clock(db: DB, now: float | None) -> float:
+    return db.now() if now is None else now
+
+
 def claim_leadership(
-    db: DB, name: str, holder: str, agents: str, admin: str, ttl: float, now: float
+    db: DB, name: str, holder: str, agents: str, admin: str, ttl: float, now: float | None
 ) -> int | None:
     """Take the lease `name` when nobody holds it or its holder's has expired: the new
     fencing token (one more than the last), else None."""
+    now = _clock(db, now)
     created = db.run(
         "INSERT INTO leadership (name, holder, agent_address, admin_address, token, expires_at)"
         " VALUES (?, ?, ?, ?, 1, ?) ON CONFLICT (name) DO NOTHING",
@@ -33,8 +43,11 @@ def claim_leadership(
     return None if row is None else int(row[0])
 
 
-def renew_leadership(db: DB, name: str, holder: str, token: int, ttl: float, now: float) -> bool:
+def renew_leadership(
+    db: DB, name: str, holder: str, token: int, ttl: float, now: float | None
+) -> bool:
     """Extend the lease while `holder` still holds it with `token`."""
+    now = _clock(db, now)
     return (
         db.run(
             "UPDATE leadership SET expires_at = ? WHERE name = ? AND holder = ? AND token = ?",
@@ -55,14 +68,16 @@ def resign_leadership(db: DB, name: str, holder: str, token: int) -> bool:
     )
 
 
-def read_leadership(db: DB, name: str) -> Row | None:
-    """(holder, agent address, admin address, token, expires at) of the lease."""
-    return one(
+def read_leadership(db: DB, name: str, now: float | None) -> Row | None:
+    """(holder, agent address, admin address, token, expires at, now) of the lease: its
+    end and the time it was read, by the lease's clock."""
+    found = one(
         db,
         "SELECT holder, agent_address, admin_address, token, expires_at FROM leadership"
         " WHERE name = ?",
         (name,),
     )
+    return None if found is None else (*found, _clock(db, now))
 
 
 def _fenced(db: DB, name: str, token: int) -> bool:
@@ -104,10 +119,11 @@ def put_demand(
     db: DB,
     instance: str,
     rows: Sequence[tuple[str, int, int, float, int, float | None]],
-    now: float,
+    now: float | None,
 ) -> None:
     """This instance's demand per model: (model, in flight, queued, saturation, serving,
-    seconds since its last request or None)."""
+    seconds since its last request or None), stamped by the lease's clock."""
+    now = _clock(db, now)
     db.run("DELETE FROM instance_demand WHERE instance = ?", (instance,))
     db.many(
         "INSERT INTO instance_demand"
@@ -117,11 +133,15 @@ def put_demand(
     )
 
 
-def read_demand(db: DB, since: float) -> list[Row]:
-    """(instance, model, inflight, queued, saturation, serving, idle_for, at) of the rows
-    written after `since`."""
-    return db.rows(
-        "SELECT instance, model, inflight, queued, saturation, serving, idle_for, at"
-        " FROM instance_demand WHERE at > ?",
-        (since,),
-    )
+def read_demand(db: DB, fresh: float, now: float | None) -> list[Row]:
+    """(instance, model, inflight, queued, saturation, serving, idle_for, age) of the
+    rows written in the last `fresh` seconds, age in seconds (by the lease's clock)."""
+    now = _clock(db, now)
+    return [
+        (*row[:7], now - float(row[7]))
+        for row in db.rows(
+            "SELECT instance, model, inflight, queued, saturation, serving, idle_for, at"
+            " FROM instance_demand WHERE at > ?",
+            (now - fresh,),
+        )
+    ]

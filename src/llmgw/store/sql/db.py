@@ -38,6 +38,11 @@ class DB(Protocol):
         ends."""
         ...
 
+    def now(self) -> float:
+        """The database's own clock (Unix seconds): on PostgreSQL the one clock every
+        instance shares; on SQLite (one host) this host's."""
+        ...
+
 
 def one(db: DB, sql: str, params: Sequence[Any] = ()) -> Row | None:
     found = db.rows(sql, params)

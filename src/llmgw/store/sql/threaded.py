@@ -110,11 +110,19 @@ class Call:
 class ThreadedStore:
     """Every :class:`~llmgw.store.base.Store` method, over a backend's `_read` and `_write`."""
 
+    #: Whether the lease (llmgw.control.leadership) is timed by the database's clock
+    #: (PostgreSQL: the one clock instances on several hosts share) rather than `clock`.
+    database_clock = False
+
     def __init__(
         self, *, migrations: tuple[Migration, ...], clock: Callable[[], float] = time.time
     ) -> None:
         self._migrations = migrations
         self._clock = clock
+
+    def _lease_now(self) -> float | None:
+        """The lease's time for the operations: None, the database's, or `clock`'s."""
+        return None if self.database_clock else self._clock()
 
     async def _read(self, fn: Callable[[DB], T]) -> T:
         raise NotImplementedError
@@ -265,14 +273,19 @@ class ThreadedStore:
                 agents=agents,
                 admin=admin,
                 ttl=ttl,
-                now=self._clock(),
+                now=self._lease_now(),
             )
         )
 
     async def renew_leadership(self, name: str, holder: str, token: int, ttl: float) -> bool:
         return await self._write(
             partial(
-                renew_leadership, name=name, holder=holder, token=token, ttl=ttl, now=self._clock()
+                renew_leadership,
+                name=name,
+                holder=holder,
+                token=token,
+                ttl=ttl,
+                now=self._lease_now(),
             )
         )
 
@@ -280,7 +293,7 @@ class ThreadedStore:
         return await self._write(partial(resign_leadership, name=name, holder=holder, token=token))
 
     async def read_leadership(self, name: str) -> Row | None:
-        return await self._read(partial(read_leadership, name=name))
+        return await self._read(partial(read_leadership, name=name, now=self._lease_now()))
 
     async def publish_endpoints(
         self,
@@ -300,10 +313,10 @@ class ThreadedStore:
     async def put_demand(
         self, instance: str, rows: Sequence[tuple[str, int, int, float, int, float | None]]
     ) -> None:
-        await self._write(partial(put_demand, instance=instance, rows=rows, now=self._clock()))
+        await self._write(partial(put_demand, instance=instance, rows=rows, now=self._lease_now()))
 
-    async def read_demand(self, since: float) -> list[Row]:
-        return await self._read(partial(read_demand, since=since))
+    async def read_demand(self, fresh: float) -> list[Row]:
+        return await self._read(partial(read_demand, fresh=fresh, now=self._lease_now()))
 
     # sessions
 
