@@ -270,10 +270,13 @@ def test_prefix_stays_home_when_its_engine_is_full_until_a_miss_costs_less() -> 
     cands = [cand("a", running=40), cand("b", running=34)]
     assert pick(cands, prefix={"a": 1.0}) == ("a", "prefix")
     # Every slot of a taken, or its queue at the target: it is full by its engine's
-    # account, and still the least work for this prompt (a queue of hits ahead of it
-    # against a whole prompt computed, and another's prefix evicted, elsewhere).
+    # account. Another holder with room takes the overflow (no third cache warmed)...
     full = [cand("a", running=8, capacity=8), cand("b", running=6), cand("c", running=5)]
-    assert pick(full, prefix={"a": 1.0, "b": 0.5}) == ("a", "prefix")
+    assert pick(full, prefix={"a": 1.0, "b": 0.5}) == ("b", "prefix")
+    # ...and with none, the home is still the least work for this prompt (a queue of
+    # hits ahead of it against a whole prompt computed, and another's prefix evicted,
+    # elsewhere).
+    assert pick(full, prefix={"a": 1.0}) == ("a", "prefix")
     queued = [cand("a", running=8, waiting=4), cand("b", running=6), cand("c", running=5)]
     assert pick(queued, prefix={"a": 1.0}) == ("a", "prefix")
     # More prefill queued there than a miss at c costs: the prompt leaves.

@@ -40,9 +40,10 @@ Filters
   - :class:`PrefixAffinity` (before Room too): when a replica holds part of the
     prompt, the ones with the least work (within :data:`WORK_TIE`) are kept, among
     the holders and the replicas with room (in Room's priority tier; not one that
-    answered 429). A holder stays a candidate when its engine is full, for the
-    session's reason: its queue holds the request while a miss elsewhere computes
-    the whole prompt again and evicts someone else's. (Measured: with Room first, a
+    answered 429). A full holder is left for another holder with room (the overflow
+    warms no third cache); with none, it stays a candidate, for the session's
+    reason: its queue holds the request while a miss elsewhere computes the whole
+    prompt again and evicts someone else's. (Measured: with Room first, a
     serialized-prefill engine whose queue reached ``target_waiting`` lost its
     prefixes to whichever replica had just drained, and the fleet fell to round
     robin's hit rate and throughput; issue #31, benchmarks/README.md.) When the home
@@ -187,9 +188,15 @@ class PrefixAffinity:
         if ctx.tier is not None or not ctx.cached_tokens:
             return survivors
         cached, cands, full = ctx.cached_tokens, ctx.candidates, ctx.saturated
-        # Room's tier: the best priority with room; holders in it may be full.
+        # Room's tier: the best priority with room; holders in it may be full, unless
+        # another holder has room (a second holder takes the overflow, warming no
+        # third cache).
         room = [cands[i].priority for i in survivors if not full[i]]
         tier = min(room) if room else None
+        holder_room = any(
+            cands[i].endpoint_id in cached and not full[i] and cands[i].priority == tier
+            for i in survivors
+        )
         eligible = [
             i
             for i in survivors
@@ -197,7 +204,7 @@ class PrefixAffinity:
             or (
                 cands[i].priority == tier
                 and not cands[i].throttled
-                and (cands[i].endpoint_id in cached or not full[i])
+                and (not full[i] or (cands[i].endpoint_id in cached and not holder_room))
             )
         ]
         if not any(cands[i].endpoint_id in cached for i in eligible):
