@@ -315,24 +315,32 @@ def test_sessions_stick_to_one_replica(pair: tuple[Server, list[str]]) -> None:
     assert srv.metric("llmgw_routing_decisions_total", tier="session") >= 3 * 7
 
 
+ACME = "You are a careful assistant for the tenant ACME. " * 60
+
+
+def ask_tenant(srv: Server, i: int, system: str = ACME) -> httpx.Response:
+    """Question `i` under a tenant's long system prompt (many prefix blocks)."""
+    r = httpx.post(
+        f"{srv.base}/v1/chat/completions",
+        json={
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"question {i}"},
+            ],
+            "max_tokens": 2,
+        },
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    return r
+
+
 def test_shared_prefix_lands_on_one_replica(pair: tuple[Server, list[str]]) -> None:
     srv, _ = pair
-    system = "You are a careful assistant for the tenant ACME. " * 60
     seen = Counter()
     for i in range(10):
-        r = httpx.post(
-            f"{srv.base}/v1/chat/completions",
-            json={
-                "model": "m",
-                "messages": [
-                    {"role": "system", "content": system},
-                    {"role": "user", "content": f"question {i}"},
-                ],
-                "max_tokens": 2,
-            },
-            timeout=30,
-        )
-        seen[r.headers["x-llmgw-endpoint"]] += 1
+        seen[ask_tenant(srv, i).headers["x-llmgw-endpoint"]] += 1
     assert len(seen) == 1, seen
     assert srv.metric("llmgw_routing_decisions_total", tier="prefix") >= 9
 
@@ -447,22 +455,9 @@ def test_the_prefix_tables_predictions_are_weighed_against_the_engines_answers()
     restart would), the table still says held and the engine's answer shows it was
     wrong, counted as `over`."""
     with fleet(1) as (srv, bases):
-        system = "You are a careful assistant for the tenant ACME. " * 60
 
         def ask(i: int) -> None:
-            r = httpx.post(
-                f"{srv.base}/v1/chat/completions",
-                json={
-                    "model": "m",
-                    "messages": [
-                        {"role": "system", "content": system},
-                        {"role": "user", "content": f"question {i}"},
-                    ],
-                    "max_tokens": 2,
-                },
-                timeout=30,
-            )
-            assert r.status_code == 200, r.text
+            ask_tenant(srv, i)
 
         def counted(outcome: str) -> float:
             return srv.metric("llmgw_prefix_predictions_total", model="m", outcome=outcome)
