@@ -460,12 +460,23 @@ class PrefixIndex:
         return matches, cached
 
     def probe(
-        self, chain: tuple[int, ...], endpoint_id: str, now: float, prompt_tokens: float
+        self,
+        chain: tuple[int, ...],
+        endpoint_id: str,
+        now: float,
+        prompt_tokens: float,
+        held_tokens: float,
     ) -> Probe:
         """The table's view of `endpoint_id` before it serves `chain`; `prompt_tokens`
-        is the prompt's size as the router estimated it."""
-        probe = self.table.probe(chain, endpoint_id, now)
-        return attrs.evolve(probe, size=prompt_tokens * BYTES_PER_TOKEN / self.block_chars)
+        is the prompt's size as the router estimated it, `held_tokens` what
+        :meth:`lookup` found `endpoint_id` to hold of it."""
+        size = prompt_tokens * BYTES_PER_TOKEN / self.block_chars
+        if not self.table.learn:
+            # The prediction is all observe() weighs: lookup() found it already, so the
+            # chain is not walked a second time on the request's path.
+            held = round(held_tokens * BYTES_PER_TOKEN / self.block_chars)
+            return Probe((), held, now, len(chain), size)
+        return attrs.evolve(self.table.probe(chain, endpoint_id, now), size=size)
 
     def observe(
         self, endpoint_id: str, probe: Probe, cached_tokens: int, prompt_tokens: int, settle: float

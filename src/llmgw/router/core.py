@@ -281,7 +281,13 @@ class Router:
             if session_key:
                 self.sessions.record(session_key, decision.endpoint_id, now)
             if prefix and self.prefixes is not None:
-                probe = self.prefixes.probe(prefix, decision.endpoint_id, now, prompt_tokens)
+                probe = self.prefixes.probe(
+                    prefix,
+                    decision.endpoint_id,
+                    now,
+                    prompt_tokens,
+                    cached.get(decision.endpoint_id, 0.0),
+                )
                 self.prefixes.table.record(prefix, decision.endpoint_id, now)
                 decision = attrs.evolve(decision, probe=probe)
         return decision
