@@ -345,6 +345,23 @@ def test_shared_prefix_lands_on_one_replica(pair: tuple[Server, list[str]]) -> N
     assert srv.metric("llmgw_routing_decisions_total", tier="prefix") >= 9
 
 
+def test_a_prompt_sent_away_from_its_home_is_counted_with_the_reason() -> None:
+    """The prefix's home answers 429: the retry serves it elsewhere, and the next
+    request, which the prefix table still sends home, is passed over to a replica
+    that holds none of it, counted as a spill for that reason."""
+    with fleet(2) as (srv, bases):
+        home = ask_tenant(srv, 0).headers["x-llmgw-endpoint"]
+        assert ask_tenant(srv, 1).headers["x-llmgw-endpoint"] == home
+        assert srv.metric("llmgw_affinity_spills_total", affinity="prefix") == 0
+        set_faults(bases[int(home[1:])], error_rate=1.0, error_status=429)
+        for i in (2, 3):
+            assert ask_tenant(srv, i).headers["x-llmgw-endpoint"] != home
+        spills = srv.metric(
+            "llmgw_affinity_spills_total", model="m", affinity="prefix", reason="throttled"
+        )
+        assert spills >= 1
+
+
 def test_client_disconnect_frees_the_engine_slot() -> None:
     with fleet(1) as (srv, bases):
         body = {

@@ -287,6 +287,29 @@ def test_prefix_stays_home_when_its_engine_is_full_until_a_miss_costs_less() -> 
     assert pick(throttled, prefix={"a": 1.0}) == ("b", "score")
 
 
+def test_the_engines_queue_is_a_floor_under_the_routers_own_prefill_count() -> None:
+    """Another worker's or router's requests queue at the engine too: its reported
+    queue, times what a request there recently had to prefill, is the home's backlog
+    when that is more than this router's own count."""
+
+    def learnt(c: Candidate, per: float | None) -> Candidate:
+        return attrs.evolve(c, prefill_per_request=per)
+
+    # Six queued at the home, each with about 1,000 tokens to prefill: 6,000 ahead,
+    # more than a miss at b costs (4,000). The router itself sent none of them.
+    home = cand("a", waiting=6)
+    assert pick([learnt(home, 1000.0), cand("b")], prefix={"a": 1.0}) == ("b", "prefix")
+    # Nothing learnt: the router's own count (none) is all it knows, the prompt stays.
+    assert pick([home, cand("b")], prefix={"a": 1.0}) == ("a", "prefix")
+    # Queued requests that hit the cache (100 tokens each) are little work: it stays.
+    assert pick([learnt(home, 100.0), cand("b")], prefix={"a": 1.0}) == ("a", "prefix")
+    # The router's own count, when more, still counts.
+    busy = attrs.evolve(learnt(home, 100.0), prefill=4500.0)
+    assert pick([busy, cand("b")], prefix={"a": 1.0}) == ("b", "prefix")
+    # Sessions weigh the same backlog.
+    assert pick([learnt(cand("s", waiting=6), 1000.0), cand("o")], session="s") == ("o", "score")
+
+
 def test_a_prefix_spills_only_to_replicas_with_room_in_the_best_tier() -> None:
     # The home is busy; c is idle but full by its KV cache, d is on a fallback tier.
     cands = [
@@ -358,6 +381,68 @@ def test_hot_prefix_spills_to_one_more_holder_at_a_time() -> None:
             prefill[other] = max(0.0, prefill[other] - 60.0)
     assert len(order) == 1, order
     assert max(prefill.values()) <= 2100.0 + 100.0, prefill
+
+
+def spill(
+    cands: list[Candidate], session: str | None = None, prefix: dict[str, float] | None = None
+) -> tuple[str, tuple[str, str] | None]:
+    held = prefix or {}
+    d = SCORER.pick(
+        cands,
+        session_endpoint=session,
+        prefix_matches=held,
+        rng=random.Random(0),
+        prompt_tokens=PROMPT,
+        cached_tokens={ep: f * PROMPT for ep, f in held.items()},
+    )
+    assert d is not None
+    return d.endpoint_id, d.spill
+
+
+def test_a_request_sent_away_from_its_home_names_why() -> None:
+    # Kept home: no spill.
+    assert spill([cand("s"), cand("o")], session="s") == ("s", None)
+    assert spill([cand("a"), cand("b")], prefix={"a": 1.0}) == ("a", None)
+    # The session's home has more prefill ahead than a miss elsewhere costs.
+    assert spill([cand("s", prefill=4500), cand("o")], session="s") == ("o", ("session", "work"))
+    # Its home answered 429; is on a fallback tier; is no longer a candidate.
+    throttled = [cand("s", throttled=True), cand("o")]
+    assert spill(throttled, session="s") == ("o", ("session", "throttled"))
+    assert spill([cand("s", priority=1), cand("o")], session="s") == ("o", ("session", "priority"))
+    assert spill([cand("o")], session="s") == ("o", ("session", "gone"))
+    # The prefix's holders are all busier than a miss at c.
+    busy = [cand("a", prefill=4000), cand("b", prefill=3000), cand("c")]
+    assert spill(busy, prefix={"a": 0.9, "b": 0.5}) == ("c", ("prefix", "work"))
+    # Overflow to a second holder stays within the homes: not a spill.
+    full = [cand("a", running=8, capacity=8), cand("b", running=6), cand("c", running=5)]
+    assert spill(full, prefix={"a": 1.0, "b": 0.5}) == ("b", None)
+    assert spill([cand("a", throttled=True), cand("b")], prefix={"a": 1.0}) == (
+        "b",
+        ("prefix", "throttled"),
+    )
+    assert spill([cand("b"), cand("c")], prefix={"a": 1.0}) in {
+        ("b", ("prefix", "gone")),
+        ("c", ("prefix", "gone")),
+    }
+    # No home at all: nothing to spill from.
+    assert spill([cand("b"), cand("c")])[1] is None
+
+
+def test_cache_aware_counts_its_balance_override_as_a_spill() -> None:
+    rule = default_scheduler(SCORING, attrs.evolve(PROFILE, rule="cache_aware"), stale_after=10.0)
+    d = rule.pick(
+        [cand("a", running=60), cand("b")],
+        session_endpoint=None,
+        prefix_matches={"a": 1.0},
+        rng=random.Random(0),
+        prompt_tokens=PROMPT,
+        cached_tokens={"a": PROMPT},
+    )
+    assert d is not None and (d.endpoint_id, d.tier, d.spill) == (
+        "b",
+        "balance",
+        ("prefix", "load"),
+    )
 
 
 # -- pick: weights and ties ---------------------------------------------------

@@ -196,6 +196,14 @@ class RouterMetrics:
             ["model", "tier"],
             registry=r,
         )
+        self.spills = Counter(
+            "llmgw_affinity_spills_total",
+            "Requests with a home (their session's replica, replicas holding their prefix) "
+            "sent elsewhere, by model, affinity and reason (work, load, throttled, priority, "
+            "gone).",
+            ["model", "affinity", "reason"],
+            registry=r,
+        )
         self.queue_wait = Histogram(
             "llmgw_admission_wait_seconds",
             "Time requests spent queued for admission, by band and how the wait ended "

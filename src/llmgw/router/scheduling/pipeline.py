@@ -36,7 +36,16 @@ from llmgw.router.scheduling.state import Candidate, Estimate, Prior, Saturation
 if TYPE_CHECKING:
     from llmgw.router.affinity import Probe
 
-__all__ = ["MISS_WEIGHT", "Context", "Decision", "Filter", "Picker", "Scheduler", "Scorer"]
+__all__ = [
+    "MISS_WEIGHT",
+    "Context",
+    "Decision",
+    "Filter",
+    "Picker",
+    "Scheduler",
+    "Scorer",
+    "Spill",
+]
 
 # A prompt's tokens a replica does not hold count twice in its prefill work: they are
 # computed there, and they take cache blocks that held someone else's prefix, which
@@ -58,6 +67,25 @@ class Decision:
     # What the router's prefix table said the chosen endpoint held of the prompt (set by
     # the router, which owns the table): weighed against the engine's answer.
     probe: Probe | None = None
+    # The request had a home (its session's replica, or replicas holding its prefix)
+    # and went elsewhere: (affinity, reason), see :class:`Spill`.
+    spill: tuple[str, str] | None = None
+
+
+@attrs.frozen
+class Spill:
+    """An affinity filter passed over a request's home(s): why, and which they were.
+
+    `affinity` is ``"session"`` or ``"prefix"``; `reason` is ``"work"`` (the home had
+    more prefill work than a miss elsewhere costs), ``"load"`` (the cache_aware rule's
+    balance thresholds), ``"throttled"`` (it answered 429), ``"priority"`` (a replica
+    with room on a preferred tier) or ``"gone"`` (not a candidate: left, stale, its
+    breaker open). Counted only when the pick lands outside `homes`.
+    """
+
+    affinity: str
+    reason: str
+    homes: frozenset[str]
 
 
 @attrs.define
@@ -82,6 +110,8 @@ class Context:
     home_key: int | None = None
     # Set by the affinity filter that decided, if any.
     tier: str | None = None
+    # Set by an affinity filter that passed over the request's home (the first one).
+    spill: Spill | None = None
 
     def prefix_match(self, i: int) -> float:
         return self.prefix_matches.get(self.candidates[i].endpoint_id, 0.0)
@@ -92,12 +122,23 @@ class Context:
         held = self.cached_tokens.get(self.candidates[i].endpoint_id, unknown_held)
         return max(0.0, self.prompt_tokens - held)
 
+    def backlog(self, i: int) -> float:
+        """Prompt tokens candidate `i` still has to prefill: the router's own count of
+        its requests without a first token, or, when more, the engine's queue (every
+        router's, every worker's) times what a request there recently had to prefill.
+        The router's count has no lag; the engine's sees the others."""
+        c = self.candidates[i]
+        per = c.prefill_per_request
+        if per is None:
+            return c.prefill
+        return max(c.prefill, self.estimates[i].waiting * per)
+
     def work(self, i: int, unknown_held: float = 0.0) -> float:
         """Candidate `i`'s prefill work if it took this request, per unit of weight:
-        what it still has to prefill, plus this prompt's part it does not hold counted
+        its :meth:`backlog`, plus this prompt's part it does not hold counted
         :data:`MISS_WEIGHT` times."""
         c = self.candidates[i]
-        return (c.prefill + MISS_WEIGHT * self.uncached(i, unknown_held)) / c.weight
+        return (self.backlog(i) + MISS_WEIGHT * self.uncached(i, unknown_held)) / c.weight
 
 
 class Filter(Protocol):
@@ -214,6 +255,14 @@ class Scheduler:
         ranked = (candidates[chosen].endpoint_id, *(candidates[i].endpoint_id for i in order))
         tier = ctx.tier or "score"
         uncached = {candidates[i].endpoint_id: ctx.uncached(i) for i in range(n)}
+        chosen_id = candidates[chosen].endpoint_id
+        spill = ctx.spill
         return Decision(
-            endpoint_id=candidates[chosen].endpoint_id, tier=tier, ranked=ranked, uncached=uncached
+            endpoint_id=chosen_id,
+            tier=tier,
+            ranked=ranked,
+            uncached=uncached,
+            spill=None
+            if spill is None or chosen_id in spill.homes
+            else (spill.affinity, spill.reason),
         )

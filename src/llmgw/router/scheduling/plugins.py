@@ -15,15 +15,17 @@ Filters
 * :class:`Room`: the unsaturated candidates of the lowest priority value that has
   any; when every candidate is saturated, all of them.
 * :class:`SessionAffinity` and :class:`PrefixAffinity` decide by *prefill work*:
-  a replica's work for a request is the prompt tokens it still has to prefill for
-  the router's requests that have not had their first token (``Candidate.prefill``)
-  plus the tokens of this prompt its prefix cache does not hold, counted twice
-  (:data:`~.pipeline.MISS_WEIGHT`: computed there, and evicting another prefix that
-  is then computed again), per unit of weight (:meth:`~.pipeline.Context.work`). A
-  cache miss on a 2,000-token prompt is 4,000 tokens of work; a queue of requests
-  that hit the cache is a few hundred. So a prompt stays on the replica that holds it until that
-  replica has more prefill ahead of it than a miss elsewhere would cost (or it is
-  full by its engine's account: Room left it out), the trade llm-d's 2026 scheduler
+  a replica's work for a request is the prompt tokens it still has to prefill (its
+  backlog, :meth:`~.pipeline.Context.backlog`: the router's requests there without a
+  first token, ``Candidate.prefill``, or the engine's reported queue times what a
+  request there recently had to prefill when that is more: the queue also holds
+  other workers' and routers' requests) plus the tokens of this prompt its prefix
+  cache does not hold, counted twice (:data:`~.pipeline.MISS_WEIGHT`: computed there,
+  and evicting another prefix that is then computed again), per unit of weight
+  (:meth:`~.pipeline.Context.work`). A cache miss on a 2,000-token prompt is 4,000
+  tokens of work; a queue of requests that hit the cache is a few hundred. So a
+  prompt stays on the replica that holds it until that replica has more prefill
+  ahead of it than a miss elsewhere would cost, the trade llm-d's 2026 scheduler
   makes with its count of uncached prefill tokens in flight. Prompt sizes are
   estimated from bytes (``usage.BYTES_PER_TOKEN``), which all replicas share, so
   the comparison holds without a tokenizer.
@@ -89,6 +91,7 @@ from llmgw.router.scheduling.pipeline import (
     Picker,
     Scheduler,
     Scorer,
+    Spill,
 )
 from llmgw.router.scheduling.state import Candidate, Saturation
 
@@ -166,20 +169,33 @@ class SessionAffinity:
         if ctx.tier is not None or ctx.session_endpoint is None:
             return survivors
         cands = ctx.candidates
-        s = next((i for i in survivors if cands[i].endpoint_id == ctx.session_endpoint), None)
-        if s is None or cands[s].throttled:
-            return survivors
+        home = ctx.session_endpoint
+        s = next((i for i in survivors if cands[i].endpoint_id == home), None)
+        if s is None:
+            return _spill(ctx, survivors, "session", "gone", {home})
+        if cands[s].throttled:
+            return _spill(ctx, survivors, "session", "throttled", {home})
         # Priority stays Room's to decide: a session on a fallback tier comes back.
         room = [cands[i].priority for i in survivors if not ctx.saturated[i]]
         if room and cands[s].priority > min(room):
-            return survivors
+            return _spill(ctx, survivors, "session", "priority", {home})
         # The session's replica holds its conversation: where the prefix table says
         # nothing (hashing off, a prompt too short to hash) all of it counts as held.
         work = ctx.work(s, unknown_held=ctx.prompt_tokens)
         if any(ctx.work(i) < work for i in survivors if i != s):
-            return survivors
+            return _spill(ctx, survivors, "session", "work", {home})
         ctx.tier = "session"
         return [s]
+
+
+def _spill(
+    ctx: Context, survivors: list[int], affinity: str, reason: str, homes: set[str]
+) -> list[int]:
+    """Note that an affinity filter passed over the request's home(s) (the first one
+    to do so names the spill) and keep every survivor."""
+    if ctx.spill is None and homes:
+        ctx.spill = Spill(affinity, reason, frozenset(homes))
+    return survivors
 
 
 @attrs.frozen
@@ -207,11 +223,22 @@ class PrefixAffinity:
                 and (not full[i] or (cands[i].endpoint_id in cached and not holder_room))
             )
         ]
+        homes = set(cached)
         if not any(cands[i].endpoint_id in cached for i in eligible):
-            return survivors
+            held = [i for i in survivors if cands[i].endpoint_id in cached]
+            reason = (
+                "gone"
+                if not held
+                else "throttled"
+                if all(cands[i].throttled for i in held)
+                else "priority"
+            )
+            return _spill(ctx, survivors, "prefix", reason, homes)
         work = [ctx.work(i) for i in eligible]
         least = min(work)
         ctx.tier = "prefix"
+        # A replica that holds none of it is kept only when every holder had more work.
+        _spill(ctx, survivors, "prefix", "work", homes)
         return [i for i, w in zip(eligible, work, strict=True) if w <= least + WORK_TIE]
 
 
@@ -223,8 +250,8 @@ class Rendezvous:
         cands = ctx.candidates
         home = max(survivors, key=lambda i: _rendezvous(ctx.home_key, cands[i]))
         # A miss's cost elsewhere, as PrefixAffinity weighs it: a busy home spills.
-        least = min(cands[i].prefill / cands[i].weight for i in survivors)
-        if cands[home].prefill / cands[home].weight > least + MISS_WEIGHT * ctx.prompt_tokens:
+        least = min(ctx.backlog(i) / cands[i].weight for i in survivors)
+        if ctx.backlog(home) / cands[home].weight > least + MISS_WEIGHT * ctx.prompt_tokens:
             return survivors
         ctx.tier = "home"
         return [home]
@@ -278,7 +305,7 @@ class CacheAware:
         lightest = [i for i, x in zip(survivors, load, strict=True) if x <= least + TIE]
         if most - least > self.abs_threshold and most > self.rel_threshold * least:
             ctx.tier = "balance"
-            return lightest
+            return _spill(ctx, lightest, "prefix", "load", set(ctx.cached_tokens))
         if ctx.prompt_tokens > 0 and ctx.cached_tokens:
             held = [ctx.cached_tokens.get(ctx.candidates[i].endpoint_id, 0.0) for i in survivors]
             best = max(held)
@@ -312,8 +339,7 @@ class Prefill:
     unit: float = PREFILL_UNIT
 
     def cost(self, ctx: Context, i: int) -> float:
-        c = ctx.candidates[i]
-        return c.prefill / self.unit / c.weight
+        return ctx.backlog(i) / self.unit / ctx.candidates[i].weight
 
 
 @attrs.frozen
