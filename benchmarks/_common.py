@@ -95,9 +95,12 @@ class Fleet:
         endpoints: Sequence[tuple[str, str, str]],
         config: str | None = None,
         name: str = "llmgw-server",
+        src: Path | None = None,
     ) -> RouterProc:
         """An llmgw-server in front of `endpoints` (id, url, model); `name` names its
-        log, ready and config files (several routers in one fleet need their own)."""
+        log, ready and config files (several routers in one fleet need their own).
+        With `src`, llmgw is imported from that source tree (another checkout's
+        ``src``, to run two revisions side by side) instead of the installed one."""
         argv = ["--listen", f"{LOOPBACK}:0", "--admin-listen", f"{LOOPBACK}:0"]
         if config is not None:
             path = self.logdir / f"{name}.toml"
@@ -107,7 +110,9 @@ class Fleet:
             argv += ["--endpoint", f"{ident}={url}={model}"]
         # The router alone, unless `config` names a store: without this it would open the
         # default one (SQLite in the working directory) and record usage.
-        env = None if config is not None and "[store]" in config else {"LLMGW_STORE__URL": ""}
+        env = {} if config is not None and "[store]" in config else {"LLMGW_STORE__URL": ""}
+        if src is not None:
+            env["PYTHONPATH"] = str(src)
         proc = self.start("llmgw-server", *argv, name=name, env=env, ready=True)
         return RouterProc(proc, proc.url("listen"), proc.url("admin_listen"))
 

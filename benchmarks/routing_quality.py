@@ -148,6 +148,7 @@ import itertools
 import json
 import math
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -1374,6 +1375,7 @@ async def run_personality(
     peers: dict[str, Path | None],
     peer_reasons: dict[str, str],
     llama_server: str | None = None,
+    compare: tuple[str, Path] | None = None,
 ) -> dict[str, Any]:
     procs: list[Proc] = []
     sims: list[str] = []
@@ -1412,6 +1414,15 @@ async def run_personality(
         name=f"llmgw-ca-{personality}",
     )
     procs.insert(0, gw_ca.proc)
+    gw_other = None
+    if compare is not None:
+        gw_other = fleet.router(
+            [(f"{personality}-{i}", base, MODEL) for i, base in enumerate(sims)],
+            name=f"llmgw-other-{personality}",
+            src=compare[1],
+        )
+        procs.insert(0, gw_other.proc)
+        gw_other.wait_scraped()
     gw.wait_scraped()
     gw_ca.wait_scraped()
     started: dict[str, tuple[int, str]] = {}  # name -> (pid, flags)
@@ -1468,6 +1479,17 @@ async def run_personality(
                 flags='router.default_profile = "cache_aware", no store',
             ),
         ]
+        if compare is not None and gw_other is not None:
+            contenders.append(
+                Contender(
+                    compare[0],
+                    bench.Target(gw_other.base, MODEL, name=compare[0]),
+                    await client(c.pooled_transport(pool)),
+                    router_pid=gw_other.pid,
+                    router=gw_other,
+                    flags=f"default configuration, no store; llmgw imported from {compare[1]}",
+                )
+            )
         for name in PEERS:
             if name in started:
                 pid, flags = started[name]
@@ -1850,6 +1872,7 @@ async def main_async(
     peer_reasons: dict[str, str],
     trace: TraceSpec,
     llama_server: str | None,
+    compare: tuple[str, Path] | None = None,
 ) -> dict[str, Any]:
     wls = workloads(trace)
     out = []
@@ -1865,6 +1888,7 @@ async def main_async(
                 peers,
                 peer_reasons,
                 llama_server,
+                compare,
             )
         )
         for cell in out[-1]["cells"]:
@@ -1950,6 +1974,14 @@ def main(argv: list[str] | None = None) -> int:
         default=c.PEERS_VENV,
         help=f"venv holding vllm-router and sglang-router (default {c.PEERS_VENV})",
     )
+    p.add_argument(
+        "--compare",
+        type=Path,
+        default=None,
+        metavar="CHECKOUT",
+        help="one more target: llmgw (default configuration) imported from CHECKOUT/src, "
+        "say a `git worktree` of an earlier revision, to measure a change side by side",
+    )
     args = p.parse_args(argv)
     if args.concurrency < 1:
         p.error("--concurrency must be at least 1")
@@ -2005,7 +2037,19 @@ def main(argv: list[str] | None = None) -> int:
             reasons[name] = f"no {binary} in {args.peers_venv}: run benchmarks/setup_peers.sh"
         else:
             versions[dist] = c.peer_version(dist, args.peers_venv)
-    n_targets = 3 + sum(1 for b in peers.values() if b is not None)
+    compare = None
+    if args.compare is not None:
+        src = args.compare.resolve() / "src"
+        if not (src / "llmgw" / "__init__.py").is_file():
+            p.error(f"--compare {args.compare}: no src/llmgw there (a checkout of llmgw?)")
+        rev = subprocess.run(
+            ["git", "-C", str(args.compare), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        compare = (f"llmgw {rev or args.compare.name}", src)
+    n_targets = 3 + (compare is not None) + sum(1 for b in peers.values() if b is not None)
     all_wls = workloads(trace)
     eta = estimate(settings, names, [all_wls[w] for w in wl_names], n_targets, args.concurrency)
     c.log(
@@ -2030,6 +2074,7 @@ def main(argv: list[str] | None = None) -> int:
                 reasons,
                 trace,
                 llama_server,
+                compare,
             )
     except* KeyboardInterrupt:
         pass  # trio may deliver it inside an exception group
