@@ -323,7 +323,7 @@ def test_traffic_page_charts_requests(fleet: Fleet, page: Page) -> None:
     page.goto(f"{fleet.dash}/traffic")
     expect(page.locator("p.headline")).to_contain_text("req/s")
     figures = page.locator("figure.chart")
-    expect(figures).to_have_count(8)
+    expect(figures).to_have_count(10)
     expect(figures.first.locator("figcaption")).to_have_text("Requests per second")
     # Finished slots are charted: once the 5 s slot with the streams closes, their
     # time to first token appears (the page refreshes itself).
@@ -613,6 +613,62 @@ def test_retries_are_counted_and_charted_per_model(page: Page) -> None:
             timeout=15_000
         )
         expect(chart).not_to_contain_text("No retry counts recorded")
+
+
+def test_prefix_predictions_and_spills_are_charted_across_workers(page: Page) -> None:
+    """Requests under one long system prompt, to two llmgw-sim replicas behind
+    llmgw-server --workers 2: the workers' prefix tables predict what the replica holds,
+    the simulator's cached_tokens weigh it; once the prompt's home answers 429 the
+    workers pass it over (a spill, throttled). The dashboard's traffic page, served by
+    the control process from every worker's records, charts both (issue #31)."""
+    from llmgw.dashboard.panels import NO_CACHE_REPORTS, NO_PREDICTIONS
+    from tests.procs import server, set_faults, sim
+    from tests.test_router_e2e import FAST, ask_tenant
+
+    with ExitStack() as stack:
+        bases = [stack.enter_context(sim(model="m"))[1] for _ in range(2)]
+        flags = [f"--endpoint=s{i}={b}=m" for i, b in enumerate(bases)]
+        srv = stack.enter_context(
+            server(*flags, "--workers", "2", config=FAST + '[store]\nurl = ""\n')
+        )
+        srv.wait_scraped()
+        homes = {ask_tenant(srv, i).headers["x-llmgw-endpoint"] for i in range(4)}
+        assert len(homes) == 1, homes  # the workers agree on the prompt's home
+        predicted = sum(
+            srv.metric("llmgw_prefix_predictions_total", model="m", outcome=o)
+            for o in ("hit", "miss", "over", "under")
+        )
+        assert predicted >= 3
+        (home,) = homes
+        set_faults(bases[int(home[1:])], error_rate=1.0, error_status=429)
+
+        def spilled() -> float:
+            return srv.metric(
+                "llmgw_affinity_spills_total", model="m", affinity="prefix", reason="throttled"
+            )
+
+        # Each worker learns of the 429 on a request of its own, then passes the home over.
+        for i in range(4, 30):
+            ask_tenant(srv, i)
+            if spilled() >= 1:
+                break
+        assert spilled() >= 1
+        page.goto(f"{srv.admin}/traffic")
+        # Once the 5 s slots of the requests close (the page refreshes itself).
+        predictions = page.locator(
+            "figure.chart", has_text="Prefix-cache predictions against the engines"
+        )
+        expect(predictions.locator("svg .chart-line, svg .chart-dot").first).to_be_attached(
+            timeout=15_000
+        )
+        expect(predictions).not_to_contain_text(NO_CACHE_REPORTS)
+        expect(predictions).not_to_contain_text(NO_PREDICTIONS)
+        expect(predictions.locator(".chart-legend")).to_contain_text("confirmed")
+        spills = page.locator("figure.chart", has_text="Affinity spills per second by reason")
+        expect(spills.locator("svg .chart-line, svg .chart-dot").first).to_be_attached(
+            timeout=15_000
+        )
+        expect(spills.locator(".chart-legend")).to_contain_text("prefix:throttled")
 
 
 def test_cordon_and_uncordon_through_the_ui(fleet: Fleet, page: Page) -> None:

@@ -80,3 +80,51 @@ def test_the_traffic_page_charts_errors_and_retries_per_model() -> None:
     made = {c["title"]: c for c in panels.traffic_charts(ring.series())}
     retries = made["Retries per second per model"]
     assert "note" not in retries and "m 0.2 /s" in retries["svg"]
+
+
+def test_the_traffic_page_charts_prefix_predictions_and_spills() -> None:
+    """The router's model of the engines, weighed: the share of prefix predictions the
+    engines confirmed, and the spills per reason. Each says why it is empty: no engine
+    reported cached tokens, none was predicted, or nothing spilled (a zero)."""
+    from llmgw.dashboard.traffic import TrafficRing
+    from llmgw.domain.usage import Usage, UsageRecord
+
+    predictions = "Prefix-cache predictions against the engines"
+    spills = "Affinity spills per second by reason"
+    now = [0.0]
+    ring = TrafficRing(clock=lambda: now[0])
+    now[0] = 1.0
+    ring.record(UsageRecord("m", "e", 200, Usage(10, 1), 0.1))  # no cached tokens said
+    now[0] = 6.0
+    made = {c["title"]: c for c in panels.traffic_charts(ring.series())}
+    assert "no data" in made[predictions]["svg"]
+    assert made[predictions]["note"] == panels.NO_CACHE_REPORTS
+    assert "no data" in made[spills]["svg"] and "note" not in made[spills]  # not counted
+
+    ring.record(UsageRecord("m", "e", 200, Usage(10, 1, cached_tokens=0), 0.1, spills=()))
+    now[0] = 11.0
+    made = {c["title"]: c for c in panels.traffic_charts(ring.series())}
+    assert made[predictions]["note"] == panels.NO_PREDICTIONS
+    assert made[spills]["note"] == panels.NO_SPILLS
+
+    for outcome in ("hit", "hit", "hit", "over"):
+        ring.record(
+            UsageRecord(
+                "m",
+                "e",
+                200,
+                Usage(10, 1, cached_tokens=0),
+                0.1,
+                prediction=outcome,
+                spills=(("prefix", "throttled"),) if outcome == "over" else (),
+            )
+        )
+    now[0] = 16.0
+    made = {c["title"]: c for c in panels.traffic_charts(ring.series())}
+    chart = made[predictions]
+    assert "note" not in chart and "no data" not in chart["svg"]
+    # The latest slot's shares, in the legend: 3 of 4 confirmed, 1 of 4 over, none under.
+    assert "confirmed 75%" in chart["svg"] and "over 25%" in chart["svg"]
+    assert "under 0%" in chart["svg"]
+    chart = made[spills]
+    assert "note" not in chart and "prefix:throttled 0.2 /s" in chart["svg"]

@@ -450,3 +450,97 @@ def test_retries_per_model_only_from_records_that_count_them() -> None:
     (p,) = r.series().points
     assert p.retries_per_second_by_model == {"a": pytest.approx(3 / 5), "b": None}
     assert r.summary(60.0).retries_by_model == {"a": 3}
+
+
+def cached(record: UsageRecord, tokens: int | None = 0) -> UsageRecord:
+    """`record` as an engine that reported `tokens` cached prompt tokens answered it."""
+    return attrs.evolve(record, usage=attrs.evolve(record.usage, cached_tokens=tokens))
+
+
+def test_prefix_predictions_are_shares_of_the_slots_predictions_and_absent_is_not_zero() -> None:
+    """Per slot, the share of the prefix table's predictions the engines confirmed (hit
+    and miss), found evicted (over) and found holding more (under); a slot whose
+    requests carried no prediction has none of the three, not 0."""
+    clock = Clock(0.0)
+    r = ring(clock)
+    clock.t = 1.0
+    for outcome in ("hit", "hit", "hit", "miss", "over", "over", "under", "hit"):
+        r.record(cached(attrs.evolve(rec(), prediction=outcome), 100))
+    r.record(cached(rec(), 0))  # weighed nothing (no prediction): not counted
+    clock.t = 6.0
+    r.record(cached(rec(), 50))  # requests, cached tokens reported, no prediction
+    r.record(rec())
+    clock.t = 11.0
+    r.record(cached(attrs.evolve(rec(), prediction="under"), 10))
+    clock.t = 21.0  # [15, 20) passes without a request
+    s = r.series()
+    first, second, third, empty = s.points
+    assert first.predictions == 8
+    assert first.predictions_confirmed == pytest.approx(5 / 8)
+    assert first.predictions_over == pytest.approx(2 / 8)
+    assert first.predictions_under == pytest.approx(1 / 8)
+    for p in (second, empty):
+        assert p.predictions == 0
+        assert p.predictions_confirmed is p.predictions_over is p.predictions_under is None
+    assert (third.predictions_confirmed, third.predictions_over) == (0.0, 0.0)
+    assert third.predictions_under == 1.0
+    assert s.cache_reports == 11
+    col = s.column(lambda p: p.predictions_confirmed)
+    assert col[-4:] == (pytest.approx(5 / 8), None, 0.0, None)
+
+
+def test_no_cached_tokens_reported_is_counted_as_none() -> None:
+    """Engines that never report cached tokens (None) leave cache_reports at 0; a
+    report of 0 cached tokens is a report."""
+    clock = Clock(0.0)
+    r = ring(clock)
+    clock.t = 1.0
+    r.record(rec())
+    r.record(cached(rec(), None))
+    clock.t = 6.0
+    assert r.series().cache_reports == 0
+    r.record(cached(rec(), 0))
+    clock.t = 11.0
+    assert r.series().cache_reports == 1
+
+
+def test_spills_per_reason_only_from_records_that_count_them() -> None:
+    """Spills are counted per affinity:reason from the records that carry a spill count
+    (one per routing decision that passed over the home); a slot whose records carry
+    none has no spill rate, while one with counted records and no spill has 0."""
+    clock = Clock(0.0)
+    r = ring(clock)
+    clock.t = 1.0
+    r.record(attrs.evolve(rec(), spills=(("prefix", "work"),)))
+    r.record(attrs.evolve(rec(), spills=(("prefix", "throttled"), ("session", "gone"))))
+    r.record(attrs.evolve(rec(502), endpoint=None, spills=(("prefix", "work"),)))
+    r.record(attrs.evolve(rec(), spills=()))
+    clock.t = 6.0
+    r.record(attrs.evolve(rec(), spills=()))  # counted: none
+    clock.t = 11.0
+    r.record(rec())  # not counted
+    clock.t = 16.0
+    s = r.series()
+    assert s.spills == ("prefix:throttled", "prefix:work", "session:gone")
+    assert s.spill_counted == 5
+    first, second, third = s.points
+    assert first.spills_per_second == {
+        "prefix:throttled": pytest.approx(1 / 5),
+        "prefix:work": pytest.approx(2 / 5),
+        "session:gone": pytest.approx(1 / 5),
+    }
+    assert second.spills_per_second == dict.fromkeys(s.spills, 0.0)
+    assert third.spills_per_second == dict.fromkeys(s.spills, None)
+
+
+def test_a_reused_slot_forgets_its_predictions_and_spills() -> None:
+    clock = Clock(0.0)
+    r = ring(clock, window=20, step=5)  # 4 slots, 5 ring entries
+    clock.t = 1.0
+    r.record(cached(attrs.evolve(rec(), prediction="over", spills=(("prefix", "load"),)), 1))
+    clock.t = 26.0  # slot 5, where slot 0 was
+    r.record(rec())
+    clock.t = 30.0
+    s = r.series()
+    assert s.spills == () and s.cache_reports == 0 and s.spill_counted == 0
+    assert all(p.predictions == 0 and p.spills_per_second == {} for p in s.points)

@@ -272,7 +272,11 @@ def test_panels_summaries_and_formats() -> None:
         "Retries per second per model",
         "Time to first token",
     ]
-    assert len(made) == 8 and all("no data" in c["svg"] for c in made)
+    assert [c["title"] for c in made][-2:] == [
+        "Prefix-cache predictions against the engines",
+        "Affinity spills per second by reason",
+    ]
+    assert len(made) == 10 and all("no data" in c["svg"] for c in made)
 
 
 def test_the_saturation_chart_marks_each_bands_ceiling() -> None:

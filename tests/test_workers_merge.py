@@ -100,8 +100,22 @@ async def test_frames_carry_each_message_and_refuse_an_oversized_one() -> None:
     got = await at_worker.receive()
     assert got == wire.Upsert(endpoint) and got.endpoint.headers == endpoint.headers
     record = UsageRecord("m", "e", 200, Usage(1, 2), 0.1, key_id="k")
-    await at_worker.send(wire.Usage([record]))
-    assert await to_worker.receive() == wire.Usage([record])
+    # What the dashboard's ring counts of the router's model of the engines crosses
+    # too: the workers' records are how their predictions and spills merge (issue #31).
+    weighed = UsageRecord(
+        "m",
+        "e",
+        200,
+        Usage(1, 2, cached_tokens=0),
+        0.1,
+        prediction="over",
+        spills=(("prefix", "throttled"), ("session", "gone")),
+    )
+    await at_worker.send(wire.Usage([record, weighed]))
+    got = await to_worker.receive()
+    assert got == wire.Usage([record, weighed])
+    assert got.records[1].spills == (("prefix", "throttled"), ("session", "gone"))
+    assert got.records[0].spills is None and got.records[0].prediction is None
     # A frame claiming more than MAX_FRAME is refused before it is read.
     await right.send_all((wire.MAX_FRAME + 1).to_bytes(4, "big"))
     with pytest.raises(wire.WireError, match="over the limit"):

@@ -17,6 +17,9 @@ from llmgw.dashboard.traffic import TrafficPoint, TrafficSeries
 
 __all__ = [
     "MISSING",
+    "NO_CACHE_REPORTS",
+    "NO_PREDICTIONS",
+    "NO_SPILLS",
     "endpoint_summary",
     "fleet_summary",
     "fmt_ago",
@@ -110,6 +113,22 @@ def usage_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
 #: What the retries chart says while no request recorded a retry count.
 NO_RETRY_COUNTS = "No retry counts recorded: the router does not report them with requests."
 
+#: What the prefix predictions chart says while no engine reported cached tokens.
+NO_CACHE_REPORTS = (
+    "No engine reported cached prompt tokens (usage.prompt_tokens_details.cached_tokens) "
+    "in this window: the prefix table's predictions cannot be weighed against them."
+)
+
+#: ... and while engines reported them but the router predicted nothing.
+NO_PREDICTIONS = (
+    "No prefix predictions weighed in this window: prefix affinity is off, or no prompt "
+    "was long enough to hash."
+)
+
+#: What the spills chart says when requests were routed and none spilled (zero, not
+#: absent).
+NO_SPILLS = "No spills: every request with a home was sent there."
+
 
 def traffic_charts(
     series: TrafficSeries, ceilings: Sequence[tuple[str, float]] = ()
@@ -129,6 +148,18 @@ def traffic_charts(
     retries_counted = any(
         v is not None for p in series.points for v in p.retries_per_second_by_model.values()
     )
+    # Nor is a prediction nobody could weigh: without an engine's cached tokens the
+    # prefix chart has no values, and says why.
+    predicted = any(p.predictions for p in series.points)
+    prediction_note = (
+        {}
+        if predicted
+        else {"note": NO_PREDICTIONS}
+        if series.cache_reports
+        else {"note": NO_CACHE_REPORTS}
+    )
+    # Spills counted and none seen: a chart with no line, which is a zero.
+    spill_note = {"note": NO_SPILLS} if series.spill_counted and not series.spills else {}
     return [
         {
             "title": "Requests per second",
@@ -196,6 +227,34 @@ def traffic_charts(
                 # A band is held back while its pool is at or above its ceiling.
                 marks=[(f"{band} ceiling", c) for band, c in ceilings if c < 1.0],
             ),
+        },
+        {
+            # Where the router's model of the engines is wrong. Shares, not rates: the
+            # three lines add up to 1 in a slot and read on one axis whatever the
+            # traffic (the requests chart has the volume); a rising "over" is the
+            # engines evicting what the table thinks they hold, a rising "under" the
+            # engines holding what it forgot (its table too small, its ttl too short,
+            # or other routers feeding them). A slot without predictions is a gap.
+            "title": "Prefix-cache predictions against the engines",
+            "svg": charts.line_chart(
+                lines(
+                    confirmed=lambda p: p.predictions_confirmed,
+                    over=lambda p: p.predictions_over,
+                    under=lambda p: p.predictions_under,
+                ),
+                unit="%",
+                y_max=1.0,
+            ),
+            **prediction_note,
+        },
+        {
+            # A request with a home (its session's replica, the replicas holding its
+            # prefix) sent elsewhere, per affinity and the reason it was passed over.
+            "title": "Affinity spills per second by reason",
+            "svg": charts.line_chart(
+                by(series.spills, lambda p, k: p.spills_per_second.get(k)), unit="/s"
+            ),
+            **spill_note,
         },
     ]
 

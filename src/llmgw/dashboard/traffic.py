@@ -28,6 +28,16 @@ Decisions the dashboard relies on:
   they are what clients saw. Retries are counted only from records that carry a count
   (``UsageRecord.retries``); a model with none in a slot has no retries value there
   (unknown), not 0.
+* The router's model of the engines, weighed (issue #31): the prefix table's
+  predictions per outcome (``UsageRecord.prediction``: hit, miss, over, under) and the
+  affinity spills per ``affinity:reason`` (``UsageRecord.spills``), the sets of
+  llmgw_prefix_predictions_total and llmgw_affinity_spills_total, so bounded. A slot
+  without predictions has no prediction shares (None, not 0); spills, like retries,
+  are counted only from records that carry them (None in a slot without one). Whether
+  any engine reported cached tokens at all (``Usage.cached_tokens`` not None) is
+  counted too: without that no prediction can be weighed, and the chart says so.
+  With workers, every worker's records come to the one ring (llmgw.workers.pool), so
+  these series merge like the rest: by counting them in one place.
 * Errors are statuses >= 400 except 499, which the router uses for a client that went
   away: that is counted as ``client_gone``, not as an error of the service. The
   end-to-end latency histogram takes successful requests only (a fast 4xx or a client
@@ -164,6 +174,13 @@ class _Slot:
     # Sampled, max within the slot; a missing key is "not sampled".
     depth: dict[str, int] = attrs.field(factory=dict)
     saturation: dict[str, float] = attrs.field(factory=dict)
+    # The prefix table's predictions weighed, per outcome; records whose engine
+    # reported cached tokens; spills per "affinity:reason", from `spill_counted`
+    # records (those carrying a spill count).
+    predictions: dict[str, int] = attrs.field(factory=dict)
+    cache_reports: int = 0
+    spills: dict[str, int] = attrs.field(factory=dict)
+    spill_counted: int = 0
 
     def reset(self, n: int) -> None:
         self.n = n
@@ -177,6 +194,9 @@ class _Slot:
         self.model_retries = {}
         self.depth = {}
         self.saturation = {}
+        self.predictions = {}
+        self.cache_reports = self.spill_counted = 0
+        self.spills = {}
 
 
 _EMPTY = _Slot()
@@ -209,6 +229,15 @@ class TrafficPoint:
     retries_per_second_by_model: dict[str, float | None]  # None: no count recorded
     queue_depth: dict[str, int | None]  # max sampled in the slot, summed over pools
     saturation: dict[str, float | None]  # per pool, max sampled in the slot
+    # The prefix table's predictions weighed against the engines in the slot, and the
+    # shares of them the engines confirmed (hit + miss), found evicted (over) and found
+    # holding more (under): None without a prediction (the three add up to 1).
+    predictions: int = 0
+    predictions_confirmed: float | None = None
+    predictions_over: float | None = None
+    predictions_under: float | None = None
+    # Per "affinity:reason" seen in the series; None: no record counted spills.
+    spills_per_second: dict[str, float | None] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -221,6 +250,11 @@ class TrafficSeries:
     bands: tuple[str, ...]  # sorted: request bands and sampled queue bands
     pools: tuple[str, ...]  # sorted: pools whose saturation was sampled
     models: tuple[str, ...] = ()  # sorted: models of the requests recorded
+    spills: tuple[str, ...] = ()  # sorted: the "affinity:reason" of spills recorded
+    # Requests whose engine reported cached prompt tokens (0: none did, so no prefix
+    # prediction could be weighed), and records that carried a spill count.
+    cache_reports: int = 0
+    spill_counted: int = 0
 
     def column(self, get: Callable[[TrafficPoint], float | None]) -> tuple[float | None, ...]:
         """One value per slot of the full window, None before the start: what a chart
@@ -260,6 +294,10 @@ class TrafficSummary:
 
 def _rate(count: float, seconds: float) -> float:
     return count / seconds if seconds > 0 else 0.0
+
+
+def _share(count: int, total: int) -> float | None:
+    return count / total if total else None
 
 
 class TrafficRing:
@@ -334,8 +372,18 @@ class TrafficRing:
             slot.latency.add(record.latency)
         if record.ttft is not None and record.ttft >= 0:
             slot.ttft.add(record.ttft)
-        slot.prompt_tokens += record.usage.prompt_tokens
-        slot.completion_tokens += record.usage.completion_tokens
+        usage = record.usage
+        slot.prompt_tokens += usage.prompt_tokens
+        slot.completion_tokens += usage.completion_tokens
+        if usage.cached_tokens is not None:
+            slot.cache_reports += 1
+        if record.prediction is not None:
+            slot.predictions[record.prediction] = slot.predictions.get(record.prediction, 0) + 1
+        if record.spills is not None:
+            slot.spill_counted += 1
+            for affinity, reason in record.spills:
+                key = f"{affinity}:{reason}"
+                slot.spills[key] = slot.spills.get(key, 0) + 1
         band = record.band if record.band is not None else self.unbanded
         slot.bands[band] = slot.bands.get(band, 0) + 1
 
@@ -412,11 +460,13 @@ class TrafficRing:
         bands = sorted({b for _, s in slots for b in (*s.bands, *s.depth)})
         pools = sorted({p for _, s in slots for p in s.saturation})
         models = sorted({m for _, s in slots for m in s.model_requests})
+        spills = sorted({k for _, s in slots for k in s.spills})
         points = []
         for n, s in slots:
             begin, seconds = self._covered(n, now)
             ttft = _quantiles(s.ttft)
             latency = _quantiles(s.latency)
+            predicted = sum(s.predictions.values())
             points.append(
                 TrafficPoint(
                     start=begin - now,
@@ -448,6 +498,16 @@ class TrafficRing:
                     },
                     queue_depth={b: s.depth.get(b) for b in bands},
                     saturation={p: s.saturation.get(p) for p in pools},
+                    predictions=predicted,
+                    predictions_confirmed=_share(
+                        s.predictions.get("hit", 0) + s.predictions.get("miss", 0), predicted
+                    ),
+                    predictions_over=_share(s.predictions.get("over", 0), predicted),
+                    predictions_under=_share(s.predictions.get("under", 0), predicted),
+                    spills_per_second={
+                        k: _rate(s.spills.get(k, 0), seconds) if s.spill_counted else None
+                        for k in spills
+                    },
                 )
             )
         return TrafficSeries(
@@ -457,6 +517,9 @@ class TrafficRing:
             bands=tuple(bands),
             pools=tuple(pools),
             models=tuple(models),
+            spills=tuple(spills),
+            cache_reports=sum(s.cache_reports for _, s in slots),
+            spill_counted=sum(s.spill_counted for _, s in slots),
         )
 
     def summary(self, last: float = 60.0) -> TrafficSummary:

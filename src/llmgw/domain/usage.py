@@ -73,6 +73,15 @@ class UsageRecord:
     queue_wait: float | None = None
     # A refusal's error code (model_not_found, queue_full, upstream_error, ...).
     error: str | None = None
+    # The prefix table's prediction of what the serving replica held of the prompt,
+    # weighed against the engine's cached tokens: "hit", "miss", "over" or "under"
+    # (llmgw_prefix_predictions_total's outcomes); None where none was weighed (no
+    # prediction, or the engine reported no cached tokens).
+    prediction: str | None = None
+    # The affinity spills of its routing decisions, one (affinity, reason) per decision
+    # that sent it away from its home (llmgw_affinity_spills_total's labels); () when
+    # none did, None where the recorder does not count them. Not stored: the dashboard's.
+    spills: tuple[tuple[str, str], ...] | None = None
 
 
 class UsageSink(Protocol):

@@ -526,6 +526,7 @@ class ClientApp:
                 path=scope["path"],
                 queue_wait=call.queued,
                 error=refused.code,
+                spills=call.spills,
             )
             refused.recorded = True
             raise refused

@@ -152,6 +152,7 @@ class Routing(Protocol):
         path: str | None = None,
         queue_wait: float | None = None,
         probe: Probe | None = None,
+        spills: tuple[tuple[str, str], ...] = (),
     ) -> None: ...
 
     def refused(
@@ -166,6 +167,7 @@ class Routing(Protocol):
         path: str | None = None,
         queue_wait: float | None = None,
         error: str | None = None,
+        spills: tuple[tuple[str, str], ...] = (),
     ) -> None: ...
 
 
@@ -192,6 +194,7 @@ class Call:
         "send",
         "session_key",
         "span",
+        "spills",
         "started",
         "stream",
         "trace",
@@ -224,6 +227,8 @@ class Call:
         self.caller = Caller(key.id if key is not None else None)
         self.queued = 0.0  # seconds admission held it
         self.retries = 0  # attempts after the first, on other endpoints
+        # (affinity, reason) per routing decision that sent it away from its home.
+        self.spills: tuple[tuple[str, str], ...] = ()
         # Embeddings, rerank and the like never stream, whatever the body says.
         self.stream = body.stream and route.streams
         # What the client gets of the engine's usage: a chunk it asked for, or a

@@ -320,10 +320,13 @@ class Router:
         path: str | None = None,
         queue_wait: float | None = None,
         probe: Probe | None = None,
+        spills: tuple[tuple[str, str], ...] = (),
     ) -> None:
         """Account a request that reached the client (after `retries` attempts on
         other endpoints). `probe` is what the prefix table said `state` held of the
-        prompt when it was picked: weighed against the engine's cached tokens."""
+        prompt when it was picked: weighed against the engine's cached tokens.
+        `spills` are the request's routing decisions' (already counted in the metrics):
+        they go on its usage record, with the prediction's outcome, for the dashboard."""
         now = trio.current_time()
         ident = state.endpoint.id
         m = self.metrics
@@ -335,6 +338,7 @@ class Router:
         if delivery.itl:
             m.itl.observe_all(model.name, delivery.itl)
         usage = delivery.usage
+        outcome: str | None = None
         if usage is not None:
             m.prompt_tokens.labels(model.name, ident).inc(usage.prompt_tokens)
             m.completion_tokens.labels(model.name, ident).inc(usage.completion_tokens)
@@ -381,6 +385,8 @@ class Router:
             request_id=request_id,
             path=path,
             queue_wait=queue_wait,
+            prediction=outcome,
+            spills=spills,
         )
 
     def refused(
@@ -395,6 +401,7 @@ class Router:
         path: str | None = None,
         queue_wait: float | None = None,
         error: str | None = None,
+        spills: tuple[tuple[str, str], ...] = (),
     ) -> None:
         """Account a request for `model` that llmgw answered with an error itself (no
         endpoint served it): usage records and the dashboard count it as a failure."""
@@ -410,6 +417,7 @@ class Router:
             path=path,
             queue_wait=queue_wait,
             error=error,
+            spills=spills,
         )
 
     def _record_usage(
@@ -427,6 +435,8 @@ class Router:
         path: str | None,
         queue_wait: float | None,
         error: str | None = None,
+        prediction: str | None = None,
+        spills: tuple[tuple[str, str], ...] = (),
     ) -> None:
         """One request's record, with who sent it, to every usage sink."""
         if self.usage_sinks:
@@ -445,6 +455,8 @@ class Router:
                 path=path,
                 queue_wait=queue_wait,
                 error=error,
+                prediction=prediction,
+                spills=spills,
             )
             for sink in self.usage_sinks:
                 sink.record(record)

@@ -225,6 +225,7 @@ class Dispatch:
                 router.metrics.decisions.labels(model.name, decision.tier).inc()
                 if decision.spill is not None:
                     router.metrics.spills.labels(model.name, *decision.spill).inc()
+                    call.spills += (decision.spill,)
                 for endpoint_id in decision.ranked:
                     if budget <= 0:
                         break
@@ -261,6 +262,7 @@ class Dispatch:
                         path=call.scope["path"],
                         queue_wait=call.queued,
                         probe=decision.probe if endpoint_id == decision.endpoint_id else None,
+                        spills=call.spills,
                     )
                     if call.response_id is not None and delivery.status == 200:
                         owner = call.key.id if call.key is not None else None
@@ -437,6 +439,7 @@ class Dispatch:
                     request_id=call.request_id,
                     path=call.scope["path"],
                     queue_wait=call.queued,
+                    spills=call.spills,
                 )
             raise
         finally:
