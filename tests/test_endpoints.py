@@ -73,23 +73,3 @@ def test_finished_requests_give_their_kv_blocks_back_before_the_next_scrape() ->
     # New requests since may wait for blocks rather than take them: no guess upwards.
     s.inflight = 14
     assert s.candidate(1.0).kv_usage == 0.95
-
-
-def test_what_a_request_had_to_prefill_is_learnt_from_the_engines_cached_share() -> None:
-    from llmgw.domain.usage import Usage
-    from llmgw.router.dispatch import _uncached
-
-    # The engine computed a quarter of a prompt the router estimated at 800 tokens.
-    assert _uncached(800.0, 0.0, Usage(1000, 5, cached_tokens=750)) == 200.0
-    # It did not say what it had cached (or never answered with usage): the charge.
-    assert _uncached(800.0, 640.0, Usage(1000, 5)) == 640.0
-    assert _uncached(800.0, 640.0, Usage(1000, 5, cached_tokens=750, estimated=True)) == 640.0
-    assert _uncached(800.0, 640.0, None) == 640.0
-    s = EndpointState(Endpoint("e", "http://e", ("m",)), Breaker(3, 15.0))
-    assert s.candidate(0.0).prefill_per_request is None  # absent, not zero
-    s.prefilled(1000.0)
-    assert s.candidate(0.0).prefill_per_request == 1000.0
-    for _ in range(80):  # 900 * 0.9**80 < 0.2
-        s.prefilled(100.0)
-    per = s.candidate(0.0).prefill_per_request
-    assert per is not None and 100.0 <= per < 100.2

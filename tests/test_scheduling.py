@@ -287,29 +287,6 @@ def test_prefix_stays_home_when_its_engine_is_full_until_a_miss_costs_less() -> 
     assert pick(throttled, prefix={"a": 1.0}) == ("b", "score")
 
 
-def test_the_engines_queue_is_a_floor_under_the_routers_own_prefill_count() -> None:
-    """Another worker's or router's requests queue at the engine too: its reported
-    queue, times what a request there recently had to prefill, is the home's backlog
-    when that is more than this router's own count."""
-
-    def learnt(c: Candidate, per: float | None) -> Candidate:
-        return attrs.evolve(c, prefill_per_request=per)
-
-    # Six queued at the home, each with about 1,000 tokens to prefill: 6,000 ahead,
-    # more than a miss at b costs (4,000). The router itself sent none of them.
-    home = cand("a", waiting=6)
-    assert pick([learnt(home, 1000.0), cand("b")], prefix={"a": 1.0}) == ("b", "prefix")
-    # Nothing learnt: the router's own count (none) is all it knows, the prompt stays.
-    assert pick([home, cand("b")], prefix={"a": 1.0}) == ("a", "prefix")
-    # Queued requests that hit the cache (100 tokens each) are little work: it stays.
-    assert pick([learnt(home, 100.0), cand("b")], prefix={"a": 1.0}) == ("a", "prefix")
-    # The router's own count, when more, still counts.
-    busy = attrs.evolve(learnt(home, 100.0), prefill=4500.0)
-    assert pick([busy, cand("b")], prefix={"a": 1.0}) == ("b", "prefix")
-    # Sessions weigh the same backlog.
-    assert pick([learnt(cand("s", waiting=6), 1000.0), cand("o")], session="s") == ("o", "score")
-
-
 def test_a_prefix_spills_only_to_replicas_with_room_in_the_best_tier() -> None:
     # The home is busy; c is idle but full by its KV cache, d is on a fallback tier.
     cands = [

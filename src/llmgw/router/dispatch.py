@@ -450,8 +450,6 @@ class Dispatch:
         broken = delivery.failure
         outcome = broken.outcome if broken else classify_status(delivery.status)
         router.record_attempt(state, ticket, outcome, broken)
-        if broken is None and delivery.status == 200:
-            state.prefilled(_uncached(call.prompt_tokens, prefill, delivery.usage))
         if traced is not None and call.span is not None:
             traced.end(outcome.value, delivery.status, None if broken is None else str(broken))
             call.span.served(
@@ -464,16 +462,6 @@ class Dispatch:
                 None if broken is None else broken.kind,
             )
         return delivery
-
-
-def _uncached(estimate: float, charged: float, usage: Usage | None) -> float:
-    """What a served request had to prefill, in the router's estimated tokens: the
-    prompt's estimate times the share the engine says it computed, or what the router
-    charged when the engine does not say what it had cached."""
-    if usage is None or usage.estimated or usage.cached_tokens is None or usage.prompt_tokens <= 0:
-        return charged
-    computed = max(0, usage.prompt_tokens - usage.cached_tokens) / usage.prompt_tokens
-    return estimate * computed
 
 
 def _starting_retry(cold_start_timeout: float) -> int:

@@ -37,7 +37,6 @@ class EndpointState:
         "last_scrape",
         "last_scrape_attempt",
         "prefill",
-        "prefill_per_request",
         "props_tried",
         "public",
         "reported_capacity",
@@ -62,10 +61,6 @@ class EndpointState:
         self.inflight_at_scrape = 0  # our in-flight count when the sample was taken
         # Estimated uncached prompt tokens of our requests before their first token.
         self.prefill = 0.0
-        # What a request sent here has recently had to prefill (router-estimated
-        # tokens, the cached share as the engine said): turns the engine's queue
-        # length into prefill work (None: nothing learnt yet).
-        self.prefill_per_request: float | None = None
         self.draining = False
         # What the engine says it runs at once (llama.cpp's /props), when configured
         # nothing; and when the router last asked.
@@ -124,15 +119,7 @@ class EndpointState:
             capacity=capacity,
             pool=e.pool,
             prefill=self.prefill,
-            prefill_per_request=self.prefill_per_request,
         )
-
-    def prefilled(self, tokens: float) -> None:
-        """A request here had `tokens` of its prompt to prefill (router-estimated)."""
-        per = self.prefill_per_request
-        # A mean over the last ten or so requests: the mix of hits and misses changes
-        # with the workload, and the queue it is multiplied by is a snapshot anyway.
-        self.prefill_per_request = tokens if per is None else per + 0.1 * (tokens - per)
 
     def _since_scrape(
         self, waiting: float, running: float, capacity: float | None

@@ -122,23 +122,12 @@ class Context:
         held = self.cached_tokens.get(self.candidates[i].endpoint_id, unknown_held)
         return max(0.0, self.prompt_tokens - held)
 
-    def backlog(self, i: int) -> float:
-        """Prompt tokens candidate `i` still has to prefill: the router's own count of
-        its requests without a first token, or, when more, the engine's queue (every
-        router's, every worker's) times what a request there recently had to prefill.
-        The router's count has no lag; the engine's sees the others."""
-        c = self.candidates[i]
-        per = c.prefill_per_request
-        if per is None:
-            return c.prefill
-        return max(c.prefill, self.estimates[i].waiting * per)
-
     def work(self, i: int, unknown_held: float = 0.0) -> float:
         """Candidate `i`'s prefill work if it took this request, per unit of weight:
-        its :meth:`backlog`, plus this prompt's part it does not hold counted
+        what it still has to prefill, plus this prompt's part it does not hold counted
         :data:`MISS_WEIGHT` times."""
         c = self.candidates[i]
-        return (self.backlog(i) + MISS_WEIGHT * self.uncached(i, unknown_held)) / c.weight
+        return (c.prefill + MISS_WEIGHT * self.uncached(i, unknown_held)) / c.weight
 
 
 class Filter(Protocol):

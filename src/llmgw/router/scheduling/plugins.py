@@ -15,20 +15,22 @@ Filters
 * :class:`Room`: the unsaturated candidates of the lowest priority value that has
   any; when every candidate is saturated, all of them.
 * :class:`SessionAffinity` and :class:`PrefixAffinity` decide by *prefill work*:
-  a replica's work for a request is the prompt tokens it still has to prefill (its
-  backlog, :meth:`~.pipeline.Context.backlog`: the router's requests there without a
-  first token, ``Candidate.prefill``, or the engine's reported queue times what a
-  request there recently had to prefill when that is more: the queue also holds
-  other workers' and routers' requests) plus the tokens of this prompt its prefix
-  cache does not hold, counted twice (:data:`~.pipeline.MISS_WEIGHT`: computed there,
-  and evicting another prefix that is then computed again), per unit of weight
+  a replica's work for a request is the prompt tokens it still has to prefill for
+  the router's requests that have not had their first token (``Candidate.prefill``)
+  plus the tokens of this prompt its prefix cache does not hold, counted twice
+  (:data:`~.pipeline.MISS_WEIGHT`: computed there, and evicting another prefix that
+  is then computed again), per unit of weight
   (:meth:`~.pipeline.Context.work`). A cache miss on a 2,000-token prompt is 4,000
   tokens of work; a queue of requests that hit the cache is a few hundred. So a
   prompt stays on the replica that holds it until that replica has more prefill
   ahead of it than a miss elsewhere would cost, the trade llm-d's 2026 scheduler
   makes with its count of uncached prefill tokens in flight. Prompt sizes are
   estimated from bytes (``usage.BYTES_PER_TOKEN``), which all replicas share, so
-  the comparison holds without a tokenizer.
+  the comparison holds without a tokenizer. The engine's reported queue does not
+  enter the work: tried as a floor (its queue times what a request there recently
+  had to prefill), each of two workers then counted the other's backlog too and hot
+  prefixes spilled sooner (llmgw-sim prefill-heavy, closed-loop TTFT p90 668 and
+  1205 ms against 280 and 187 without it, uniform and Zipf; issue #31's results).
 
   - :class:`SessionAffinity` (before Room): a session stays on its replica unless
     another fresh replica's work is lower, its own answered 429, or it is on a
@@ -250,8 +252,8 @@ class Rendezvous:
         cands = ctx.candidates
         home = max(survivors, key=lambda i: _rendezvous(ctx.home_key, cands[i]))
         # A miss's cost elsewhere, as PrefixAffinity weighs it: a busy home spills.
-        least = min(ctx.backlog(i) / cands[i].weight for i in survivors)
-        if ctx.backlog(home) / cands[home].weight > least + MISS_WEIGHT * ctx.prompt_tokens:
+        least = min(cands[i].prefill / cands[i].weight for i in survivors)
+        if cands[home].prefill / cands[home].weight > least + MISS_WEIGHT * ctx.prompt_tokens:
             return survivors
         ctx.tier = "home"
         return [home]
@@ -339,7 +341,8 @@ class Prefill:
     unit: float = PREFILL_UNIT
 
     def cost(self, ctx: Context, i: int) -> float:
-        return ctx.backlog(i) / self.unit / ctx.candidates[i].weight
+        c = ctx.candidates[i]
+        return c.prefill / self.unit / c.weight
 
 
 @attrs.frozen

@@ -73,9 +73,6 @@ class Candidate:
     # Estimated uncached prompt tokens of the router's requests to it that have not had
     # their first token yet: the prefill work it still has ahead (the router's count).
     prefill: float = 0.0
-    # What a request sent to it has recently had to prefill (estimated tokens, the
-    # cached share as its engine said); None: nothing learnt yet.
-    prefill_per_request: float | None = None
 
 
 @attrs.frozen
