@@ -36,6 +36,7 @@ class EndpointState:
         "last_error",
         "last_scrape",
         "last_scrape_attempt",
+        "nudged_inflight",
         "prefill",
         "props_tried",
         "public",
@@ -59,6 +60,9 @@ class EndpointState:
         self.last_error: str | None = None
         self.inflight = 0
         self.inflight_at_scrape = 0  # our in-flight count when the sample was taken
+        # Our in-flight count when we asked another process to scrape it (a worker's
+        # nudge): the sample that answers was taken after, with at least these.
+        self.nudged_inflight: int | None = None
         # Estimated uncached prompt tokens of our requests before their first token.
         self.prefill = 0.0
         self.draining = False

@@ -32,6 +32,7 @@ __all__ = [
     "Metrics",
     "MetricsAsk",
     "ModelDemand",
+    "Nudge",
     "Passed",
     "Reload",
     "Remove",
@@ -183,6 +184,13 @@ class Woke(msgspec.Struct, tag=True, frozen=True):
     endpoint_id: str
 
 
+class Nudge(msgspec.Struct, tag=True, frozen=True):
+    """A burst reached the endpoint since its last sample: scrape it now
+    (llmgw.router.scraper.NUDGE_REQUESTS)."""
+
+    endpoint_id: str
+
+
 class Family(msgspec.Struct, frozen=True):
     """A metric family as prometheus-client collects it."""
 
@@ -198,7 +206,7 @@ class Metrics(msgspec.Struct, tag=True, frozen=True):
     families: list[Family]
 
 
-FromWorker = Listening | Usage | Report | Wake | Woke | Metrics
+FromWorker = Listening | Usage | Report | Wake | Woke | Nudge | Metrics
 
 
 # -- framing -----------------------------------------------------------------------
