@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from llmgw.router.auth import Authenticator
     from llmgw.router.coldstart import ColdStarts
     from llmgw.router.endpoints import EndpointRegistry, EndpointState
+    from llmgw.router.kv_events import Exact, KVEvents
     from llmgw.router.metrics import RouterMetrics
     from llmgw.router.proxy import Upstream
     from llmgw.router.responses import ResponseHomes
@@ -118,6 +119,7 @@ class Routing(Protocol):
     upstream: Upstream
     access_log: AccessLog | None
     prefixes: PrefixIndex | None
+    kv_events: KVEvents | None
     tracing: Tracing | None
     session_header: bytes
     band_header: bytes
@@ -131,6 +133,7 @@ class Routing(Protocol):
         prefix: tuple[int, ...] | None,
         now: float,
         prompt_tokens: float = 0.0,
+        exact: Exact | None = None,
     ) -> Decision | None: ...
 
     def record_attempt(
