@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from functools import partial
 
 import trio
+import zmq
 
 from llmgw import units
 from llmgw.sim import personalities
@@ -373,6 +374,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             trio.run(_run, config, args.ready_file, args.startup_delay)
     except KeyboardInterrupt:
         pass  # a second Ctrl-C during shutdown
+    except zmq.ZMQError as e:
+        fail(
+            PROG, f"cannot bind --kv-events-endpoint {config.kv_events_endpoint}: {e}", EXIT_RUNTIME
+        )
     except BaseException as e:
         err = find_error(e, OSError)  # from inside the server's nursery
         if err is None:

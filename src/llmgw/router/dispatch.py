@@ -322,12 +322,15 @@ class Dispatch:
         if not feeds:
             kv.lookups.labels(model.name, "down").inc()
             return None
+        members = getattr(call.body, "members", None)  # a form body has none
+        body = tokenize_body(model.name, members) if members is not None else None
+        if body is None:  # no prompt to look up (an embedding's input, a form)
+            kv.lookups.labels(model.name, "no_prompt").inc()
+            return None
         if model.name not in tokenized:
             ids = None
-            members = getattr(call.body, "members", None)  # a form body has none
-            body = tokenize_body(model.name, members) if members is not None else None
             tokenizer = router.endpoints.get(feeds[0].endpoint_id)
-            if body is not None and tokenizer is not None:
+            if tokenizer is not None:
                 e = tokenizer.endpoint
                 ids = await kv.tokenize(router.scraper.client, e.url, e.headers, body)
             tokenized[model.name] = ids

@@ -131,7 +131,7 @@ class KVEvents:
             "llmgw_kv_lookups",
             "Requests to models with KV-event endpoints, by how they were routed: exact "
             "(tokenized, looked up), failed (tokenize failed: estimated), down (no feed "
-            "up: estimated)",
+            "up: estimated), no_prompt (no messages or prompt to look up)",
             ["model", "outcome"],
             registry=registry,
         )
