@@ -22,7 +22,7 @@ from llmgw.domain.kv_events import (
     encode_batch,
     encode_seq,
 )
-from llmgw.router.kv_events import Exact, KVEvents, tokenize_body
+from llmgw.router.kv_events import Exact, KVEvents, replay_from, tokenize_body
 from llmgw.router.kv_index import BlockIndex, chain
 from llmgw.sim.model import Engine, EngineConfig, Request
 from llmgw_cli.server import parse_endpoint
@@ -352,6 +352,18 @@ def test_a_feed_is_up_once_heard_and_down_when_silent_while_owed() -> None:
     assert up() == 1 and feed.owed_since is None
 
 
+def test_what_is_asked_of_the_replay_socket() -> None:
+    kv, _ = feeds()
+    feed = kv.feeds["e"]
+    assert replay_from(feed, message(0)) is None  # the first, from the start: nothing missed
+    assert replay_from(feed, message(5)) == 0  # joined late: everything buffered
+    kv.receive(feed, message(5), 0.0)
+    assert replay_from(feed, message(6)) is None
+    assert replay_from(feed, message(9)) == 6
+    assert replay_from(feed, message(2)) is None  # a restart, not a gap
+    assert replay_from(feed, [b"", b"\x01", b""]) is None
+
+
 def test_a_feed_never_heard_owes_any_prompt() -> None:
     kv, _ = feeds()
     assert kv.owes("e", None) and kv.owes("e", [1])
@@ -414,6 +426,12 @@ def test_the_endpoint_flag_and_field() -> None:
     for bad in ("h:5557", "tcp://*:5557", "http://h:1"):
         found = EndpointConfig("a", "http://h:1", ("m",), kv_events=bad).problems("e")
         assert any("kv_events" in p for p in found), bad
+        found = EndpointConfig(
+            "a", "http://h:1", ("m",), kv_events="tcp://h:1", kv_events_replay=bad
+        ).problems("e")
+        assert any("kv_events_replay" in p for p in found), bad
+    lone = EndpointConfig("a", "http://h:1", ("m",), kv_events_replay="tcp://h:2")
+    assert lone.problems("e") == ["e.kv_events_replay: needs kv_events"]
 
 
 # -- the simulator's events, read by the router's index -------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 
@@ -45,22 +45,36 @@ def fresh_prompt() -> str:
 
 
 @contextlib.contextmanager
-def publishing_fleet(n: int, timeout: str = "10s") -> Iterator[tuple[Server, list[str]]]:
-    """`n` sims publishing KV-cache events, behind one router subscribed to them; yields
-    once every feed is up (each engine asked directly until its events arrive: a SUB
-    socket connects asynchronously, and what is published before is not received)."""
+def publishing_fleet(
+    n: int,
+    timeout: str = "10s",
+    *,
+    replay: bool = False,
+    before_router: Callable[[list[str]], None] | None = None,
+) -> Iterator[tuple[Server, list[str]]]:
+    """`n` sims publishing KV-cache events (with `replay`, answering replay requests
+    too), behind one router subscribed to them (`before_router` is called with their
+    base URLs before it starts); yields once every feed is up (each engine asked
+    directly until its events arrive: a SUB socket connects asynchronously, and what
+    is published before it has is not received)."""
     with contextlib.ExitStack() as stack:
+        extra = ("--kv-events-replay-endpoint", "tcp://127.0.0.1:0") if replay else ()
         sims = [
-            stack.enter_context(sim("--kv-events-endpoint", "tcp://127.0.0.1:0", model="m"))
+            stack.enter_context(sim("--kv-events-endpoint", "tcp://127.0.0.1:0", *extra, model="m"))
             for _ in range(n)
         ]
         bases = [url for _, url in sims]
-        flags = [
-            arg
-            for i, (proc, url) in enumerate(sims)
-            for arg in ("--endpoint", f"s{i}={url}=m={proc.ready['kv_events'][0]}")
-        ]
-        srv = stack.enter_context(server(*flags, config=CONFIG.format(timeout=timeout)))
+        if before_router is not None:
+            before_router(bases)
+        config = CONFIG.format(timeout=timeout)
+        for i, (proc, url) in enumerate(sims):
+            config += (
+                f'\n[[endpoints]]\nid = "s{i}"\nurl = "{url}"\nmodels = ["m"]\n'
+                f'kv_events = "{proc.ready["kv_events"][0]}"\n'
+            )
+            if replay:
+                config += f'kv_events_replay = "{proc.ready["kv_events_replay"][0]}"\n'
+        srv = stack.enter_context(server(config=config))
         srv.wait_scraped()
         for i, base in enumerate(bases):
 
@@ -167,3 +181,54 @@ def test_silent_events_fall_back_to_the_estimate_and_say_so() -> None:
         lines = srv.proc.output().splitlines()
         assert sum("endpoint s0 (" in line and "silent for" in line for line in lines) == 1
         assert sum("endpoint s0 (" in line and ": up;" in line for line in lines) == 2
+
+
+BETA = "You answer for the tenant BETA, briefly and politely. " * 60
+
+
+def tenant_direct(base: str, system: str, i: int = 0) -> None:
+    r = httpx.post(
+        f"{base}/v1/chat/completions",
+        json={
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"question {i}"},
+            ],
+            "max_tokens": 2,
+        },
+        timeout=30,
+    )
+    r.raise_for_status()
+
+
+def test_replay_fills_what_the_router_missed() -> None:
+    """With the engines' replay sockets, what an engine cached before the router
+    connected, and what it announced while its messages were lost, are asked for and
+    learnt: the router sends each tenant to the replica that holds its prefix."""
+    with publishing_fleet(
+        2, replay=True, before_router=lambda bases: tenant_direct(bases[1], ACME)
+    ) as (srv, bases):
+
+        def counted(ep: str, kind: str) -> float:
+            return srv.metric("llmgw_kv_events_total", endpoint=ep, kind=kind)
+
+        assert counted("s1", "replayed") >= 1
+        seen = Counter(ask_tenant(srv, i).headers["x-llmgw-endpoint"] for i in range(1, 7))
+        assert seen == Counter({"s1": 6}), seen
+
+        # s0's messages are lost on the way (kept in its replay buffer) while it caches
+        # BETA's prefix; its next message shows the gap, and the replay fills it.
+        replayed = counted("s0", "replayed")
+        set_faults(bases[0], kv_events_paused=True)
+        tenant_direct(bases[0], BETA)
+        set_faults(bases[0], kv_events_paused=False)
+        direct(bases[0], fresh_prompt())
+        wait_for(
+            lambda: counted("s0", "replayed") > replayed, "s0's gap replayed", 10, interval=0.05
+        )
+        assert counted("s0", "missed") == 0
+        seen = Counter(
+            ask_tenant(srv, i, system=BETA).headers["x-llmgw-endpoint"] for i in range(1, 7)
+        )
+        assert seen == Counter({"s0": 6}), seen

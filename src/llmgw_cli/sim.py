@@ -227,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
         "file says which, as kv_events); off by default",
     )
     p.add_argument(
+        "--kv-events-replay-endpoint",
+        metavar="ADDR",
+        help="with --kv-events-endpoint: answer replay requests (vLLM's replay_endpoint, "
+        "a ZMQ ROUTER) on ADDR, port 0 picking one (the ready file's kv_events_replay)",
+    )
+    p.add_argument(
         "--kv-events-topic",
         default="",
         metavar="TOPIC",
@@ -316,6 +322,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     models = tuple(dict.fromkeys(args.models or ["sim-model"]))
     if any(not m for m in models):
         raise ValueError("--model: a model name must not be empty")
+    if args.kv_events_replay_endpoint and not args.kv_events_endpoint:
+        raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
     return SimConfig(
         host=args.host,
         port=args.port,
@@ -332,6 +340,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         wake_delay=args.wake_delay,
         kv_events_endpoint=args.kv_events_endpoint,
         kv_events_topic=args.kv_events_topic,
+        kv_events_replay_endpoint=args.kv_events_replay_endpoint,
     )
 
 
@@ -341,7 +350,9 @@ async def _run(config: SimConfig, ready: str | None = None, startup_delay: float
     await trio.sleep(startup_delay)
     publisher = None
     if config.kv_events_endpoint is not None:
-        publisher = KVPublisher(config.kv_events_endpoint, config.kv_events_topic)
+        publisher = KVPublisher(
+            config.kv_events_endpoint, config.kv_events_topic, config.kv_events_replay_endpoint
+        )
     try:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(partial(serve, config, kv_publisher=publisher))
@@ -352,6 +363,8 @@ async def _run(config: SimConfig, ready: str | None = None, startup_delay: float
                 found = {"listen": [url.removeprefix("http://") for url in binds]}
                 if publisher is not None:
                     found["kv_events"] = [publisher.address]
+                if publisher is not None and publisher.replay_address is not None:
+                    found["kv_events_replay"] = [publisher.replay_address]
                 write_ready_file(ready, found)
     finally:
         if publisher is not None:

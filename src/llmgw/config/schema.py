@@ -467,16 +467,23 @@ class EndpointConfig:
     # endpoint, e.g. "tcp://10.0.0.5:5557"): the router subscribes and routes on the
     # engine's own prefix-cache index (docs/scheduling.md).
     kv_events: str | None = None
+    # Its replay socket (vLLM's kv-events-config `replay_endpoint`): asked for what the
+    # router missed (a gap in the sequence numbers, or what came before it connected).
+    kv_events_replay: str | None = None
 
     def problems(self, key: str) -> list[str]:
         found: list[str] = []
-        if self.kv_events is not None and not (
-            self.kv_events.startswith(("tcp://", "ipc://")) and "*" not in self.kv_events
-        ):
-            found.append(
-                f"{key}.kv_events: must be a tcp:// or ipc:// address to connect to, "
-                f"got {self.kv_events!r}"
-            )
+        for name in ("kv_events", "kv_events_replay"):
+            address = getattr(self, name)
+            if address is not None and not (
+                address.startswith(("tcp://", "ipc://")) and "*" not in address
+            ):
+                found.append(
+                    f"{key}.{name}: must be a tcp:// or ipc:// address to connect to, "
+                    f"got {address!r}"
+                )
+        if self.kv_events_replay is not None and self.kv_events is None:
+            found.append(f"{key}.kv_events_replay: needs kv_events")
         if not self.id:
             found.append(f"{key}.id: must not be empty")
         if not self.url.startswith(("http://", "https://")):

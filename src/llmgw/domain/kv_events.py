@@ -21,6 +21,9 @@ The facts, from vLLM's ``vllm/distributed/kv_events.py`` (read, not copied):
 * ``BlockStored.token_ids`` holds the tokens of all its blocks in order,
   ``block_size`` of them per hash; ``parent_block_hash`` names the block before the
   first (None for a prompt's first block).
+* With a ``replay_endpoint``, a ZMQ ROUTER socket answers a request (one frame: the
+  first sequence number wanted, 8 bytes big-endian) with every batch it still
+  buffers from there, each as (sequence number, payload), then (-1 signed, empty).
 
 :func:`decode_batch` is strict: anything that is not such a batch raises
 :class:`MalformedBatch`, so one bad message costs that message, never the reader.
@@ -35,6 +38,7 @@ import attrs
 import msgspec
 
 __all__ = [
+    "END_SEQ",
     "SEQ_BYTES",
     "AllBlocksCleared",
     "BlockHash",
@@ -51,6 +55,8 @@ __all__ = [
 
 #: The sequence number frame's width.
 SEQ_BYTES = 8
+#: The sequence number frame that ends a replay (-1, signed), with an empty payload.
+END_SEQ = (-1).to_bytes(SEQ_BYTES, "big", signed=True)
 
 BlockHash = int | bytes
 

@@ -143,6 +143,7 @@ class Router:
             KVEvents(
                 kv_addresses,
                 self.metrics.registry,
+                replays={e.id: e.kv_events_replay for e in config.endpoints if e.kv_events_replay},
                 timeout=a.kv_events_timeout,
                 max_blocks=a.kv_events_max_blocks,
             )

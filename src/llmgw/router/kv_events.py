@@ -4,7 +4,9 @@ events of every endpoint configured with a ``kv_events`` address (vLLM's
 endpoint an exact :class:`~llmgw.router.kv_index.BlockIndex`, and, for a request to a
 model whose replicas publish, asks one of them to tokenize the prompt (``POST
 /tokenize``) and looks its token blocks up in each index (docs/scheduling.md, "The
-engines' own index").
+engines' own index"). Where the endpoint names its engine's replay socket too, what
+the subscription missed (before it connected, or a gap in the sequence numbers) is
+asked for and applied in order.
 
 I/O here, index logic in :mod:`llmgw.router.kv_index`, the wire in
 :mod:`llmgw.domain.kv_events`.
@@ -23,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections import Counter as Tally
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 import trio
@@ -31,13 +33,21 @@ import trio.lowlevel
 import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from llmgw.domain.kv_events import MalformedBatch, decode_batch, decode_seq
+from llmgw.domain.kv_events import (
+    END_SEQ,
+    SEQ_BYTES,
+    MalformedBatch,
+    decode_batch,
+    decode_seq,
+    encode_seq,
+)
 from llmgw.router.kv_index import BlockIndex, chain
+from llmgw.zmqio import recv_multipart
 
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["Exact", "Feed", "KVEvents", "tokenize_body"]
+__all__ = ["Exact", "Feed", "KVEvents", "replay_from", "tokenize_body"]
 
 log = logging.getLogger("llmgw.router.kv_events")
 
@@ -55,11 +65,24 @@ MAX_TOKENIZE_BYTES = 32 << 20
 class Feed:
     """One endpoint's subscription: its index, sequence numbers and health."""
 
-    __slots__ = ("address", "endpoint_id", "heard", "index", "last_seq", "owed_since", "up")
+    __slots__ = (
+        "address",
+        "endpoint_id",
+        "heard",
+        "index",
+        "last_seq",
+        "owed_since",
+        "replay",
+        "up",
+    )
 
-    def __init__(self, endpoint_id: str, address: str, max_blocks: int) -> None:
+    def __init__(
+        self, endpoint_id: str, address: str, max_blocks: int, replay: str | None = None
+    ) -> None:
         self.endpoint_id = endpoint_id
         self.address = address
+        #: The engine's replay socket, if it has one.
+        self.replay = replay
         self.index = BlockIndex(max_blocks)
         self.last_seq: int | None = None
         #: When the last good message came (None: never).
@@ -107,11 +130,17 @@ class KVEvents:
         *,
         timeout: float,
         max_blocks: int,
+        replays: Mapping[str, str] | None = None,
         tokenize_timeout: float = 1.0,
+        replay_timeout: float = 1.0,
     ) -> None:
         self.timeout = timeout
         self.tokenize_timeout = tokenize_timeout
-        self.feeds = {ep: Feed(ep, addr, max_blocks) for ep, addr in addresses.items()}
+        self.replay_timeout = replay_timeout
+        replays = replays or {}
+        self.feeds = {
+            ep: Feed(ep, addr, max_blocks, replays.get(ep)) for ep, addr in addresses.items()
+        }
         self.up = Gauge(
             "llmgw_kv_events_up",
             "1 while the router routes on this endpoint's own KV-cache events; 0 while "
@@ -123,7 +152,8 @@ class KVEvents:
         self.events = Counter(
             "llmgw_kv_events",
             "KV-cache events and messages read from engines, by kind (stored, removed, "
-            "cleared, orphan, ignored, resized; malformed and missed messages; restart)",
+            "cleared, orphan, ignored, resized; malformed, missed and replayed messages; "
+            "restart)",
             ["endpoint", "kind"],
             registry=registry,
         )
@@ -236,33 +266,68 @@ class KVEvents:
             await trio.sleep(min(1.0, self.timeout / 4))
 
     async def _subscribe(self, ctx: zmq.Context[Any], feed: Feed) -> None:
-        sock = ctx.socket(zmq.SUB)
+        sub = ctx.socket(zmq.SUB)
+        dealer = None
         try:
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES + 64)
-            sock.setsockopt(zmq.SUBSCRIBE, b"")
-            sock.connect(feed.address)
-            fd = sock.getsockopt(zmq.FD)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES + 64)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.connect(feed.address)
+            if feed.replay is not None:
+                dealer = ctx.socket(zmq.DEALER)
+                dealer.setsockopt(zmq.LINGER, 0)
+                dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES + 64)
+                dealer.connect(feed.replay)
+            n = 0
             while True:
-                # The FD is edge-triggered: drain while ZMQ says a message waits, and
-                # only then wait on it.
-                n = 0
-                while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self.receive(feed, frames, trio.current_time())
-                    n += 1
-                    if n % _BURST == 0:
-                        await trio.lowlevel.checkpoint()
-                await trio.lowlevel.wait_readable(fd)
+                frames = await recv_multipart(sub)
+                if dealer is not None:
+                    start = replay_from(feed, frames)
+                    if start is not None:
+                        await self._replay(feed, dealer, start, decode_seq(frames[1]))
+                self.receive(feed, frames, trio.current_time())
+                n += 1
+                if n % _BURST == 0:
+                    # A flood of events must not starve the requests.
+                    await trio.lowlevel.checkpoint()
         except zmq.ZMQError as exc:
             log.error(
                 "KV-cache events from endpoint %s (%s): %s", feed.endpoint_id, feed.address, exc
             )
         finally:
-            sock.close(linger=0)
+            sub.close(linger=0)
+            if dealer is not None:
+                dealer.close(linger=0)
+
+    async def _replay(self, feed: Feed, dealer: zmq.Socket[Any], start: int, stop: int) -> None:
+        """Ask the engine's replay socket for the batches `start`..`stop`-1 and apply
+        those it still has, in order, within `replay_timeout`."""
+        count = self.events.labels
+        ep = feed.endpoint_id
+        while cast(int, dealer.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            dealer.recv_multipart(zmq.NOBLOCK)  # what an earlier, timed-out replay sent late
+        try:
+            dealer.send_multipart((b"", encode_seq(start)), zmq.NOBLOCK)
+        except zmq.Again:
+            return  # not connected (yet): the gap stays counted as missed
+        got = 0
+        with trio.move_on_after(self.replay_timeout):
+            while True:
+                frames = await recv_multipart(dealer)
+                if len(frames) != 3 or frames[0] != b"" or len(frames[1]) != SEQ_BYTES:
+                    count(ep, "malformed").inc()
+                    continue
+                if frames[1] == END_SEQ:
+                    break
+                seq = decode_seq(frames[1])
+                last = feed.last_seq
+                if seq >= stop or (last is not None and seq <= last):
+                    continue
+                self.receive(feed, frames, trio.current_time())
+                got += 1
+        if got:
+            count(ep, "replayed").inc(got)
+            log.info("KV-cache events from endpoint %s: %d missed batches replayed", ep, got)
 
     # -- lookup -----------------------------------------------------------------------------
 
@@ -335,6 +400,19 @@ class KVEvents:
             ):
                 return tokens
         return None
+
+
+def replay_from(feed: Feed, frames: Sequence[bytes]) -> int | None:
+    """The first sequence number to ask the replay socket for before the message
+    `frames`: what was missed since the last one, or everything before the first one
+    heard (the router connected after the engine had started); None when nothing was."""
+    if len(frames) != 3 or len(frames[1]) != SEQ_BYTES:
+        return None
+    seq = decode_seq(frames[1])
+    last = feed.last_seq
+    if last is None:
+        return 0 if seq > 0 else None
+    return last + 1 if seq > last + 1 else None
 
 
 def tokenize_body(model: str, members: Mapping[str, msgspec.Raw]) -> bytes | None:

@@ -38,6 +38,8 @@ class SimConfig:
     #: llmgw.sim.kv_publisher. None: off.
     kv_events_endpoint: str | None = None
     kv_events_topic: str = ""
+    #: vLLM's replay_endpoint: a ROUTER socket answering "every batch from N on".
+    kv_events_replay_endpoint: str | None = None
 
     @property
     def serves_messages(self) -> bool:

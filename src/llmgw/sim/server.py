@@ -244,7 +244,9 @@ async def serve(
     take over its Ctrl-C); `task_status` gets the bound URLs."""
     owned = None
     if kv_publisher is None and config.kv_events_endpoint is not None:
-        kv_publisher = owned = KVPublisher(config.kv_events_endpoint, config.kv_events_topic)
+        kv_publisher = owned = KVPublisher(
+            config.kv_events_endpoint, config.kv_events_topic, config.kv_events_replay_endpoint
+        )
     try:
         await _serve(config, shutdown, kv_publisher, task_status)
     finally:
@@ -285,6 +287,8 @@ async def _serve(
         if own_signals:
             await nursery.start(watch_signals)
         nursery.start_soon(app.driver.run)
+        if kv_publisher is not None:
+            nursery.start_soon(kv_publisher.serve_replay)
         task_status.started(await nursery.start(http))
 
 
