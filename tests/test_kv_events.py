@@ -477,3 +477,70 @@ def test_the_sim_records_nothing_unless_asked() -> None:
     engine.add(Request("a", tuple(range(64)), max_tokens=1), 0.0)
     engine.step(0.0)
     assert engine.take_kv_events() == []
+
+
+# -- tokenizing at an engine -------------------------------------------------------------
+
+
+def _tokenize_with(handler: Any, timeout: float = 1.0) -> list[int] | None:
+    import httpx
+    import trio
+
+    kv, _ = feeds()
+    kv.tokenize_timeout = timeout
+
+    async def main() -> list[int] | None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await kv.tokenize(client, "http://engine", [(b"x-k", b"v")], b"{}")
+
+    return trio.run(main)
+
+
+def test_tokenize_reads_the_engines_token_ids() -> None:
+    import httpx
+
+    seen: list[httpx.Request] = []
+
+    def ok(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"count": 3, "tokens": [5, 6, 7]})
+
+    assert _tokenize_with(ok) == [5, 6, 7]
+    assert str(seen[0].url) == "http://engine/tokenize" and seen[0].headers["x-k"] == "v"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        (500, b'{"tokens": [1]}'),
+        (200, b"not json"),
+        (200, b'{"tokens": "1 2"}'),
+        (200, b'{"tokens": [1, true]}'),
+        (200, b"[1, 2]"),
+    ],
+)
+def test_a_bad_tokenize_answer_is_none(answer: tuple[int, bytes]) -> None:
+    import httpx
+
+    status, body = answer
+    assert _tokenize_with(lambda request: httpx.Response(status, content=body)) is None
+
+
+def test_a_failed_or_slow_tokenize_is_none() -> None:
+    import time
+
+    import httpx
+    import trio
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    assert _tokenize_with(refused) is None
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await trio.sleep(5)
+        return httpx.Response(200, json={"tokens": [1]})
+
+    began = time.monotonic()
+    assert _tokenize_with(slow, timeout=0.2) is None
+    assert time.monotonic() - began < 2

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -120,6 +121,7 @@ class Routing(Protocol):
     access_log: AccessLog | None
     prefixes: PrefixIndex | None
     kv_events: KVEvents | None
+    rng: random.Random
     tracing: Tracing | None
     session_header: bytes
     band_header: bytes

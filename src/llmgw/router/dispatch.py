@@ -329,7 +329,8 @@ class Dispatch:
             return None
         if model.name not in tokenized:
             ids = None
-            tokenizer = router.endpoints.get(feeds[0].endpoint_id)
+            # Any of them tokenizes as the others would: spread the asking.
+            tokenizer = router.endpoints.get(router.rng.choice(feeds).endpoint_id)
             if tokenizer is not None:
                 e = tokenizer.endpoint
                 ids = await kv.tokenize(router.scraper.client, e.url, e.headers, body)
