@@ -268,6 +268,47 @@ def test_a_block_held_twice_stays_until_both_are_removed() -> None:
     assert index.held(chain([1, 2], 2)) == 0
 
 
+def test_kv_cache_groups_are_kept_apart() -> None:
+    """A hybrid model's groups hold the same block hashes: each is removed on its own."""
+    index = BlockIndex(100)
+    index.apply(BlockStored((101,), None, (1, 2), 2, "GPU", group=0))
+    index.apply(BlockStored((101,), None, (1, 2), 2, "GPU", group=1))
+    index.apply(BlockStored((102,), 101, (3, 4), 2, "GPU", group=1))  # parent: group 1's
+    index.apply(BlockRemoved((101,), "GPU", group=0))
+    assert index.held(chain([1, 2, 3, 4], 2)) == 2
+    index.apply(BlockRemoved((101,), "GPU", group=1))
+    assert index.held(chain([1, 2, 3, 4], 2)) == 0
+
+
+def test_group_and_lora_name_decode() -> None:
+    batch, stored_t, removed_t, _ = _structs(False)
+    raw = msgspec.msgpack.encode(
+        batch(
+            0.0,
+            [
+                stored_t([1], None, [5, 6], 2, None, "GPU", "ad", None, 3),
+                removed_t([1], "GPU", 3),
+            ],
+        )
+    )
+    first, second = decode_batch(raw).events
+    assert isinstance(first, BlockStored) and (first.lora_name, first.group) == ("ad", 3)
+    assert first.keyed_by_more
+    assert second == BlockRemoved((1,), "GPU", 3)
+    bad = msgspec.msgpack.encode(batch(0.0, [removed_t([1], "GPU", "three")]))
+    with pytest.raises(MalformedBatch):
+        decode_batch(bad)
+
+
+def test_a_feed_remembers_the_lora_adapters_it_saw() -> None:
+    kv, reg = feeds()
+    feed = kv.feeds["e"]
+    lora = BlockStored((1,), None, (1, 2), 2, "GPU", keyed_by_more=True, lora_name="ad")
+    kv.receive(feed, message(0, lora), 0.0)
+    assert feed.loras == {"ad"} and len(feed.index) == 0
+    assert value(reg, "llmgw_kv_events_total", endpoint="e", kind="ignored") == 1
+
+
 def test_orphans_ignored_blocks_and_a_new_block_size() -> None:
     index = BlockIndex(100)
     assert index.apply(stored([202], 201, [3, 4])) == "orphan"  # its parent was missed

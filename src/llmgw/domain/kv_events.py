@@ -76,12 +76,17 @@ class BlockStored:
     #: adapter, multimodal inputs, a cache salt): a router keying blocks by their
     #: tokens alone must not take them for a plain prompt's.
     keyed_by_more: bool = False
+    #: The LoRA adapter the blocks were computed with, if named.
+    lora_name: str | None = None
+    #: The KV-cache group (hybrid models keep one per attention kind), if given.
+    group: int | None = None
 
 
 @attrs.frozen
 class BlockRemoved:
     block_hashes: tuple[BlockHash, ...]
     medium: str | None = None
+    group: int | None = None
 
 
 @attrs.frozen
@@ -112,10 +117,12 @@ def _event_wire(event: Event) -> list[Any]:
             event.block_size,
             None,  # lora_id
             event.medium,
-            None,  # lora_name
+            event.lora_name,
+            None,  # extra_keys
+            event.group,
         ]
     if isinstance(event, BlockRemoved):
-        return ["BlockRemoved", list(event.block_hashes), event.medium]
+        return ["BlockRemoved", list(event.block_hashes), event.medium, event.group]
     return ["AllBlocksCleared"]
 
 
@@ -154,8 +161,9 @@ _STORED_FIELDS = (
     "medium",
     "lora_name",
     "extra_keys",
+    "group_idx",
 )
-_REMOVED_FIELDS = ("block_hashes", "medium")
+_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 _MAX_BLOCK_SIZE = 1 << 16
 
 
@@ -194,6 +202,18 @@ def _medium(value: Any) -> str | None:
     return value
 
 
+def _optional_int(value: Any, name: str) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise MalformedBatch(f"{name} must be an int or null")
+    return value
+
+
+def _optional_str(value: Any, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise MalformedBatch(f"{name} must be a string or null")
+    return value
+
+
 def _event(raw: Any) -> Event:
     tag, f = _fields(raw, ())
     if tag == "BlockStored":
@@ -225,9 +245,15 @@ def _event(raw: Any) -> Event:
             size,
             _medium(f.get("medium")),
             more,
+            _optional_str(f.get("lora_name"), "lora_name"),
+            _optional_int(f.get("group_idx"), "group_idx"),
         )
     if tag == "BlockRemoved":
-        return BlockRemoved(_hashes(f.get("block_hashes")), _medium(f.get("medium")))
+        return BlockRemoved(
+            _hashes(f.get("block_hashes")),
+            _medium(f.get("medium")),
+            _optional_int(f.get("group_idx"), "group_idx"),
+        )
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
     raise MalformedBatch(f"unknown event type {tag!r}")

@@ -327,6 +327,10 @@ class Dispatch:
         if body is None:  # no prompt to look up (an embedding's input, a form)
             kv.lookups.labels(model.name, "no_prompt").inc()
             return None
+        if any(model.name in f.loras for f in feeds):
+            # A LoRA adapter's blocks are keyed by it as well as by their tokens.
+            kv.lookups.labels(model.name, "lora").inc()
+            return None
         if model.name not in tokenized:
             ids = None
             # Any of them tokenizes as the others would: spread the asking.

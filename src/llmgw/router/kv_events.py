@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from llmgw.domain.kv_events import (
     END_SEQ,
     SEQ_BYTES,
+    BlockStored,
     MalformedBatch,
     decode_batch,
     decode_seq,
@@ -54,6 +55,8 @@ log = logging.getLogger("llmgw.router.kv_events")
 #: The largest message read (a batch of one engine step is far smaller; past this,
 #: ZMQ drops the connection and reconnects).
 MAX_MESSAGE_BYTES = 16 << 20
+#: LoRA adapter names remembered per endpoint.
+MAX_LORAS = 1024
 #: Messages handled before yielding to other tasks.
 _BURST = 64
 _ENCODE = msgspec.json.Encoder()
@@ -71,6 +74,7 @@ class Feed:
         "heard",
         "index",
         "last_seq",
+        "loras",
         "owed_since",
         "replay",
         "up",
@@ -84,6 +88,9 @@ class Feed:
         #: The engine's replay socket, if it has one.
         self.replay = replay
         self.index = BlockIndex(max_blocks)
+        #: LoRA adapters the engine announced blocks of (bounded): their requests'
+        #: blocks are keyed by more than tokens, so the index cannot answer for them.
+        self.loras: set[str] = set()
         self.last_seq: int | None = None
         #: When the last good message came (None: never).
         self.heard: float | None = None
@@ -161,7 +168,8 @@ class KVEvents:
             "llmgw_kv_lookups",
             "Requests to models with KV-event endpoints, by how they were routed: exact "
             "(tokenized, looked up), failed (tokenize failed: estimated), down (no feed "
-            "up: estimated), no_prompt (no messages or prompt to look up)",
+            "up: estimated), no_prompt (no messages or prompt to look up), lora (a LoRA "
+            "adapter's blocks are keyed by more than tokens: estimated)",
             ["model", "outcome"],
             registry=registry,
         )
@@ -241,7 +249,11 @@ class KVEvents:
                 count(ep, "restart").inc()
                 feed.index.clear()
         feed.last_seq = seq
-        kinds: Tally[str] = Tally(feed.index.apply(e) for e in batch.events)
+        kinds: Tally[str] = Tally()
+        for event in batch.events:
+            kinds[feed.index.apply(event)] += 1
+            if isinstance(event, BlockStored) and event.lora_name and len(feed.loras) < MAX_LORAS:
+                feed.loras.add(event.lora_name)
         for kind, n in kinds.items():
             count(ep, kind).inc(n)
         feed.heard = now

@@ -58,8 +58,9 @@ def chain(token_ids: Sequence[int], block_size: int, max_blocks: int | None = No
     return out
 
 
-# An engine block: where it lives (vLLM's medium: "GPU", "CPU", ...) and its hash.
-EngineKey = tuple[str | None, BlockHash]
+# An engine block: where it lives (vLLM's medium: "GPU", "CPU", ...), its KV-cache
+# group (hybrid models), and its hash. A prefix held in any of them counts as held.
+EngineKey = tuple[str | None, int | None, BlockHash]
 
 
 class BlockIndex:
@@ -102,7 +103,7 @@ class BlockIndex:
             return "cleared"
         if isinstance(event, BlockRemoved):
             for h in event.block_hashes:
-                self._drop((event.medium, h))
+                self._drop((event.medium, event.group, h))
             return "removed"
         return self._store(event)
 
@@ -115,18 +116,18 @@ class BlockIndex:
                 self.clear()
                 outcome = "resized"
             self.block_size = event.block_size
-        medium = event.medium
+        medium, group = event.medium, event.group
         if event.parent_block_hash is None:
             parent = ROOT
         else:
-            known = self._by_engine.get((medium, event.parent_block_hash))
+            known = self._by_engine.get((medium, group, event.parent_block_hash))
             if known is None:
                 return "orphan"
             parent = known
         size = event.block_size
         for i, engine_hash in enumerate(event.block_hashes):
             parent = own_hash(parent, event.token_ids[i * size : (i + 1) * size])
-            self._put((medium, engine_hash), parent)
+            self._put((medium, group, engine_hash), parent)
         return outcome
 
     def _put(self, key: EngineKey, own: int) -> None:
