@@ -45,12 +45,20 @@ PROG = "llmgw-server"
 
 
 def parse_endpoint(spec: str) -> dict[str, Any]:
-    """``id=URL=model[,model]`` as a static endpoint table."""
-    parts = spec.split("=", 2)
-    if len(parts) != 3 or not all(parts):
-        raise CliError(f"--endpoint {spec!r}: expected id=URL=model[,model]")
-    ident, url, models = parts
-    return {"id": ident, "url": url, "models": [m for m in models.split(",") if m]}
+    """``id=URL=model[,model][=KV_EVENTS]`` as a static endpoint table (KV_EVENTS: the
+    engine's KV-cache event address, e.g. tcp://host:5557)."""
+    parts = spec.split("=", 3)
+    if len(parts) not in (3, 4) or not all(parts):
+        raise CliError(f"--endpoint {spec!r}: expected id=URL=model[,model][=tcp://HOST:PORT]")
+    ident, url, models = parts[:3]
+    table: dict[str, Any] = {
+        "id": ident,
+        "url": url,
+        "models": [m for m in models.split(",") if m],
+    }
+    if len(parts) == 4:
+        table["kv_events"] = parts[3]
+    return table
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,8 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--endpoint",
         action="append",
         default=[],
-        metavar="ID=URL=MODEL[,MODEL]",
-        help="a static engine endpoint (repeatable); adds to [[endpoints]]",
+        metavar="ID=URL=MODEL[,MODEL][=KV_EVENTS]",
+        help="a static engine endpoint (repeatable); adds to [[endpoints]]; KV_EVENTS is "
+        "its engine's KV-cache event address (tcp://HOST:PORT), as `kv_events`",
     )
     p.add_argument("--demo", action="store_true", help="run a self-contained demo fleet")
     p.add_argument(

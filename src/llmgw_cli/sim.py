@@ -15,11 +15,13 @@ from collections.abc import Sequence
 from functools import partial
 
 import trio
+import zmq
 
 from llmgw import units
 from llmgw.sim import personalities
 from llmgw.sim.config import SimConfig
 from llmgw.sim.faults import Faults
+from llmgw.sim.kv_publisher import KVPublisher
 from llmgw.sim.metrics import FORMATS
 from llmgw.sim.model import EngineConfig
 from llmgw.sim.server import describe, serve
@@ -218,6 +220,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long POST /wake_up takes with --sleep-mode (default 1s)",
     )
     p.add_argument(
+        "--kv-events-endpoint",
+        metavar="ADDR",
+        help="publish KV-cache events as vLLM's --kv-events-config does (ZMQ PUB, msgpack "
+        "batches), bound to ADDR, e.g. tcp://127.0.0.1:5557 (port 0 picks one; the ready "
+        "file says which, as kv_events); off by default",
+    )
+    p.add_argument(
+        "--kv-events-replay-endpoint",
+        metavar="ADDR",
+        help="with --kv-events-endpoint: answer replay requests (vLLM's replay_endpoint, "
+        "a ZMQ ROUTER) on ADDR, port 0 picking one (the ready file's kv_events_replay)",
+    )
+    p.add_argument(
+        "--kv-events-topic",
+        default="",
+        metavar="TOPIC",
+        help="the topic frame of every KV-event message (default: empty, as vLLM's)",
+    )
+    p.add_argument(
         "--startup-delay",
         type=duration_at_least(0),
         default=0.0,
@@ -301,6 +322,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     models = tuple(dict.fromkeys(args.models or ["sim-model"]))
     if any(not m for m in models):
         raise ValueError("--model: a model name must not be empty")
+    if args.kv_events_replay_endpoint and not args.kv_events_endpoint:
+        raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
     return SimConfig(
         host=args.host,
         port=args.port,
@@ -315,6 +338,9 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         messages=args.messages,
         sleep_mode=args.sleep_mode,
         wake_delay=args.wake_delay,
+        kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_topic=args.kv_events_topic,
+        kv_events_replay_endpoint=args.kv_events_replay_endpoint,
     )
 
 
@@ -322,11 +348,27 @@ async def _run(config: SimConfig, ready: str | None = None, startup_delay: float
     # vLLM and llama-server bind their port once the model is loaded: until then a
     # health check is refused, not answered.
     await trio.sleep(startup_delay)
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(serve, config))
-        print(describe(config, binds), flush=True)
-        if ready is not None:
-            write_ready_file(ready, {"listen": [url.removeprefix("http://") for url in binds]})
+    publisher = None
+    if config.kv_events_endpoint is not None:
+        publisher = KVPublisher(
+            config.kv_events_endpoint, config.kv_events_topic, config.kv_events_replay_endpoint
+        )
+    try:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(serve, config, kv_publisher=publisher))
+            print(describe(config, binds), flush=True)
+            if publisher is not None:
+                print(f"llmgw-sim: KV-cache events on {publisher.address}", flush=True)
+            if ready is not None:
+                found = {"listen": [url.removeprefix("http://") for url in binds]}
+                if publisher is not None:
+                    found["kv_events"] = [publisher.address]
+                if publisher is not None and publisher.replay_address is not None:
+                    found["kv_events_replay"] = [publisher.replay_address]
+                write_ready_file(ready, found)
+    finally:
+        if publisher is not None:
+            publisher.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -345,6 +387,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             trio.run(_run, config, args.ready_file, args.startup_delay)
     except KeyboardInterrupt:
         pass  # a second Ctrl-C during shutdown
+    except zmq.ZMQError as e:
+        fail(
+            PROG, f"cannot bind --kv-events-endpoint {config.kv_events_endpoint}: {e}", EXIT_RUNTIME
+        )
     except BaseException as e:
         err = find_error(e, OSError)  # from inside the server's nursery
         if err is None:

@@ -153,12 +153,23 @@ class AffinityConfig:
     prefix_table_size: int = 200_000
     # A prefix block is forgotten this long after it was last routed.
     prefix_ttl: Seconds = Seconds(600.0)
+    # An endpoint with `kv_events` whose engine sent no KV-cache event for this long
+    # after a request that had it store blocks is routed on the estimated table
+    # until its events come back (llmgw_kv_events_up; docs/scheduling.md).
+    kv_events_timeout: Seconds = Seconds(10.0)
+    # Blocks remembered per endpoint from its KV-cache events (the oldest go first).
+    kv_events_max_blocks: int = 200_000
 
     def problems(self, key: str) -> list[str]:
         found: list[str] = []
-        for name in ("session_ttl", "prefix_ttl"):
+        for name in ("session_ttl", "prefix_ttl", "kv_events_timeout"):
             positive(found, at(key, name), getattr(self, name))
-        for name in ("session_table_size", "prefix_block_chars", "prefix_max_blocks"):
+        for name in (
+            "session_table_size",
+            "prefix_block_chars",
+            "prefix_max_blocks",
+            "kv_events_max_blocks",
+        ):
             if getattr(self, name) < 1:
                 found.append(f"{at(key, name)}: must be at least 1, got {getattr(self, name)}")
         if self.prefix_table_size < 0:
@@ -452,9 +463,27 @@ class EndpointConfig:
     api_key: str | None = attrs.field(default=None, repr=False)
     # More headers sent with every request to this engine (a provider's org header).
     headers: dict[str, str] = attrs.field(factory=dict, repr=False)
+    # Where the engine publishes its KV-cache events (vLLM's --kv-events-config ZMQ
+    # endpoint, e.g. "tcp://10.0.0.5:5557"): the router subscribes and routes on the
+    # engine's own prefix-cache index (docs/scheduling.md).
+    kv_events: str | None = None
+    # Its replay socket (vLLM's kv-events-config `replay_endpoint`): asked for what the
+    # router missed (a gap in the sequence numbers, or what came before it connected).
+    kv_events_replay: str | None = None
 
     def problems(self, key: str) -> list[str]:
         found: list[str] = []
+        for name in ("kv_events", "kv_events_replay"):
+            address = getattr(self, name)
+            if address is not None and not (
+                address.startswith(("tcp://", "ipc://")) and "*" not in address
+            ):
+                found.append(
+                    f"{key}.{name}: must be a tcp:// or ipc:// address to connect to, "
+                    f"got {address!r}"
+                )
+        if self.kv_events_replay is not None and self.kv_events is None:
+            found.append(f"{key}.kv_events_replay: needs kv_events")
         if not self.id:
             found.append(f"{key}.id: must not be empty")
         if not self.url.startswith(("http://", "https://")):

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from llmgw.router.auth import Authenticator
     from llmgw.router.coldstart import ColdStarts
     from llmgw.router.endpoints import EndpointRegistry, EndpointState
+    from llmgw.router.kv_events import Exact, KVEvents
     from llmgw.router.metrics import RouterMetrics
     from llmgw.router.proxy import Upstream
     from llmgw.router.responses import ResponseHomes
@@ -118,6 +120,8 @@ class Routing(Protocol):
     upstream: Upstream
     access_log: AccessLog | None
     prefixes: PrefixIndex | None
+    kv_events: KVEvents | None
+    rng: random.Random
     tracing: Tracing | None
     session_header: bytes
     band_header: bytes
@@ -131,6 +135,7 @@ class Routing(Protocol):
         prefix: tuple[int, ...] | None,
         now: float,
         prompt_tokens: float = 0.0,
+        exact: Exact | None = None,
     ) -> Decision | None: ...
 
     def record_attempt(

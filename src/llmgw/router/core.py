@@ -30,6 +30,7 @@ from llmgw.router.auth import Authenticator
 from llmgw.router.breaker import Outcome, Ticket
 from llmgw.router.coldstart import ColdStarts, Fleet
 from llmgw.router.endpoints import EndpointRegistry, EndpointState
+from llmgw.router.kv_events import Exact, KVEvents
 from llmgw.router.metrics import KeyMetrics, RouterMetrics
 from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
 from llmgw.router.responses import ResponseHomes
@@ -139,6 +140,20 @@ class Router:
             if a.prefix_table_size
             else None
         )
+        # The engines' own prefix-cache indexes, where endpoints publish KV-cache
+        # events (None otherwise: nothing on the request path then).
+        kv_addresses = {e.id: e.kv_events for e in config.endpoints if e.kv_events}
+        self.kv_events = (
+            KVEvents(
+                kv_addresses,
+                self.metrics.registry,
+                replays={e.id: e.kv_events_replay for e in config.endpoints if e.kv_events_replay},
+                timeout=a.kv_events_timeout,
+                max_blocks=a.kv_events_max_blocks,
+            )
+            if kv_addresses
+            else None
+        )
         self.session_header = r.session_header.lower().encode()
         self.band_header = r.admission.band_header.lower().encode()
         self.tenant_header = r.admission.tenant_header.lower().encode()
@@ -231,6 +246,8 @@ class Router:
                 await nursery.start(self.auth.limits.run)
                 if self.sleep_idle:
                     await nursery.start(self.sleeper.run)
+                if self.kv_events is not None:
+                    await nursery.start(self.kv_events.run)
                 task_status.started()
         finally:
             with trio.CancelScope(shield=True):
@@ -264,15 +281,19 @@ class Router:
         prefix: tuple[int, ...] | None,
         now: float,
         prompt_tokens: float = 0.0,
+        exact: Exact | None = None,
     ) -> Decision | None:
         """`prompt_tokens` is the request's estimated prompt size (its prefill work
-        where nothing is cached)."""
+        where nothing is cached); `exact`, what the engines' own indexes say the
+        endpoints they cover hold of it (in place of the estimated table's guess)."""
         candidates = [s.candidate(now) for s in usable]
         sticky = self.sessions.lookup(session_key, now) if session_key else None
         matches: dict[str, float] = {}
         cached: dict[str, float] = {}
         if self.prefixes is not None and prefix:
             matches, cached = self.prefixes.lookup(prefix, now)
+        if exact is not None:
+            matches, cached = exact.overlay(matches, cached)
         home_key = None
         if self.rendezvous:
             home_key = hash(("session", session_key)) if session_key else (prefix or (None,))[0]

@@ -29,6 +29,7 @@ from llmgw.router.call import (
     buffer_full_error,
     engine_of,
 )
+from llmgw.router.kv_events import Exact, KVEvents, tokenize_body
 from llmgw.router.proxy import AttemptFailed, BufferFull, Delivery, PathMissing
 from llmgw.router.responses import Home
 
@@ -184,6 +185,9 @@ class Dispatch:
         last: AttemptFailed | None = None
         attempted: ModelConfig | None = None
         tried: set[str] = set()
+        kv = router.kv_events
+        # Token ids per model (its engines' tokenizer), asked once per request.
+        tokenized: dict[str, list[int] | None] = {}
         for model in chain:
             payload = b""
             # Pick, try the ranked candidates, and pick again among those not yet tried:
@@ -203,8 +207,14 @@ class Dispatch:
                     if router.prefixes and prompt_text and usable
                     else None
                 )
+                exact = None
+                if kv is not None and usable and kv.covers(s.endpoint.id for s in usable):
+                    exact = await self._exact(call, model, usable, kv, tokenized)
+                    now = trio.current_time()
                 decision = (
-                    router.choose(model, usable, call.session_key, prefix, now, prompt_tokens)
+                    router.choose(
+                        model, usable, call.session_key, prefix, now, prompt_tokens, exact
+                    )
                     if usable
                     else None
                 )
@@ -240,6 +250,9 @@ class Dispatch:
                         if call.span is not None:
                             call.span.retry(last.endpoint, last.kind, endpoint_id)
                     budget -= 1
+                    if kv is not None:
+                        ids = tokenized.get(model.name)
+                        kv.sent(endpoint_id, kv.owes(endpoint_id, ids), trio.current_time())
                     prefill = decision.uncached.get(endpoint_id, prompt_tokens)
                     try:
                         delivery = await self._attempt(
@@ -294,6 +307,46 @@ class Dispatch:
             type_="server_error",
             code="upstream_timeout" if status == 504 else "upstream_error",
         )
+
+    async def _exact(
+        self,
+        call: Call,
+        model: ModelConfig,
+        usable: list[EndpointState],
+        kv: KVEvents,
+        tokenized: dict[str, list[int] | None],
+    ) -> Exact | None:
+        """What the engines' own indexes say the usable replicas hold of this prompt,
+        for those whose KV-cache events are up; None (the estimated table decides)
+        when none is, or the prompt could not be tokenized in time."""
+        router = self.router
+        feeds = kv.up_feeds((s.endpoint.id for s in usable), trio.current_time())
+        if not feeds:
+            kv.lookups.labels(model.name, "down").inc()
+            return None
+        members = getattr(call.body, "members", None)  # a form body has none
+        body = tokenize_body(model.name, members) if members is not None else None
+        if body is None:  # no prompt to look up (an embedding's input, a form)
+            kv.lookups.labels(model.name, "no_prompt").inc()
+            return None
+        if any(model.name in f.loras for f in feeds):
+            # A LoRA adapter's blocks are keyed by it as well as by their tokens.
+            kv.lookups.labels(model.name, "lora").inc()
+            return None
+        if model.name not in tokenized:
+            ids = None
+            # Any of them tokenizes as the others would: spread the asking.
+            tokenizer = router.endpoints.get(router.rng.choice(feeds).endpoint_id)
+            if tokenizer is not None:
+                e = tokenizer.endpoint
+                ids = await kv.tokenize(router.scraper.client, e.url, e.headers, body)
+            tokenized[model.name] = ids
+        ids = tokenized[model.name]
+        if ids is None:
+            kv.lookups.labels(model.name, "failed").inc()
+            return None
+        kv.lookups.labels(model.name, "exact").inc()
+        return kv.exact(ids, feeds, call.prompt_tokens)
 
     async def _prompt_text(self, call: Call) -> str:
         """The prompt text prefix affinity hashes; a large body's is decoded in a

@@ -34,6 +34,12 @@ class SimConfig:
     #: answers generation requests 503.
     sleep_mode: bool = False
     wake_delay: float = 1.0
+    #: Publish KV-cache events as vLLM does (ZMQ PUB, bound here; port 0 picks one):
+    #: llmgw.sim.kv_publisher. None: off.
+    kv_events_endpoint: str | None = None
+    kv_events_topic: str = ""
+    #: vLLM's replay_endpoint: a ROUTER socket answering "every batch from N on".
+    kv_events_replay_endpoint: str | None = None
 
     @property
     def serves_messages(self) -> bool:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import trio
 
@@ -23,6 +24,8 @@ class EngineDriver:
         self._reasons: dict[str, str] = {}
         self._last_token_at: dict[str, float] = {}
         self._wake = trio.Event()
+        #: Called after every step (the KV-cache events go out then), if set.
+        self.after_step: Callable[[], None] | None = None
 
     def submit(self, request: Request, finish_reason: str) -> trio.MemoryReceiveChannel[Output]:
         """Queue `request`; its tokens, then its Finished, arrive on the returned channel."""
@@ -56,6 +59,8 @@ class EngineDriver:
             await trio.sleep_until(step.ends)
             now = trio.current_time()
             outcome = self.engine.end_step(now)
+            if self.after_step is not None:
+                self.after_step()
             rec = self.recorder
             rec.stepped(outcome.step)
             for latency in outcome.first_token_latencies:

@@ -50,6 +50,9 @@ class Faults:
     * exit_after: the process exits with status 1, like a crash, once this many
       requests have been answered (counted from startup, or from when it was set at
       runtime).
+    * kv_events_paused: the KV-cache event publisher (``--kv-events-endpoint``) drops
+      every batch, using up its sequence number, as a publisher that died would; set
+      back, the next batch shows subscribers the gap.
     """
 
     error_rate: float = 0.0  # fraction of requests answered with error_status
@@ -58,6 +61,7 @@ class Faults:
     first_token_delay: float = 0.0  # seconds a request waits before it may be scheduled
     abort_after_chunks: int | None = None  # close a stream after this many SSE events
     exit_after: int | None = None  # exit the process after this many requests
+    kv_events_paused: bool = False  # publish no KV-cache events (a dead publisher)
 
     FIELDS = (
         "error_rate",
@@ -66,6 +70,7 @@ class Faults:
         "first_token_delay",
         "abort_after_chunks",
         "exit_after",
+        "kv_events_paused",
     )
 
     def __attrs_post_init__(self) -> None:
@@ -99,6 +104,8 @@ class Faults:
         for name in ("abort_after_chunks", "exit_after"):
             if name in values:
                 values[name] = _optional_count(name, values[name])
+        if not isinstance(values.get("kv_events_paused", False), bool):
+            raise ValueError("kv_events_paused must be true or false")
         return attrs.evolve(self, **values)
 
     def to_json(self) -> dict[str, Any]:

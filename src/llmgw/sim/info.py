@@ -22,6 +22,7 @@ class Info:
     def __init__(self, state: SimState) -> None:
         self.config = config = state.config
         self.engine = state.engine
+        self.state = state
         self.started = state.started
         self.exposition = exposition(
             config.metrics_format,
@@ -76,6 +77,7 @@ class Info:
 
     async def reset_prefix_cache(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.engine.reset_prefix_cache()
+        self.state.flush_kv_events()
         await send_bytes(send, 200, b"", [])
 
     async def model_info(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -43,9 +43,12 @@ from collections.abc import Sequence as SequenceT
 
 import attrs
 
+from llmgw.domain.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from llmgw.sim import tokens
 
 BLOCK_SIZE = 16
+#: Where the sim's cached blocks live, as vLLM names it in its events.
+MEDIUM = "GPU"
 
 
 @attrs.frozen
@@ -184,6 +187,9 @@ class BlockManager:
         # Unreferenced blocks that still hold a cached prefix, oldest first.
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._by_hash: dict[int, int] = {}
+        #: What changed in the prefix cache since it was last taken, in vLLM's event
+        #: terms; None (the default) records nothing.
+        self.events: list[Event] | None = None
 
     @property
     def num_free(self) -> int:
@@ -246,12 +252,14 @@ class BlockManager:
                 else:
                     self._free.append(block)
 
-    def register(self, block: int, block_hash: int) -> None:
-        """Record that `block` is full and holds the prefix `block_hash`."""
+    def register(self, block: int, block_hash: int) -> bool:
+        """Record that `block` is full and holds the prefix `block_hash`; False when it
+        was not registered (an identical block is already cached, or no caching)."""
         if not self.caching or block_hash in self._by_hash or self._hash[block] is not None:
-            return  # an identical block is already cached: keep the first one
+            return False  # an identical block is already cached: keep the first one
         self._hash[block] = block_hash
         self._by_hash[block_hash] = block
+        return True
 
     def reset(self) -> None:
         """Forget every cached prefix (vLLM's /reset_prefix_cache)."""
@@ -262,11 +270,15 @@ class BlockManager:
         for block in self._by_hash.values():
             self._hash[block] = None
         self._by_hash.clear()
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())
 
     def _unregister(self, block: int) -> None:
         h = self._hash[block]
         if h is not None and self._by_hash.get(h) == block:
             del self._by_hash[h]
+            if self.events is not None:
+                self.events.append(BlockRemoved((h,), MEDIUM))
         self._hash[block] = None
 
 
@@ -502,8 +514,14 @@ class Engine:
             full_after = seq.num_computed // bs
             if full_after > full_before:
                 hashes = seq.block_hashes(full_after)
+                run: list[int] = []  # consecutive blocks registered: one event
                 for b in range(full_before, full_after):
-                    self.kv.register(seq.blocks[b], hashes[b])
+                    if self.kv.register(seq.blocks[b], hashes[b]):
+                        run.append(b)
+                        continue
+                    self._stored(seq, hashes, run)
+                    run = []
+                self._stored(seq, hashes, run)
             if seq.num_uncomputed > 0:
                 continue  # prefill still has chunks to go
             token = self._sample(seq, now)
@@ -518,6 +536,37 @@ class Engine:
             tokens=tuple(out),
             finished=tuple(done),
             first_token_latencies=tuple(ttfts),
+        )
+
+    # -- KV-cache events --------------------------------------------------------------
+
+    def record_kv_events(self) -> None:
+        """Record what changes in the prefix cache from now on (:meth:`take_kv_events`)."""
+        if self.kv.events is None:
+            self.kv.events = []
+
+    def take_kv_events(self) -> list[Event]:
+        """The cache's events since the last call, oldest first."""
+        events = self.kv.events
+        if not events:
+            return []
+        self.kv.events = []
+        return events
+
+    def _stored(self, seq: Sequence, hashes: list[int], run: list[int]) -> None:
+        """One BlockStored for the consecutive blocks `run` of `seq` just registered."""
+        if not run or self.kv.events is None:
+            return
+        bs = self.config.block_size
+        first, last = run[0], run[-1]
+        self.kv.events.append(
+            BlockStored(
+                tuple(hashes[first : last + 1]),
+                hashes[first - 1] if first > 0 else None,
+                tuple(seq.tokens[first * bs : (last + 1) * bs]),
+                bs,
+                MEDIUM,
+            )
         )
 
     # -- internals ------------------------------------------------------------------------

@@ -59,6 +59,7 @@ from llmgw.sim.config import SimConfig
 from llmgw.sim.faults import Faults
 from llmgw.sim.generation import Generation
 from llmgw.sim.info import Info
+from llmgw.sim.kv_publisher import KVPublisher
 from llmgw.sim.pooling import Pooling
 from llmgw.sim.state import SimState
 from llmgw.sim.tokenizing import Tokenizing
@@ -103,9 +104,9 @@ def _seen(scope: Scope) -> dict[str, Any]:
 class SimApp:
     """The ASGI application; `driver.run()` must be running in the same trio run."""
 
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(self, config: SimConfig, kv_publisher: KVPublisher | None = None) -> None:
         self.config = config
-        self.state = state = SimState(config)
+        self.state = state = SimState(config, kv_publisher)
         self.engine = state.engine
         self.driver = state.driver
         # What the last requests carried that a gateway should pass on (GET /sim/requests).
@@ -235,12 +236,31 @@ async def serve(
     config: SimConfig,
     *,
     shutdown: trio.Event | None = None,
+    kv_publisher: KVPublisher | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until SIGINT or SIGTERM, or, when `shutdown` is given, until it is set
     (then signals are left to the caller: an engine embedded in a process does not
     take over its Ctrl-C); `task_status` gets the bound URLs."""
-    app = SimApp(config)
+    owned = None
+    if kv_publisher is None and config.kv_events_endpoint is not None:
+        kv_publisher = owned = KVPublisher(
+            config.kv_events_endpoint, config.kv_events_topic, config.kv_events_replay_endpoint
+        )
+    try:
+        await _serve(config, shutdown, kv_publisher, task_status)
+    finally:
+        if owned is not None:
+            owned.close()
+
+
+async def _serve(
+    config: SimConfig,
+    shutdown: trio.Event | None,
+    kv_publisher: KVPublisher | None,
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
+    app = SimApp(config, kv_publisher)
     http_config = HttpServerConfig(header_timeout=None, graceful_timeout=2.0)
     own_signals = shutdown is None
     stop = trio.Event() if shutdown is None else shutdown
@@ -267,6 +287,8 @@ async def serve(
         if own_signals:
             await nursery.start(watch_signals)
         nursery.start_soon(app.driver.run)
+        if kv_publisher is not None:
+            nursery.start_soon(kv_publisher.serve_replay)
         task_status.started(await nursery.start(http))
 
 
