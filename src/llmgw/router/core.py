@@ -209,12 +209,11 @@ class Router:
             if state is None:
                 continue
             if sample is not None and sample is not state.sample:
-                state.sample = sample
-                # This router's, at the sample: at the latest when it arrived, at the
-                # earliest when this router asked for it.
+                # This router's in-flight count at the sample: at the latest when it
+                # arrived, at the earliest when this router asked for it.
                 asked = state.nudged_inflight
-                state.inflight_at_scrape = (
-                    state.inflight if asked is None else min(state.inflight, asked)
+                state.sampled(
+                    sample, state.inflight if asked is None else min(state.inflight, asked)
                 )
                 state.nudged_inflight = None
             state.last_scrape = None if age is None else now - age

@@ -260,8 +260,7 @@ class Scraper:
         if not sample.known:
             self._failed(state, "the /metrics page has no metrics of a known engine")
             return
-        state.sample = sample
-        state.inflight_at_scrape = inflight
+        state.sampled(sample, inflight)
         state.last_scrape = now
         state.last_error = None
         if (
