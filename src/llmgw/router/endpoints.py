@@ -146,9 +146,9 @@ class EndpointState:
         admission) up for a whole scrape interval. Finished requests leave the
         running set, and waiting ones move up into it; new ones join the queue when
         there is one, and otherwise run on the slots the engine has shown it has
-        (``most_running``), queued past those. With a known capacity the engine runs what fits in its slots
-        (a scrape between two engine steps shows requests waiting only for the next
-        step): the total is split at the capacity instead.
+        (``most_running``), queued past those. With a known capacity the engine runs
+        what fits in its slots (a scrape between two engine steps shows requests
+        waiting only for the next step): the total is split at the capacity instead.
         """
         delta = self.inflight - self.inflight_at_scrape
         if capacity is not None and delta:
