@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import httpx
 
 from .procs import Server, server, set_faults, sim, wait_for
-from .test_router_e2e import ACME, ask_tenant
+from .test_router_e2e import ACME, ask_at, ask_tenant
 
 CONFIG = """
 [router]
@@ -186,28 +186,12 @@ def test_silent_events_fall_back_to_the_estimate_and_say_so() -> None:
 BETA = "You answer for the tenant BETA, briefly and politely. " * 60
 
 
-def tenant_direct(base: str, system: str, i: int = 0) -> None:
-    r = httpx.post(
-        f"{base}/v1/chat/completions",
-        json={
-            "model": "m",
-            "messages": [
-                {"role": "system", "content": system},
-                {"role": "user", "content": f"question {i}"},
-            ],
-            "max_tokens": 2,
-        },
-        timeout=30,
-    )
-    r.raise_for_status()
-
-
 def test_replay_fills_what_the_router_missed() -> None:
     """With the engines' replay sockets, what an engine cached before the router
     connected, and what it announced while its messages were lost, are asked for and
     learnt: the router sends each tenant to the replica that holds its prefix."""
     with publishing_fleet(
-        2, replay=True, before_router=lambda bases: tenant_direct(bases[1], ACME)
+        2, replay=True, before_router=lambda bases: ask_at(bases[1], 0, ACME)
     ) as (srv, bases):
 
         def counted(ep: str, kind: str) -> float:
@@ -221,7 +205,7 @@ def test_replay_fills_what_the_router_missed() -> None:
         # BETA's prefix; its next message shows the gap, and the replay fills it.
         replayed = counted("s0", "replayed")
         set_faults(bases[0], kv_events_paused=True)
-        tenant_direct(bases[0], BETA)
+        ask_at(bases[0], 0, BETA)
         set_faults(bases[0], kv_events_paused=False)
         direct(bases[0], fresh_prompt())
         wait_for(

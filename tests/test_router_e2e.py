@@ -321,8 +321,13 @@ ACME = "You are a careful assistant for the tenant ACME. " * 60
 
 def ask_tenant(srv: Server, i: int, system: str = ACME) -> httpx.Response:
     """Question `i` under a tenant's long system prompt (many prefix blocks)."""
+    return ask_at(srv.base, i, system)
+
+
+def ask_at(base: str, i: int, system: str = ACME) -> httpx.Response:
+    """`ask_tenant` at `base`: a router, or an engine directly."""
     r = httpx.post(
-        f"{srv.base}/v1/chat/completions",
+        f"{base}/v1/chat/completions",
         json={
             "model": "m",
             "messages": [
