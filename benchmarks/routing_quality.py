@@ -197,6 +197,7 @@ ORACLE = "pinned oracle"
 LLMGW_CA = "llmgw cache_aware"
 CACHE_AWARE_CONFIG = '[router]\ndefault_profile = "cache_aware"\n'
 LLMGW = "llmgw"
+LLMGW_KV = "llmgw kv-events"
 VLLM = "vllm-router cache_aware"
 SGLANG = "sglang-router cache_aware"
 PEERS = (VLLM, SGLANG)
@@ -1376,9 +1377,11 @@ async def run_personality(
     peer_reasons: dict[str, str],
     llama_server: str | None = None,
     compare: tuple[str, Path] | None = None,
+    kv_events: bool = False,
 ) -> dict[str, Any]:
     procs: list[Proc] = []
     sims: list[str] = []
+    events: list[str] = []  # each replica's KV-event address (--kv-events)
     c.log(f"[{personality}] starting {REPLICAS} replicas and the routers")
     llama = personality == LLAMA_ENGINE
     if llama:
@@ -1394,12 +1397,21 @@ async def run_personality(
         engine: dict[str, Any] = {"argv": argv, "slots": LLAMA_SLOTS}
     else:
         fmt = zoo.get(personality).metrics_format
+        publish = ("--kv-events-endpoint", "tcp://127.0.0.1:0") if kv_events else ()
         for i in range(REPLICAS):
             proc, base = fleet.sim(
-                f"{personality}-{i}", "--personality", personality, "--seed", str(i), model=MODEL
+                f"{personality}-{i}",
+                "--personality",
+                personality,
+                "--seed",
+                str(i),
+                *publish,
+                model=MODEL,
             )
             procs.append(proc)
             sims.append(base)
+            if kv_events:
+                events.append(proc.ready["kv_events"][0])
         tokens_per_word = 1.0  # llmgw-sim: 4 characters a token, a word 3 letters + space
         about = zoo.get(personality).summary
         engine = dict(zoo.get(personality).engine)
@@ -1423,6 +1435,20 @@ async def run_personality(
         )
         procs.insert(0, gw_other.proc)
         gw_other.wait_scraped()
+    gw_kv = None
+    if events:
+        # The default configuration, told where each engine publishes its events (the
+        # --endpoint flag's fourth field), as an operator running vLLM with
+        # --kv-events-config would.
+        gw_kv = fleet.router(
+            [
+                (f"{personality}-{i}", base, f"{MODEL}={address}")
+                for i, (base, address) in enumerate(zip(sims, events, strict=True))
+            ],
+            name=f"llmgw-kv-{personality}",
+        )
+        procs.insert(0, gw_kv.proc)
+        gw_kv.wait_scraped()
     gw.wait_scraped()
     gw_ca.wait_scraped()
     started: dict[str, tuple[int, str]] = {}  # name -> (pid, flags)
@@ -1479,6 +1505,17 @@ async def run_personality(
                 flags='router.default_profile = "cache_aware", no store',
             ),
         ]
+        if gw_kv is not None:
+            contenders.append(
+                Contender(
+                    LLMGW_KV,
+                    bench.Target(gw_kv.base, MODEL, name=LLMGW_KV),
+                    await client(c.pooled_transport(pool)),
+                    router_pid=gw_kv.pid,
+                    router=gw_kv,
+                    flags="default configuration, no store; each endpoint's kv_events address",
+                )
+            )
         if compare is not None and gw_other is not None:
             contenders.append(
                 Contender(
@@ -1873,6 +1910,7 @@ async def main_async(
     trace: TraceSpec,
     llama_server: str | None,
     compare: tuple[str, Path] | None = None,
+    kv_events: bool = False,
 ) -> dict[str, Any]:
     wls = workloads(trace)
     out = []
@@ -1889,6 +1927,7 @@ async def main_async(
                 peer_reasons,
                 llama_server,
                 compare,
+                kv_events,
             )
         )
         for cell in out[-1]["cells"]:
@@ -1982,6 +2021,12 @@ def main(argv: list[str] | None = None) -> int:
         help="one more target: llmgw (default configuration) imported from CHECKOUT/src, "
         "say a `git worktree` of an earlier revision, to measure a change side by side",
     )
+    p.add_argument(
+        "--kv-events",
+        action="store_true",
+        help="one more target: llmgw routing on the engines' own KV-cache index (every "
+        "llmgw-sim publishes its events; that router is told where)",
+    )
     args = p.parse_args(argv)
     if args.concurrency < 1:
         p.error("--concurrency must be at least 1")
@@ -2049,7 +2094,11 @@ def main(argv: list[str] | None = None) -> int:
             check=False,
         ).stdout.strip()
         compare = (f"llmgw {rev or args.compare.name}", src)
-    n_targets = 3 + (compare is not None) + sum(1 for b in peers.values() if b is not None)
+    if args.kv_events and args.engine != "sim":
+        p.error("--kv-events: llmgw-sim publishes KV-cache events; llama-server does not")
+    n_targets = (
+        3 + (compare is not None) + args.kv_events + sum(1 for b in peers.values() if b is not None)
+    )
     all_wls = workloads(trace)
     eta = estimate(settings, names, [all_wls[w] for w in wl_names], n_targets, args.concurrency)
     c.log(
@@ -2075,6 +2124,7 @@ def main(argv: list[str] | None = None) -> int:
                 trace,
                 llama_server,
                 compare,
+                args.kv_events,
             )
     except* KeyboardInterrupt:
         pass  # trio may deliver it inside an exception group
