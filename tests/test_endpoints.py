@@ -9,9 +9,9 @@ from llmgw.router.endpoints import Endpoint, EndpointState
 
 def state(waiting: float, running: float, inflight_at_scrape: int) -> EndpointState:
     s = EndpointState(Endpoint("e", "http://e", ("m",)), Breaker(3, 15.0))
-    s.inflight = inflight_at_scrape
-    s.sampled(EngineSample("vllm", waiting=waiting, running=running), inflight_at_scrape)
+    s.sample = EngineSample("vllm", waiting=waiting, running=running)
     s.last_scrape = 0.0
+    s.inflight = s.inflight_at_scrape = inflight_at_scrape
     return s
 
 
@@ -27,19 +27,9 @@ def test_new_requests_join_the_queue_when_there_is_one() -> None:
     s = state(waiting=1, running=4, inflight_at_scrape=5)
     s.inflight = 7
     assert (s.candidate(1.0).waiting, s.candidate(1.0).running) == (3, 4)
-    # No queue: a new request runs on a slot the engine has shown it has (it ran
-    # eight at once before); past those it is taken as queued until a sample says.
-    s = state(waiting=0, running=8, inflight_at_scrape=8)
-    s.sampled(EngineSample("vllm", waiting=0, running=2), 2)
+    s = state(waiting=0, running=2, inflight_at_scrape=2)
     s.inflight = 3
     assert (s.candidate(1.0).waiting, s.candidate(1.0).running) == (0, 3)
-    s.inflight = 12
-    assert (s.candidate(1.0).waiting, s.candidate(1.0).running) == (4, 8)
-    # A later sample showing more running raises the slots shown; never lowers them.
-    s.sampled(EngineSample("vllm", waiting=0, running=11), 12)
-    s.sampled(EngineSample("vllm", waiting=0, running=1), 1)
-    s.inflight = 12  # eleven more since: ten fit the eleven slots shown
-    assert (s.candidate(1.0).waiting, s.candidate(1.0).running) == (1, 11)
 
 
 def test_other_clients_load_is_kept_and_never_goes_negative() -> None:

@@ -82,7 +82,6 @@ class Router:
         fleet: Fleet | None = None,
         sleep_idle: bool = True,
         on_woke: Callable[[EndpointState], None] | None = None,
-        on_nudge: Callable[[EndpointState], None] | None = None,
         rendezvous: bool = False,
         scrape: bool = True,
     ) -> None:
@@ -93,9 +92,7 @@ class Router:
         is the control plane requests for an autoscaled model at zero wait for (None:
         they are refused at once). With `sleep_idle` False idle engines are not put to
         sleep here (a worker: the control process decides), only woken, and
-        `on_woke` hears of each wake; `on_nudge` of each endpoint a burst reached
-        since its last sample, instead of this router scraping it at once (a worker:
-        the control process scrapes). With `rendezvous` a session or prompt this
+        `on_woke` hears of each wake. With `rendezvous` a session or prompt this
         router has not routed goes to the home its key hashes to (routers that share
         no tables agree: scheduling.plugins.Rendezvous). With `scrape` False the
         engines' state comes from elsewhere (a worker: the control process scrapes and
@@ -125,7 +122,6 @@ class Router:
             interval=r.scrape_interval,
             timeout=r.scrape_timeout,
             scoring=r.scoring,
-            on_nudge=on_nudge,
         )
         # How full replicas are by their engines' account: admission and the views.
         self.saturation = Saturation(r.scoring, r.stale_after)
@@ -209,13 +205,8 @@ class Router:
             if state is None:
                 continue
             if sample is not None and sample is not state.sample:
-                # This router's in-flight count at the sample: at the latest when it
-                # arrived, at the earliest when this router asked for it.
-                asked = state.nudged_inflight
-                state.sampled(
-                    sample, state.inflight if asked is None else min(state.inflight, asked)
-                )
-                state.nudged_inflight = None
+                state.sample = sample
+                state.inflight_at_scrape = state.inflight  # this router's, at the sample
             state.last_scrape = None if age is None else now - age
             state.last_error = error
             if capacity is not None:

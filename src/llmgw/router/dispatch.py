@@ -416,7 +416,6 @@ class Dispatch:
         in_flight.inc()
         state.inflight += 1
         state.prefill += prefill
-        router.scraper.nudge(state)
         prefilling = True
 
         def prefilled() -> None:

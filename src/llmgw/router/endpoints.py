@@ -36,8 +36,6 @@ class EndpointState:
         "last_error",
         "last_scrape",
         "last_scrape_attempt",
-        "most_running",
-        "nudged_inflight",
         "prefill",
         "props_tried",
         "public",
@@ -61,12 +59,6 @@ class EndpointState:
         self.last_error: str | None = None
         self.inflight = 0
         self.inflight_at_scrape = 0  # our in-flight count when the sample was taken
-        # The most sequences a sample ever showed it running: slots it has shown it has
-        # (a floor under its capacity, not a guess at it).
-        self.most_running = 0.0
-        # Our in-flight count when we asked another process to scrape it (a worker's
-        # nudge): the sample that answers was taken after, with at least these.
-        self.nudged_inflight: int | None = None
         # Estimated uncached prompt tokens of our requests before their first token.
         self.prefill = 0.0
         self.draining = False
@@ -98,13 +90,6 @@ class EndpointState:
     @property
     def capacity_source(self) -> str | None:
         return self._capacity()[1]
-
-    def sampled(self, sample: EngineSample, inflight: int) -> None:
-        """A new sample of its engine, taken when this router had `inflight` there."""
-        self.sample = sample
-        self.inflight_at_scrape = inflight
-        if sample.running is not None:
-            self.most_running = max(self.most_running, sample.running)
 
     def age(self, now: float) -> float | None:
         return None if self.last_scrape is None else now - self.last_scrape
@@ -145,10 +130,9 @@ class EndpointState:
         would look busy until the next scrape, which holds saturation (and so
         admission) up for a whole scrape interval. Finished requests leave the
         running set, and waiting ones move up into it; new ones join the queue when
-        there is one, and otherwise run on the slots the engine has shown it has
-        (``most_running``), queued past those. With a known capacity the engine runs
-        what fits in its slots (a scrape between two engine steps shows requests
-        waiting only for the next step): the total is split at the capacity instead.
+        there is one. With a known capacity the engine runs what fits in its slots
+        (a scrape between two engine steps shows requests waiting only for the next
+        step): the total is split at the capacity instead.
         """
         delta = self.inflight - self.inflight_at_scrape
         if capacity is not None and delta:
@@ -160,15 +144,7 @@ class EndpointState:
             running = min(running, total)
             return total - running, running
         if delta > 0:
-            if waiting > 0:
-                return waiting + delta, running
-            # An idle slot takes a new request; beyond the slots the engine has shown,
-            # it is taken as queued until a sample says otherwise (the scraper looks
-            # again after a few: Scraper.nudge). Between two samples a burst then
-            # counts against its queue, instead of all of it running on slots that may
-            # not exist while admission lets more through.
-            fits = min(float(delta), max(0.0, self.most_running - running))
-            return waiting + delta - fits, running + fits
+            return (waiting + delta, running) if waiting > 0 else (waiting, running + delta)
         return waiting, running
 
 

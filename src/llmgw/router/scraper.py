@@ -32,14 +32,6 @@ if TYPE_CHECKING:
 MAX_METRICS_BYTES = 8 * 1024 * 1024
 MAX_PROPS_BYTES = 1024 * 1024
 PROPS_EVERY = 60.0
-# A replica whose capacity nothing says and whose in-flight count rose by a queue's
-# worth (the default target_waiting) since its last scrape is scraped again at once,
-# at most every NUDGE_GAP seconds: between scrapes the router cannot see a queue
-# form there, and a burst would otherwise fill the engine's FIFO queue for a whole
-# scrape interval before admission's priority order applies (issue #31). Only rising
-# load scrapes more; a steady one does not.
-NUDGE_REQUESTS = 4
-NUDGE_GAP = 0.1
 
 
 class PageTooLarge(Exception):
@@ -125,11 +117,7 @@ class Scraper:
         timeout: float,
         scoring: ScoringConfig | None = None,
         client: httpx.AsyncClient | None = None,
-        on_nudge: Callable[[EndpointState], None] | None = None,
     ) -> None:
-        """`on_nudge`, when given, is told of each endpoint :meth:`nudge` finds a
-        burst at, instead of this scraper scraping it (a worker's router: the control
-        process scrapes for all, :meth:`scrape_soon`)."""
         self.endpoints = endpoints
         self.scoring = scoring or ScoringConfig()
         self.metrics = metrics
@@ -140,10 +128,6 @@ class Scraper:
         self._client = OnDemandClient(_new_client, client)
         self._pool = Pool(timeout)
         self._wake = trio.Event()
-        self._on_nudge = on_nudge
-        # Endpoints to scrape now (nudge), and the event that says there are some.
-        self._nudged: dict[str, EndpointState] = {}
-        self._nudge = trio.Event()
         # Called after every pass, so admission re-reads saturation from fresh numbers.
         self.on_pass: Callable[[], None] | None = None
 
@@ -168,59 +152,14 @@ class Scraper:
         """Scrape now (e.g. right after a new endpoint was added)."""
         self._wake.set()
 
-    def nudge(self, state: EndpointState) -> None:
-        """`state` was just sent a request: scrape it now if its load rose by
-        :data:`NUDGE_REQUESTS` since its last scrape and nothing says its capacity
-        (a known capacity already tells where its queue starts)."""
-        if state.inflight - state.inflight_at_scrape < NUDGE_REQUESTS or state.capacity is not None:
-            return
-        now = trio.current_time()
-        attempt = state.last_scrape_attempt
-        if attempt is not None and now - attempt < NUDGE_GAP:
-            return
-        if self._on_nudge is not None:
-            state.last_scrape_attempt = now  # asked for: not again within the gap
-            state.nudged_inflight = state.inflight
-            self._on_nudge(state)
-            return
-        self._nudged[state.endpoint.id] = state
-        self._nudge.set()
-
-    def scrape_soon(self, endpoint_id: str) -> None:
-        """Scrape `endpoint_id` now, unless it was within :data:`NUDGE_GAP` (another
-        process saw a burst there: a worker's :meth:`nudge`)."""
-        state = self.endpoints.get(endpoint_id)
-        if state is None:
-            return
-        attempt = state.last_scrape_attempt
-        if attempt is not None and trio.current_time() - attempt < NUDGE_GAP:
-            return
-        self._nudged[endpoint_id] = state
-        self._nudge.set()
-
     async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._run_nudged)
-            while True:
-                await self.scrape_all()
-                if self.on_pass is not None:
-                    self.on_pass()
-                with trio.move_on_after(self.interval):
-                    await self._wake.wait()
-                self._wake = trio.Event()
-
-    async def _run_nudged(self) -> None:
         while True:
-            await self._nudge.wait()
-            self._nudge = trio.Event()
-            states, self._nudged = self._nudged, {}
-            async with trio.open_nursery() as nursery:
-                for state in states.values():
-                    # Marked now, so that the requests sent meanwhile do not nudge again.
-                    state.last_scrape_attempt = trio.current_time()
-                    nursery.start_soon(self.scrape_one, state)
+            await self.scrape_all()
             if self.on_pass is not None:
                 self.on_pass()
+            with trio.move_on_after(self.interval):
+                await self._wake.wait()
+            self._wake = trio.Event()
 
     async def scrape_all(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -232,10 +171,6 @@ class Scraper:
         self.metrics.scrapes.labels(ident).inc()
         started = trio.current_time()
         state.last_scrape_attempt = started
-        # The engine's page counts what reached it before it was asked: what this router
-        # sent before now (a request sent meanwhile is in the delta, maybe twice: a queue
-        # seen a little long errs on the safe side).
-        inflight = state.inflight
         base = state.endpoint.url.rstrip("/")
         try:
             with trio.fail_after(self.timeout):
@@ -260,7 +195,8 @@ class Scraper:
         if not sample.known:
             self._failed(state, "the /metrics page has no metrics of a known engine")
             return
-        state.sampled(sample, inflight)
+        state.sample = sample
+        state.inflight_at_scrape = state.inflight
         state.last_scrape = now
         state.last_error = None
         if (

@@ -427,8 +427,6 @@ class WorkerPool:
             if state is not None:
                 state.asleep = False
                 state.used_at = trio.current_time()
-        elif isinstance(message, wire.Nudge):
-            self.router.scraper.scrape_soon(message.endpoint_id)
         elif isinstance(message, wire.Metrics):
             slot.metrics[message.seq] = message.families
             self._metrics_answered.set()

@@ -32,7 +32,6 @@ __all__ = [
     "Metrics",
     "MetricsAsk",
     "ModelDemand",
-    "Nudge",
     "Passed",
     "Reload",
     "Remove",
@@ -184,13 +183,6 @@ class Woke(msgspec.Struct, tag=True, frozen=True):
     endpoint_id: str
 
 
-class Nudge(msgspec.Struct, tag=True, frozen=True):
-    """A burst reached the endpoint since its last sample: scrape it now
-    (llmgw.router.scraper.NUDGE_REQUESTS)."""
-
-    endpoint_id: str
-
-
 class Family(msgspec.Struct, frozen=True):
     """A metric family as prometheus-client collects it."""
 
@@ -206,7 +198,7 @@ class Metrics(msgspec.Struct, tag=True, frozen=True):
     families: list[Family]
 
 
-FromWorker = Listening | Usage | Report | Wake | Woke | Nudge | Metrics
+FromWorker = Listening | Usage | Report | Wake | Woke | Metrics
 
 
 # -- framing -----------------------------------------------------------------------

@@ -114,7 +114,6 @@ class Worker:
             rendezvous=True,
             scrape=False,  # the control process scrapes once for all (wire.Samples)
             on_woke=lambda state: self.post(wire.Woke(state.endpoint.id)),
-            on_nudge=lambda state: self.post(wire.Nudge(state.endpoint.id)),
         )
         for endpoint in hello.endpoints:
             self.router.upsert(endpoint)
