@@ -1415,42 +1415,53 @@ async def run_personality(
         tokens_per_word = 1.0  # llmgw-sim: 4 characters a token, a word 3 letters + space
         about = zoo.get(personality).summary
         engine = dict(zoo.get(personality).engine)
-    gw = fleet.router(
-        [(f"{personality}-{i}", base, MODEL) for i, base in enumerate(sims)],
+    # llmgw's own targets: (name, router, how it was configured), each router in front
+    # of the same replicas.
+    ours: list[tuple[str, c.RouterProc, str]] = []
+
+    def router(target: str, flags: str, models: Sequence[str], **kwargs: Any) -> None:
+        endpoints = [
+            (f"{personality}-{i}", base, m)
+            for i, (base, m) in enumerate(zip(sims, models, strict=True))
+        ]
+        gw = fleet.router(endpoints, **kwargs)
+        procs.insert(0, gw.proc)
+        ours.append((target, gw, flags))
+
+    plain = [MODEL] * len(sims)
+    router(
+        LLMGW,
+        'default configuration, no store (store.url = "")',
+        plain,
         name=f"llmgw-{personality}",
     )
-    procs.insert(0, gw.proc)
-    gw_ca = fleet.router(
-        [(f"{personality}-{i}", base, MODEL) for i, base in enumerate(sims)],
+    router(
+        LLMGW_CA,
+        'router.default_profile = "cache_aware", no store',
+        plain,
         config=CACHE_AWARE_CONFIG,
         name=f"llmgw-ca-{personality}",
     )
-    procs.insert(0, gw_ca.proc)
-    gw_other = None
-    if compare is not None:
-        gw_other = fleet.router(
-            [(f"{personality}-{i}", base, MODEL) for i, base in enumerate(sims)],
-            name=f"llmgw-other-{personality}",
-            src=compare[1],
-        )
-        procs.insert(0, gw_other.proc)
-        gw_other.wait_scraped()
-    gw_kv = None
     if events:
         # The default configuration, told where each engine publishes its events (the
         # --endpoint flag's fourth field), as an operator running vLLM with
         # --kv-events-config would.
-        gw_kv = fleet.router(
-            [
-                (f"{personality}-{i}", base, f"{MODEL}={address}")
-                for i, (base, address) in enumerate(zip(sims, events, strict=True))
-            ],
+        router(
+            LLMGW_KV,
+            "default configuration, no store; each endpoint's kv_events address",
+            [f"{MODEL}={address}" for address in events],
             name=f"llmgw-kv-{personality}",
         )
-        procs.insert(0, gw_kv.proc)
-        gw_kv.wait_scraped()
-    gw.wait_scraped()
-    gw_ca.wait_scraped()
+    if compare is not None:
+        router(
+            compare[0],
+            f"default configuration, no store; llmgw imported from {compare[1]}",
+            plain,
+            name=f"llmgw-other-{personality}",
+            src=compare[1],
+        )
+    for _, gw, _ in ours:
+        gw.wait_scraped()
     started: dict[str, tuple[int, str]] = {}  # name -> (pid, flags)
     peer_urls: dict[str, str] = {}
     skipped = dict(peer_reasons)
@@ -1488,43 +1499,16 @@ async def run_personality(
                 bench.Target(sims[0], MODEL, name=ORACLE),
                 await client(PinnedOracle(sims, c.pooled_transport(pool))),
             ),
-            Contender(
-                LLMGW,
-                bench.Target(gw.base, MODEL, name=LLMGW),
-                await client(c.pooled_transport(pool)),
-                router_pid=gw.pid,
-                router=gw,
-                flags='default configuration, no store (store.url = "")',
-            ),
-            Contender(
-                LLMGW_CA,
-                bench.Target(gw_ca.base, MODEL, name=LLMGW_CA),
-                await client(c.pooled_transport(pool)),
-                router_pid=gw_ca.pid,
-                router=gw_ca,
-                flags='router.default_profile = "cache_aware", no store',
-            ),
         ]
-        if gw_kv is not None:
+        for name, gw, flags in ours:
             contenders.append(
                 Contender(
-                    LLMGW_KV,
-                    bench.Target(gw_kv.base, MODEL, name=LLMGW_KV),
+                    name,
+                    bench.Target(gw.base, MODEL, name=name),
                     await client(c.pooled_transport(pool)),
-                    router_pid=gw_kv.pid,
-                    router=gw_kv,
-                    flags="default configuration, no store; each endpoint's kv_events address",
-                )
-            )
-        if compare is not None and gw_other is not None:
-            contenders.append(
-                Contender(
-                    compare[0],
-                    bench.Target(gw_other.base, MODEL, name=compare[0]),
-                    await client(c.pooled_transport(pool)),
-                    router_pid=gw_other.pid,
-                    router=gw_other,
-                    flags=f"default configuration, no store; llmgw imported from {compare[1]}",
+                    router_pid=gw.pid,
+                    router=gw,
+                    flags=flags,
                 )
             )
         for name in PEERS:
