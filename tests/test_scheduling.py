@@ -9,7 +9,7 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from llmgw.config import RoutingProfile, ScoringConfig
-from llmgw.router.scheduling import Candidate, Saturation
+from llmgw.router.scheduling import Candidate, Decision, Saturation
 from llmgw.router.scheduling.plugins import STALE_PENALTY, UNKNOWN_PENALTY, default_scheduler
 from tests.properties import examples
 
@@ -42,13 +42,13 @@ def cand(
 PROMPT = 2000.0  # tokens of the prompt in the session and prefix examples
 
 
-def pick(
+def decide(
     cands: list[Candidate],
     session: str | None = None,
     prefix: dict[str, float] | None = None,
     seed: int = 0,
     prompt: float = PROMPT,
-) -> tuple[str, str]:
+) -> Decision:
     """`prefix`: per endpoint, the fraction of the prompt it holds."""
     held = prefix or {}
     d = SCORER.pick(
@@ -60,6 +60,17 @@ def pick(
         cached_tokens={ep: f * prompt for ep, f in held.items()},
     )
     assert d is not None
+    return d
+
+
+def pick(
+    cands: list[Candidate],
+    session: str | None = None,
+    prefix: dict[str, float] | None = None,
+    seed: int = 0,
+    prompt: float = PROMPT,
+) -> tuple[str, str]:
+    d = decide(cands, session, prefix, seed, prompt)
     return d.endpoint_id, d.tier
 
 
@@ -363,16 +374,7 @@ def test_hot_prefix_spills_to_one_more_holder_at_a_time() -> None:
 def spill(
     cands: list[Candidate], session: str | None = None, prefix: dict[str, float] | None = None
 ) -> tuple[str, tuple[str, str] | None]:
-    held = prefix or {}
-    d = SCORER.pick(
-        cands,
-        session_endpoint=session,
-        prefix_matches=held,
-        rng=random.Random(0),
-        prompt_tokens=PROMPT,
-        cached_tokens={ep: f * PROMPT for ep, f in held.items()},
-    )
-    assert d is not None
+    d = decide(cands, session, prefix)
     return d.endpoint_id, d.spill
 
 
