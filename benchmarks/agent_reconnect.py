@@ -216,7 +216,7 @@ def histogram(values: list[float]) -> list[tuple[float, float, int]]:
 class Bench:
     def __init__(self, fleet: c.Fleet, args: argparse.Namespace, state: Path) -> None:
         from llmgw import config as cfg
-        from llmgw.server import control_timings
+        from llmgw.assembly import control_timings
 
         self.fleet = fleet
         self.args = args
@@ -227,7 +227,8 @@ class Bench:
         self.admin = f"http://127.0.0.1:{self.ports['admin']}"
         self.config = state / "llmgw.toml"
         self.config.write_text(CONFIG.format(**self.ports))
-        self.heartbeat, self.settle = control_timings(cfg.load(path=self.config).control)
+        timings = control_timings(cfg.load(path=self.config).control)
+        self.heartbeat, self.settle = timings.heartbeat, timings.settle
         self.server: c.Proc | None = None
         self.workers: list[c.Proc] = []
 

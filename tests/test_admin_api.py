@@ -127,7 +127,7 @@ async def admin_api(
         await registry.load()
         if control_plane and controller is None:
             controller = Controller(cfg.control, registry.catalog, router)
-            registry.listeners.append(controller.set_catalog)
+            registry.subscribe(controller.set_catalog)
         app = AdminApp(
             router, controller=controller, store=store, models=registry, admin_auth=admin_auth
         )

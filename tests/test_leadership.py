@@ -62,7 +62,7 @@ async def test_a_leader_stops_acting_a_margin_before_its_lease_by_its_own_clock(
     at (1 - MARGIN) of the lease after its last renewal was sent, before any other
     instance may claim it."""
     store = FakeStore()
-    leadership = Leadership(store, instance="me", agent_address="", admin_address="", ttl=10)  # type: ignore[arg-type]
+    leadership = Leadership(store, instance="me", ttl=10)  # type: ignore[arg-type]
     caplog.set_level(logging.INFO, logger="llmgw.control")
     async with trio.open_nursery() as nursery:
         await nursery.start(leadership.run)
@@ -86,7 +86,7 @@ async def test_the_leader_named_is_timed_by_the_stores_clock() -> None:
     """A follower's view of the leader's lease: its remaining time by the store's
     clock, counted on the follower's own (which is a million seconds off)."""
     store = FakeStore(grant=False, remaining=6.0)
-    leadership = Leadership(store, instance="me", agent_address="", admin_address="", ttl=30)  # type: ignore[arg-type]
+    leadership = Leadership(store, instance="me", ttl=30)  # type: ignore[arg-type]
     async with trio.open_nursery() as nursery:
         await nursery.start(leadership.run)
         await trio.testing.wait_all_tasks_blocked()
@@ -162,7 +162,7 @@ async def test_a_follower_answers_503_with_retry_after_when_the_leader_is_gone()
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     store: Any = FakeStore(grant=False)
-    leadership = Leadership(store, instance="me", agent_address="", admin_address="", ttl=10)
+    leadership = Leadership(store, instance="me", ttl=10)
     leadership.leader = Leader("other", "", f"127.0.0.1:{port}", 7, trio.current_time() + 4.5)
     local: list[str] = []
 

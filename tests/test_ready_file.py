@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -160,14 +161,14 @@ async def test_serve_reports_the_ports_it_bound_for_port_0() -> None:
     reported: list[server.Listening] = []
     stop = trio.Event()
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
+        async with llmgw.assemble(config) as gateway, trio.open_nursery() as nursery:
             await nursery.start(
-                lambda task_status: server.serve(
-                    config,
+                partial(
+                    llmgw.serve,
+                    gateway,
                     on_listening=reported.append,
                     shutdown=stop,
                     handle_signals=False,
-                    task_status=task_status,
                 )
             )
             (listening,) = reported

@@ -1,15 +1,15 @@
-"""`import llmgw`: a Router composed and served from Python, in one trio process."""
+"""`import llmgw`: a gateway assembled and served from Python, in one trio process."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import httpx
 import trio
 
 import llmgw
-from llmgw import server
 
 from .procs import sim
 
@@ -34,20 +34,17 @@ async def test_router_serves_from_a_library_caller() -> None:
             def record(self, record: llmgw.UsageRecord) -> None:
                 records.append(record)
 
-        router = llmgw.Router(config, usage_sinks=[Collect()])
         stop = trio.Event()
-        async with trio.open_nursery() as nursery:
-            await nursery.start(
-                lambda task_status: server.serve(
-                    config,
-                    router=router,
-                    client_listeners=[client_socket],
-                    admin_listeners=admin_sockets,
-                    shutdown=stop,
-                    handle_signals=False,
-                    task_status=task_status,
-                )
-            )
+        async with (
+            llmgw.assemble(
+                config,
+                usage_sinks=[Collect()],
+                client_listeners=[client_socket],
+                admin_listeners=admin_sockets,
+            ) as gateway,
+            trio.open_nursery() as nursery,
+        ):
+            await nursery.start(partial(llmgw.serve, gateway, shutdown=stop, handle_signals=False))
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
                 r = await client.post(
                     "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 3}

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from llmgw.version import __version__
 
 if TYPE_CHECKING:
+    from llmgw.assembly import Gateway, assemble
     from llmgw.catalog import Catalog
     from llmgw.config import Config, ConfigError
     from llmgw.config import load as load_config
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from llmgw.domain.usage import Usage, UsageRecord, UsageSink
     from llmgw.router.core import Router
     from llmgw.router.scheduling import Candidate, Decision, Scheduler
+    from llmgw.server import serve
     from llmgw.transport.base import AgentConnection, AgentConnector, AgentListener
 
 # The in-memory stub transport (llmgw.transport.stub.StubNetwork) and the gRPC one are
@@ -40,6 +42,7 @@ _HOMES = {
     "Controller": ("llmgw.control.controller", "Controller"),
     "Decision": ("llmgw.router.scheduling", "Decision"),
     "Endpoint": ("llmgw.domain.endpoints", "Endpoint"),
+    "Gateway": ("llmgw.assembly", "Gateway"),
     "EndpointSink": ("llmgw.domain.endpoints", "EndpointSink"),
     "Inventory": ("llmgw.control.inventory", "Inventory"),
     "Reconciler": ("llmgw.control.reconciler", "Reconciler"),
@@ -48,7 +51,9 @@ _HOMES = {
     "Usage": ("llmgw.domain.usage", "Usage"),
     "UsageRecord": ("llmgw.domain.usage", "UsageRecord"),
     "UsageSink": ("llmgw.domain.usage", "UsageSink"),
+    "assemble": ("llmgw.assembly", "assemble"),
     "load_config": ("llmgw.config", "load"),
+    "serve": ("llmgw.server", "serve"),
 }
 
 __all__ = [
@@ -63,6 +68,7 @@ __all__ = [
     "Decision",
     "Endpoint",
     "EndpointSink",
+    "Gateway",
     "Inventory",
     "Reconciler",
     "Router",
@@ -71,7 +77,9 @@ __all__ = [
     "UsageRecord",
     "UsageSink",
     "__version__",
+    "assemble",
     "load_config",
+    "serve",
 ]
 
 

@@ -24,9 +24,8 @@ import trio
 
 from llmgw import server
 from llmgw.agent.agent import Agent, NodeSettings
+from llmgw.assembly import Timings, Workers, assemble, control_timings
 from llmgw.config import DEFAULT_STORE_URL, Config, StoreConfig
-from llmgw.control.controller import Controller
-from llmgw.router.core import Router
 from llmgw.transport.grpc import GrpcConnector, GrpcListener
 
 DEMO_GPUS = "4x24GB:Demo-GPU"
@@ -73,11 +72,11 @@ async def run_demo(
     on_listening: Callable[[server.Listening], None] | None = None,
     client_listeners: Sequence[trio.SocketListener] | None = None,
     admin_listeners: Sequence[trio.SocketListener] | None = None,
-    workers: server.Workers | None = None,
+    workers: Workers | None = None,
 ) -> None:
     """Serve `config` (which includes a demo overlay) with one in-process demo agent
     (`fake_gpus` None: a CPU node); `on_listening`, `client_listeners` and
-    `admin_listeners` as for :func:`llmgw.server.serve`, `on_listening` called before
+    `admin_listeners` as for :func:`llmgw.assembly.assemble`, `on_listening` called before
     the first `announce`. Unless the configuration names a store, the demo
     has a fresh one of its own (keys and usage work), gone when it stops: keys made in
     one demo run do not lock the README's requests out of the next."""
@@ -105,28 +104,24 @@ async def _run(
         None,
         None,
     ),
-    workers: server.Workers | None = None,
+    workers: Workers | None = None,
 ) -> None:
-    router = Router(config)
-    # Nothing survives from a previous run to adopt: place at once.
-    controller = Controller(config.control, router.catalog, router, settle=0.2)
     listener = GrpcListener(config.agent_listen, tls=config.agent_tls)
     agent_scope = trio.CancelScope()
 
     async def serve_then_stop_agent(task_status: trio.TaskStatus[Any]) -> None:
         # serve() returns on SIGINT/SIGTERM once streams have drained; then the agent
         # stops, and with it its engines.
-        await server.serve(
+        async with assemble(
             config,
-            router=router,
-            controller=controller,
-            listener=listener,
+            agents=listener,
+            # Nothing survives from a previous run to adopt: place at once.
+            timings=Timings(control_timings(config.control).heartbeat, settle=0.2),
             client_listeners=sockets[0],
             admin_listeners=sockets[1],
             workers=workers,
-            on_listening=on_listening,
-            task_status=task_status,
-        )
+        ) as gateway:
+            await server.serve(gateway, on_listening=on_listening, task_status=task_status)
         agent_scope.cancel()
 
     async with trio.open_nursery() as nursery:

@@ -52,7 +52,7 @@ def parse_model(data: Mapping[str, Any]) -> ModelConfig:
 
 
 class ModelRegistry:
-    """Owns the catalog; `on_change` callbacks get every new Catalog."""
+    """Owns the catalog; every listener given to :meth:`subscribe` gets each new Catalog."""
 
     def __init__(
         self,
@@ -70,8 +70,12 @@ class ModelRegistry:
         self.skipped: dict[str, str] = {}
         # Models only endpoints name (router-only mode): served, not editable.
         self.extra = tuple(extra)
-        self.listeners: list[Callable[[cat.Catalog], None]] = []
+        self._listeners: list[Callable[[cat.Catalog], None]] = []
         self.catalog = self._build(self.runtime)
+
+    def subscribe(self, listener: Callable[[cat.Catalog], None]) -> None:
+        """Call `listener` with every catalog published from now on."""
+        self._listeners.append(listener)
 
     def _models(self, runtime: Mapping[str, ModelConfig]) -> list[ModelConfig]:
         names = set(self.configured) | set(runtime)
@@ -87,7 +91,7 @@ class ModelRegistry:
     def _publish(self, runtime: dict[str, ModelConfig]) -> None:
         self.runtime = runtime
         self.catalog = self._build(runtime)
-        for listener in self.listeners:
+        for listener in self._listeners:
             listener(self.catalog)
 
     async def load(self) -> list[str]:

@@ -50,6 +50,7 @@ from llmgw import server, units
 from llmgw.agent.adapters import SimAdapter
 from llmgw.agent.agent import Agent, NodeSettings
 from llmgw.agent.discovery import fake_gpus
+from llmgw.assembly import Timings, assemble
 from llmgw.catalog import Catalog
 from llmgw.control.controller import Controller
 from llmgw.domain.fleet import Gpu
@@ -225,29 +226,20 @@ async def _serving(
     network = StubNetwork()
     # All of 127/8 is local on Linux; 127.0.x.x is left to everything else.
     loopback = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"
-    router = Router(conf)
-    controller = Controller(
-        conf.control,
-        router.catalog,
-        router,
-        heartbeat_interval=heartbeat_interval,
-        settle=heartbeat_interval,
-    )
     stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(
-            lambda task_status: server.serve(
-                conf,
-                router=router,
-                controller=controller,
-                listener=network.listener(),
-                client_listeners=sockets["listen"],
-                admin_listeners=sockets["admin_listen"],
-                shutdown=stop,
-                handle_signals=False,
-                task_status=task_status,
-            )
-        )
+    async with (
+        assemble(
+            conf,
+            agents=network.listener(),
+            timings=Timings(heartbeat_interval, heartbeat_interval),
+            client_listeners=sockets["listen"],
+            admin_listeners=sockets["admin_listen"],
+        ) as gateway,
+        trio.open_nursery() as nursery,
+    ):
+        router, controller = gateway.router, gateway.controller
+        assert controller is not None
+        await nursery.start(partial(server.serve, gateway, shutdown=stop, handle_signals=False))
         agents: list[Agent] = []
         for i in range(nodes):
             # Every node gets its own address, as real nodes have.

@@ -19,6 +19,7 @@ import trio
 from llmgw import config as cfg
 from llmgw import server, units
 from llmgw.agent.adapters.llamacpp import BUILD_HINT, find_llama_server
+from llmgw.assembly import Workers, assemble
 from llmgw.demo import DEMO_GPUS, DEMO_OVERLAY, llamacpp_overlay, run_demo
 from llmgw.store.base import StoreError
 from llmgw.workers import sockets
@@ -165,7 +166,7 @@ def _reachable(address: str) -> str:
 
 async def _bind(address: str) -> list[trio.SocketListener]:
     """Sockets listening on `address` (a `listen` or `admin_listen` value), or CliError
-    naming it: bound here rather than in server.serve, whose OSError would not say which
+    naming it: bound here rather than in llmgw.assembly, whose OSError would not say which
     of its addresses failed."""
     parsed = units.parse_address(address)
     try:
@@ -181,12 +182,12 @@ class Bound:
 
     admin: list[trio.SocketListener]
     client: list[trio.SocketListener] | None
-    workers: server.Workers | None
+    workers: Workers | None
 
 
 @contextlib.asynccontextmanager
 async def _bind_both(config: cfg.Config, args: argparse.Namespace) -> AsyncIterator[Bound]:
-    """The client and admin sockets, closed on the way out (server.serve closes them
+    """The client and admin sockets, closed on the way out (the gateway closes them
     too, but not when it fails before it takes them, say opening the store)."""
     listeners: list[trio.SocketListener] = []
     reserved: list[socket.socket] = []
@@ -201,7 +202,7 @@ async def _bind_both(config: cfg.Config, args: argparse.Namespace) -> AsyncItera
                 raise CliError(
                     f"cannot listen on {config.listen}: {os_reason(exc)}", EXIT_RUNTIME
                 ) from None
-            workers = server.Workers(count, reserved, args.log_level, args.log_format)
+            workers = Workers(count, reserved, args.log_level, args.log_format)
         else:
             client = await _bind(config.listen)
             listeners += client
@@ -217,13 +218,17 @@ async def _bind_both(config: cfg.Config, args: argparse.Namespace) -> AsyncItera
 
 async def _serve(config: cfg.Config, args: argparse.Namespace) -> None:
     ready = args.ready_file
-    async with _bind_both(config, args) as bound:
-        await server.serve(
+    async with (
+        _bind_both(config, args) as bound,
+        assemble(
             config,
             client_listeners=bound.client,
             admin_listeners=bound.admin,
             workers=bound.workers,
-            on_listening=partial(write_ready_file, ready) if ready else None,
+        ) as gateway,
+    ):
+        await server.serve(
+            gateway, on_listening=partial(write_ready_file, ready) if ready else None
         )
 
 

@@ -59,6 +59,7 @@ from llmgw.control.scaler import DemandFeed, Scaler
 from llmgw.domain.catalog import ModelConfig
 from llmgw.domain.endpoints import Endpoint, EndpointSink
 from llmgw.domain.fleet import NodeState, ReplicaState, ShardState
+from llmgw.domain.wakes import ColdSide, Wakes
 from llmgw.logs import fields
 from llmgw.store.base import StoreError
 from llmgw.transport import limits
@@ -183,8 +184,18 @@ class Controller:
         clock: Callable[[], float] = trio.current_time,
         store: CordonStore | None = None,
         demand: DemandFeed | None = None,
+        last_request: Callable[[str], float | None] | None = None,
+        activity: ActivityTracker | None = None,
+        wakes: Wakes | None = None,
+        cold: ColdSide | None = None,
         leadership: Leadership | None = None,
     ) -> None:
+        """Replicas the reconciler makes ready, drains and stops go to `sink`.
+        Autoscaled models' counts follow `demand` (the data plane's) and idleness
+        `last_request` (default: the last request `activity` saw); requests waiting
+        for a model at zero are taken from `wakes`, and after every pass `cold` hears
+        why any model cannot be placed (llmgw.router.coldstart). `activity` is what
+        the data plane's usage records feed (default: a fresh one, fed by nothing)."""
         self.control = control
         self.store = store
         self.cordons = Cordons(store)
@@ -195,14 +206,14 @@ class Controller:
         self.settle = 2 * heartbeat_interval if settle is None else settle
         self.clock = clock
         self.inventory = Inventory(control)
-        self.activity = ActivityTracker(clock=clock)
+        self.activity = activity or ActivityTracker(clock=clock)
         # Autoscaled models' counts follow the router's demand (llmgw.control.autoscale),
         # and idleness the last request for each (the fleet's, when instances share a
         # store: llmgw.control.instances).
         self.demand = demand
-        self.last_request: Callable[[str], float | None] = lambda name: (
-            self.activity.get(name).last_request
-        )
+        self.last_request = last_request or (lambda name: self.activity.get(name).last_request)
+        self.wakes = wakes
+        self.cold = cold
         self.scaler = Scaler()
         # Epochs start from the wall clock, so a restarted server's new placements can
         # never be mistaken for its predecessor's (agents may report those late).
@@ -224,8 +235,6 @@ class Controller:
         # Counts that stay put over passes and heartbeats say it chose to do nothing.
         self.passes = 0
         self.commands: dict[str, int] = dict.fromkeys(COMMAND_KINDS, 0)
-        # Called after every pass (the router's cold-start waits: ColdStarts.check).
-        self.on_pass: list[Callable[[], None]] = []
 
     # -- the catalog ---------------------------------------------------------------
 
@@ -322,7 +331,7 @@ class Controller:
         """Reconcile soon (an event happened)."""
         self._wake.set()
 
-    # -- cold starts (llmgw.router.coldstart.Fleet) ----------------------------------
+    # -- cold starts (llmgw.domain.wakes) ----------------------------------------------
 
     def wake(self, model: str) -> None:
         """A request waits for `model`, which has no replica serving: the autoscaler
@@ -352,6 +361,8 @@ class Controller:
         async with trio.open_nursery() as nursery:
             if self.store is not None:
                 nursery.start_soon(self.cordons.run)
+            if self.wakes is not None:
+                nursery.start_soon(self._take_wakes, self.wakes)
             await nursery.start(listener.serve, self._serve_agent)
             task_status.started()
             if self.leadership is None:
@@ -360,6 +371,11 @@ class Controller:
                 return
             while True:
                 await self._term(await self.leadership.wait_leading())
+
+    async def _take_wakes(self, wakes: Wakes) -> None:
+        while True:
+            for model in await wakes.taken():
+                self.wake(model)
 
     async def _term(self, token: int) -> None:
         """Lead from a fresh start until the lease is lost (module docstring)."""
@@ -417,6 +433,8 @@ class Controller:
         self._adopt_reported()
         self._catch_up()
         self._settled = True
+        if self.leadership is not None:
+            self.leadership.mark_settled(self.token)
         while True:
             started = trio.current_time()
             self.reconcile()
@@ -450,8 +468,8 @@ class Controller:
         models = self.deployable()
         self._apply(self.reconciler.step(now, models, views, self._scale(models, now)))
         self.passes += 1
-        for hook in self.on_pass:
-            hook()
+        if self.cold is not None:
+            self.cold.check(self.unplaceable)
 
     def _scale(self, models: list[ModelConfig], now: float) -> dict[str, int]:
         """The autoscaled models' desired counts now (one demand sample each)."""

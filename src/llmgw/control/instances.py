@@ -58,7 +58,6 @@ class SharedEndpoints:
         store: Store,
         sink: EndpointSink,
         leadership: Leadership,
-        settled: Callable[[], bool],
         *,
         knows: Callable[[str], bool] = lambda model: True,
         refresh_models: Callable[[], Awaitable[object]] | None = None,
@@ -70,7 +69,6 @@ class SharedEndpoints:
         self.store = store
         self.sink = sink
         self.leadership = leadership
-        self.settled = settled
         self.knows = knows
         self.refresh_models = refresh_models
         # What this instance's controller publishes in its current term, and what was
@@ -116,7 +114,7 @@ class SharedEndpoints:
         assert token is not None
         if token != self._term:  # a new term: the controller starts from nothing
             self._term, self.published, self._written = token, {}, None
-        if not self.settled():
+        if not self.leadership.settled():
             return
         if self.fed:
             # What the previous leader published and this one's controller did not

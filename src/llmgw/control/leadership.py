@@ -94,15 +94,15 @@ class Leadership:
         store: Store,
         *,
         instance: str,
-        agent_address: str,
-        admin_address: str,
+        addresses: Callable[[], tuple[str, str]] = lambda: ("", ""),
         ttl: float = 10.0,
         clock: Callable[[], float] = trio.current_time,
     ) -> None:
+        """`addresses` says, when the lease is claimed, where agents and admin clients
+        reach this instance (its agent and admin listeners are bound by then)."""
         self.store = store
         self.instance = instance
-        self.agent_address = agent_address
-        self.admin_address = admin_address
+        self.addresses = addresses
         self.ttl = ttl
         self.clock = clock
         self.token: int | None = None  # ours, while we lead
@@ -110,6 +110,16 @@ class Leadership:
         self._valid_until = -1.0  # when we stop acting, by our clock (monotonic)
         self._changed = trio.Event()
         self.terms = 0  # times this instance became the leader
+        self._settled_term: int | None = None
+
+    def mark_settled(self, token: int) -> None:
+        """The term of `token` has settled: its controller adopted what agents run, so
+        what it publishes is whole (llmgw.control.instances writes it only then)."""
+        self._settled_term = token
+
+    def settled(self) -> bool:
+        """Whether this instance leads and its term has settled."""
+        return self.token is not None and self._settled_term == self.token
 
     def leading(self) -> bool:
         """Whether this instance leads now: it holds a token and its lease cannot have
@@ -187,8 +197,9 @@ class Leadership:
                 else:
                     self._set(None)
             if self.token is None:
+                agent_address, admin_address = self.addresses()
                 token = await self.store.claim_leadership(
-                    LEASE, self.instance, self.agent_address, self.admin_address, self.ttl
+                    LEASE, self.instance, agent_address, admin_address, self.ttl
                 )
                 if token is not None:
                     self._valid_until = self._until(started)

@@ -9,6 +9,7 @@ belong to them, importing nothing of llmgw but :mod:`llmgw.units`.
 * :mod:`.endpoints`: the replicas the router sends requests to, and where they come from.
 * :mod:`.usage`: what a request used, who sent it, and where the records go.
 * :mod:`.keys`: API keys as stored.
+* :mod:`.wakes`: where the planes meet for a cold start: the models requests wait for.
 
 The router, the control plane, the transport, the agent and the store import these
 downward; nothing here imports them (tests/test_import_graph.py).

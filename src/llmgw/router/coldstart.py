@@ -4,12 +4,14 @@ A request whose model (or fallbacks) has no replica that can take it is answered
 at once, except when a chain model is autoscaled and a control plane runs in the same
 process: then the request waits in its band's admission queue for that model, for up
 to the model's `cold_start_timeout`, while the control plane is told there is demand
-(:meth:`Fleet.wake`) and starts a replica. The admission queue admits it as soon as a
-replica serves (the new endpoint pokes it), in band order, like any other wait.
+(:mod:`llmgw.domain.wakes`) and starts a replica. The admission queue admits it as
+soon as a replica serves (the new endpoint pokes it), in band order, like any other
+wait.
 
 The wait ends early when the control plane's pass finds the model cannot be placed:
 then waiting longer cannot help, and the client hears why at once. These are
-:meth:`ColdStarts.check`'s business, which the control plane calls after each pass.
+:meth:`ColdStarts.check`'s business (a :class:`~llmgw.domain.wakes.ColdSide`), which
+the control plane calls after each pass with its reasons.
 
 Without a control plane (router-only, or a library user's router) nothing can start a
 replica, and nothing waits.
@@ -19,25 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Protocol
 
 import trio
 
 from llmgw.domain.catalog import ModelConfig
+from llmgw.domain.wakes import Unplaceable, WakeSink
 
-__all__ = ["ColdStarts", "ColdWait", "Fleet"]
-
-
-class Fleet(Protocol):
-    """What the router asks of the control plane for a cold start
-    (:class:`~llmgw.control.controller.Controller` is one)."""
-
-    def wake(self, model: str) -> None:
-        """A request waits for `model`, which has no replica serving: start one."""
-
-    def unplaceable(self, model: str) -> str | None:
-        """Why no replica of `model` can be placed now (None: it can, or one is
-        starting or ready)."""
+__all__ = ["ColdStarts", "ColdWait"]
 
 
 class ColdWait:
@@ -53,13 +43,16 @@ class ColdWait:
 
 
 class ColdStarts:
-    def __init__(self, fleet: Fleet | None = None) -> None:
-        self.fleet = fleet
+    """The requests waiting for a first replica; `wakes` is where the control plane
+    hears of them (None: there is none, and nothing waits)."""
+
+    def __init__(self, wakes: WakeSink | None = None) -> None:
+        self.wakes = wakes
         self._waits: dict[str, set[ColdWait]] = {}
 
     def model_for(self, chain: Sequence[ModelConfig]) -> ModelConfig | None:
-        """The chain's first autoscaled model, when a fleet can start it."""
-        if self.fleet is None:
+        """The chain's first autoscaled model, when a control plane can start it."""
+        if self.wakes is None:
             return None
         return next((m for m in chain if m.autoscale is not None), None)
 
@@ -69,13 +62,13 @@ class ColdStarts:
 
     @contextmanager
     def wait(self, model: str) -> Iterator[ColdWait]:
-        """Register a request waiting for `model` and tell the fleet; run the wait
-        inside ``with w.scope``."""
-        assert self.fleet is not None
+        """Register a request waiting for `model` and tell the control plane; run the
+        wait inside ``with w.scope``."""
+        assert self.wakes is not None
         w = ColdWait(model)
         self._waits.setdefault(model, set()).add(w)
         try:
-            self.fleet.wake(model)
+            self.wakes.wake(model)
             yield w
         finally:
             waits = self._waits[model]
@@ -83,12 +76,10 @@ class ColdStarts:
             if not waits:
                 del self._waits[model]
 
-    def check(self) -> None:
+    def check(self, unplaceable: Unplaceable) -> None:
         """After a control-plane pass: end the waits for models that cannot be placed."""
-        if self.fleet is None:
-            return
         for model, waits in list(self._waits.items()):
-            why = self.fleet.unplaceable(model)
+            why = unplaceable(model)
             if why is None:
                 continue
             for w in waits:

@@ -22,13 +22,14 @@ from llmgw.domain.catalog import ModelConfig
 from llmgw.domain.endpoints import Endpoint
 from llmgw.domain.engine_metrics import EngineSample
 from llmgw.domain.usage import Caller, Usage, UsageRecord, UsageSink
+from llmgw.domain.wakes import WakeSink
 from llmgw.router.access import AccessLog
 from llmgw.router.admission import AdmissionController
 from llmgw.router.affinity import PrefixIndex, Probe, SessionTable
 from llmgw.router.app import ClientApp
 from llmgw.router.auth import Authenticator
 from llmgw.router.breaker import Outcome, Ticket
-from llmgw.router.coldstart import ColdStarts, Fleet
+from llmgw.router.coldstart import ColdStarts
 from llmgw.router.endpoints import EndpointRegistry, EndpointState
 from llmgw.router.kv_events import Exact, KVEvents
 from llmgw.router.metrics import KeyMetrics, RouterMetrics
@@ -79,7 +80,7 @@ class Router:
         upstream: httpx.AsyncClient | None = None,
         schedulers: Mapping[str, Scheduler] | None = None,
         auth: Authenticator | None = None,
-        fleet: Fleet | None = None,
+        wakes: WakeSink | None = None,
         sleep_idle: bool = True,
         on_woke: Callable[[EndpointState], None] | None = None,
         rendezvous: bool = False,
@@ -88,9 +89,10 @@ class Router:
         """`schedulers` replaces the schedulers of routing profiles by name (a profile
         a model can select is one ``[router.profiles]`` names): compositions of
         filters, scorers and a picker (llmgw.router.scheduling; docs/scheduling.md).
-        `auth` checks API keys (default: none exist unless `auth.required`); `fleet`
-        is the control plane requests for an autoscaled model at zero wait for (None:
-        they are refused at once). With `sleep_idle` False idle engines are not put to
+        `auth` checks API keys (default: none exist unless `auth.required`); `wakes` is
+        where a control plane hears of requests for an autoscaled model at zero, which
+        then wait for its first replica (None: no control plane, they are refused at
+        once). With `sleep_idle` False idle engines are not put to
         sleep here (a worker: the control process decides), only woken, and
         `on_woke` hears of each wake. With `rendezvous` a session or prompt this
         router has not routed goes to the home its key hashes to (routers that share
@@ -116,13 +118,6 @@ class Router:
         )
         # Which replica holds each stored response (Responses API follow-ups).
         self.responses = ResponseHomes()
-        self.scraper = Scraper(
-            self.endpoints,
-            self.metrics,
-            interval=r.scrape_interval,
-            timeout=r.scrape_timeout,
-            scoring=r.scoring,
-        )
         # How full replicas are by their engines' account: admission and the views.
         self.saturation = Saturation(r.scoring, r.stale_after)
         self.schedulers = default_schedulers(r.scoring, r.profiles, r.stale_after)
@@ -163,20 +158,27 @@ class Router:
         self.rng = rng or random.Random()
         self.rendezvous = rendezvous
         self.scrape = scrape
-        # Keys come from the store, when there is one (see server.serve).
+        # Keys come from the store, when there is one (llmgw.assembly).
         self.auth = auth or Authenticator(
             None, None, required=config.auth.required, cache_ttl=config.auth.cache_ttl
         )
         self.admission = AdmissionController(
             r.admission, self.pool_saturation, on_wait=self._observe_wait
         )
-        self.scraper.on_pass = self.admission.poke_all
+        self.scraper = Scraper(
+            self.endpoints,
+            self.metrics,
+            interval=r.scrape_interval,
+            timeout=r.scrape_timeout,
+            scoring=r.scoring,
+            # Admission re-reads saturation from fresh numbers after every pass.
+            on_pass=self.admission.poke_all,
+        )
         # Idle engines with sleep_after go to sleep; an attempt wakes them.
         self.sleeper = Sleeper(self.endpoints, self.metrics, on_woke=on_woke)
         self.sleep_idle = sleep_idle
-        # Requests waiting for an autoscaled model's first replica (its `fleet` is the
-        # control plane, when there is one).
-        self.cold = ColdStarts(fleet)
+        # Requests waiting for an autoscaled model's first replica.
+        self.cold = ColdStarts(wakes)
         # Off (None) unless configured: then a request pays one `is None` check.
         self.tracing = Tracing(config.tracing) if config.tracing.endpoint else None
         self.metrics.watch_admission(self.admission.stats, self.pool_saturation)

@@ -117,7 +117,9 @@ class Scraper:
         timeout: float,
         scoring: ScoringConfig | None = None,
         client: httpx.AsyncClient | None = None,
+        on_pass: Callable[[], None] | None = None,
     ) -> None:
+        """`on_pass` is called after every pass, before :meth:`next_pass` returns."""
         self.endpoints = endpoints
         self.scoring = scoring or ScoringConfig()
         self.metrics = metrics
@@ -128,8 +130,8 @@ class Scraper:
         self._client = OnDemandClient(_new_client, client)
         self._pool = Pool(timeout)
         self._wake = trio.Event()
-        # Called after every pass, so admission re-reads saturation from fresh numbers.
-        self.on_pass: Callable[[], None] | None = None
+        self.on_pass = on_pass
+        self._passed = trio.Event()
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -152,11 +154,17 @@ class Scraper:
         """Scrape now (e.g. right after a new endpoint was added)."""
         self._wake.set()
 
+    async def next_pass(self) -> None:
+        """Wait until the pass running now, or else the next one, has ended."""
+        await self._passed.wait()
+
     async def run(self) -> None:
         while True:
             await self.scrape_all()
             if self.on_pass is not None:
                 self.on_pass()
+            self._passed.set()
+            self._passed = trio.Event()
             with trio.move_on_after(self.interval):
                 await self._wake.wait()
             self._wake = trio.Event()

@@ -16,7 +16,7 @@ import secrets
 import socket
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import trio
@@ -31,12 +31,13 @@ from llmgw.config import Config
 from llmgw.control.autoscale import Sample
 from llmgw.domain.endpoints import Endpoint
 from llmgw.domain.usage import UsageSink
+from llmgw.domain.wakes import Unplaceable, WakeSink
 from llmgw.http.asgi import App, Receive, Scope, Send
 from llmgw.http.forward import CLIENT_HEADER
 from llmgw.router.core import Router
 from llmgw.workers import merge, sockets, wire
 
-__all__ = ["Wakeable", "WorkerPool", "trust_forwarded_client", "worker_count"]
+__all__ = ["WorkerPool", "trust_forwarded_client", "worker_count"]
 
 log = logging.getLogger("llmgw.workers")
 
@@ -62,14 +63,6 @@ def worker_count(config: Config) -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-class Wakeable(Protocol):
-    """What the pool asks of the control plane (the Controller)."""
-
-    def wake(self, model: str) -> None: ...
-
-    def unplaceable(self, model: str) -> str | None: ...
 
 
 @attrs.define
@@ -139,7 +132,7 @@ class WorkerPool:
         router: Router,
         *,
         sinks: Sequence[UsageSink] = (),
-        fleet: Wakeable | None = None,
+        wakes: WakeSink | None = None,
         log_level: str = "info",
         log_format: str = "text",
     ) -> None:
@@ -147,7 +140,7 @@ class WorkerPool:
         self.count = count
         self.router = router  # the control process's: scrapes, views, sleeps
         self.sinks = list(sinks)
-        self.fleet = fleet
+        self.wakes = wakes
         self.log_level = log_level
         self.log_format = log_format
         self.catalog = router.catalog
@@ -164,17 +157,6 @@ class WorkerPool:
         # hash flooding stays as hard as with a random seed per process).
         self.hash_seed = secrets.randbelow(2**32 - 1) + 1
         router.metrics.registry.register(_PoolCollector(self))
-        # One scrape of each engine for all: after each pass, its findings to every
-        # worker (N workers scraping each engine themselves cost each of them as much
-        # CPU as this process spends: benchmarks/README.md, "workers").
-        after_pass = router.scraper.on_pass
-
-        def scraped() -> None:
-            if after_pass is not None:
-                after_pass()
-            self._broadcast(self._samples())
-
-        router.scraper.on_pass = scraped
         self._metrics_answered = trio.Event()
 
     # -- the control plane's endpoint sink and the catalog's listener ---------------------
@@ -196,10 +178,10 @@ class WorkerPool:
         self.router.set_catalog(catalog)
         self._broadcast(wire.Catalog(self._models()))
 
-    def after_pass(self) -> None:
-        """After a control-plane pass: why the models requests wait for cannot be
-        placed, to the workers holding those requests."""
-        if self.fleet is None or not self._woken:
+    def check(self, unplaceable: Unplaceable) -> None:
+        """After a control-plane pass (a ColdSide): why the models requests wait for
+        cannot be placed, to the workers holding those requests."""
+        if self.wakes is None or not self._woken:
             return
         now = trio.current_time()
         reasons: dict[str, str] = {}
@@ -208,7 +190,7 @@ class WorkerPool:
             if now - asked > limit:
                 del self._woken[model]
                 continue
-            why = self.fleet.unplaceable(model)
+            why = unplaceable(model)
             if why is not None:
                 reasons[model] = why
         self._broadcast(wire.Passed(reasons))
@@ -300,6 +282,7 @@ class WorkerPool:
         ready = [trio.Event() for _ in range(self.count)]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._sync_sleep)
+            nursery.start_soon(self._relay_samples)
             async with trio.open_nursery() as keepers:
                 for index in range(self.count):
                     keepers.start_soon(self._keep, index, ready[index])
@@ -419,9 +402,9 @@ class WorkerPool:
             slot.report = message
             self._endpoints_from_reports()
         elif isinstance(message, wire.Wake):
-            if self.fleet is not None:
+            if self.wakes is not None:
                 self._woken[message.model] = trio.current_time()
-                self.fleet.wake(message.model)
+                self.wakes.wake(message.model)
         elif isinstance(message, wire.Woke):
             state = self.router.endpoints.get(message.endpoint_id)
             if state is not None:
@@ -453,6 +436,14 @@ class WorkerPool:
                 used = now - idle[ident]
                 if state.used_at is None or used > state.used_at:
                     state.used_at = used
+
+    async def _relay_samples(self) -> None:
+        """One scrape of each engine for all: after each pass, its findings to every
+        worker (N workers scraping each engine themselves cost each of them as much
+        CPU as this process spends: benchmarks/README.md, "workers")."""
+        while True:
+            await self.router.scraper.next_pass()
+            self._broadcast(self._samples())
 
     async def _sync_sleep(self) -> None:
         """Send the workers the engines the control process holds asleep, on change."""

@@ -60,18 +60,15 @@ def models_of(data: Sequence[dict[str, object]]) -> Catalog:
     return Catalog(tuple(cfg.structure_as(m, ModelConfig) for m in data))
 
 
-class _RemoteFleet:
-    """The control plane as a worker's router sees it (router.coldstart.Fleet)."""
+class _RemoteWakes:
+    """Where a worker's router says a request waits for a cold start (a WakeSink): to
+    the control process, whose control plane hears it."""
 
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
-        self.unplaceable_now: dict[str, str] = {}
 
     def wake(self, model: str) -> None:
         self._worker.post(wire.Wake(model))
-
-    def unplaceable(self, model: str) -> str | None:
-        return self.unplaceable_now.get(model)
 
 
 class _UsageOut:
@@ -102,14 +99,13 @@ class Worker:
                 # Every worker serves the same keys: they count in the store.
                 limits=SharedLimits(store),
             )
-        self.fleet = _RemoteFleet(self)
         self.usage = _UsageOut()
         self.router = Router(
             self.config,
             catalog=models_of(hello.models),
             auth=auth,
             usage_sinks=[self.usage],
-            fleet=self.fleet,
+            wakes=_RemoteWakes(self),
             sleep_idle=False,
             rendezvous=True,
             scrape=False,  # the control process scrapes once for all (wire.Samples)
@@ -210,8 +206,7 @@ class Worker:
                     for state in router.endpoints.all():
                         state.asleep = state.endpoint.id in asleep
                 elif isinstance(message, wire.Passed):
-                    self.fleet.unplaceable_now = dict(message.unplaceable)
-                    router.cold.check()
+                    router.cold.check(dict(message.unplaceable).get)
                 elif isinstance(message, wire.Samples):
                     router.take_samples(
                         (s.endpoint_id, s.sample, s.age, s.error, s.reported_capacity)
