@@ -9,8 +9,8 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from llmgw.config import RoutingProfile, ScoringConfig
-from llmgw.router.scheduling import Candidate, Decision, Saturation
-from llmgw.router.scheduling.plugins import STALE_PENALTY, UNKNOWN_PENALTY, default_scheduler
+from llmgw.router.scheduling import Candidate, Decision, Saturation, default_scheduler
+from llmgw.router.scheduling.plugins import STALE_PENALTY, UNKNOWN_PENALTY
 from tests.properties import examples
 
 SCORING = ScoringConfig(target_waiting=4.0, kv_ceiling=0.9)

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from llmgw.assembly import _all_loopback
 from llmgw.http.budget import ADMIN_MAX_CONNECTIONS, FD_RESERVE
 from llmgw.router.listener import connection_cap
-from llmgw.assembly import _all_loopback
 
 # A child process, so that the limits it sets are its own.
 _CAP = """

@@ -35,7 +35,7 @@ from llmgw.admin.api import AdminApp
 from llmgw.admin.hosts import allowed_hosts, machine_names, wildcard
 from llmgw.admin.leader import LeaderTls, ToLeader
 from llmgw.admin.web import asgi, build_app, mount
-from llmgw.config import Config, ControlConfig
+from llmgw.config import Config, ConfigError, ControlConfig
 from llmgw.control.activity import ActivityTracker
 from llmgw.control.controller import Controller
 from llmgw.control.fleet_metrics import register_fleet_metrics
@@ -51,6 +51,7 @@ from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router, catalog_for
 from llmgw.router.limits import SharedLimits
 from llmgw.router.scheduling import Scheduler
+from llmgw.router.scheduling import registry as plugins
 from llmgw.store import open_store
 from llmgw.store.base import Store
 from llmgw.store.usage import UsageBatcher
@@ -189,6 +190,10 @@ async def assemble(
     every request's usage record goes to `usage_sinks` too (workers' included)."""
     if workers is not None and client_listeners is not None:
         raise ValueError("workers bind the client port themselves: no client_listeners")
+    # Before anything is opened: every plugin a routing profile names resolves (in
+    # the worker processes too, when there are any).
+    if wrong := plugins.problems(config.router.profiles, portable=workers is not None):
+        raise ConfigError(wrong)
     async with contextlib.AsyncExitStack() as owned:
         if store is None and config.store.url:
             store = await open_store(config.store.url, clock=wall_clock)

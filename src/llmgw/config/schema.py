@@ -92,7 +92,7 @@ class ScoringConfig:
         return found
 
 
-ROUTING_RULES = ("work", "cache_aware")
+ROUTING_RULES = ("work", "cache_aware", "none")
 
 
 @attrs.frozen
@@ -101,7 +101,8 @@ class RoutingProfile:
     rule its affinity follows (llmgw.router.scheduling.plugins)."""
 
     # "work": llmgw's (a prompt stays where its prefill work is least); "cache_aware":
-    # the rule of vllm-router's and sglang-router's cache_aware policies, for comparison.
+    # the rule of vllm-router's and sglang-router's cache_aware policies, for
+    # comparison; "none": no built-in filter (`filters` names them all).
     rule: str = "work"
     queue: float = 1.0
     inflight: float = 1.0
@@ -111,12 +112,23 @@ class RoutingProfile:
     # Prompt tokens still to prefill there (the router's count): a new request waits
     # for them.
     prefill: float = 1.0
+    # Plugins by name (llmgw.router.scheduling.registry; docs/scheduling.md): filters
+    # run in order after the rule's (rule "none": only these), scorers beside the
+    # built-in terms above with their weights, and the picker.
+    filters: tuple[str, ...] = ()
+    scorers: dict[str, float] = attrs.field(factory=dict)
+    picker: str = "lowest-cost"
 
     def problems(self, key: str) -> list[str]:
+        weights = {
+            f: getattr(self, f)
+            for f in ("queue", "inflight", "kv", "prefix", "staleness", "prefill")
+        }
+        weights |= {f"scorers.{n}": w for n, w in self.scorers.items()}
         found = [
-            f"{at(key, f.name)}: weights must be 0 or more, got {getattr(self, f.name):g}"
-            for f in attrs.fields(RoutingProfile)
-            if f.name != "rule" and getattr(self, f.name) < 0
+            f"{at(key, name)}: weights must be 0 or more, got {w:g}"
+            for name, w in weights.items()
+            if w < 0
         ]
         if self.rule not in ROUTING_RULES:
             found.append(f"{at(key, 'rule')}: one of {', '.join(ROUTING_RULES)}, got {self.rule!r}")

@@ -36,7 +36,7 @@ from llmgw.router.metrics import KeyMetrics, RouterMetrics
 from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
 from llmgw.router.responses import ResponseHomes
 from llmgw.router.scheduling import Candidate, Decision, Saturation, Scheduler
-from llmgw.router.scheduling.plugins import default_schedulers
+from llmgw.router.scheduling import registry as plugins
 from llmgw.router.scraper import Scraper
 from llmgw.router.sleep import Sleeper
 from llmgw.router.tracing import Tracing
@@ -120,7 +120,13 @@ class Router:
         self.responses = ResponseHomes()
         # How full replicas are by their engines' account: admission and the views.
         self.saturation = Saturation(r.scoring, r.stale_after)
-        self.schedulers = default_schedulers(r.scoring, r.profiles, r.stale_after)
+        self.schedulers = plugins.build(r.scoring, r.profiles, r.stale_after)
+        if unknown := set(schedulers or ()) - set(self.schedulers):
+            raise ValueError(
+                f"schedulers for profiles the configuration does not name: "
+                f"{', '.join(sorted(unknown))} (router.profiles has "
+                f"{', '.join(sorted(self.schedulers))})"
+            )
         self.schedulers.update(schedulers or {})
         a = r.affinity
         self.sessions = SessionTable(a.session_table_size, a.session_ttl)

@@ -1,6 +1,7 @@
-"""The built-in filters, scorers and picker, and the routing profiles made of them.
+"""The built-in filters, scorers and picker.
 
-:func:`default_scheduler` is what every ``[router.profiles.*]`` entry runs::
+What a ``[router.profiles.*]`` entry runs unless it names its own plugins
+(llmgw.router.scheduling.registry, where each of these has its name)::
 
     filters:  Fresh -> SessionAffinity -> PrefixAffinity -> Room -> Rendezvous
     scorers:  Queue*queue + Load*inflight + Prefill*prefill + KvCache*kv
@@ -81,21 +82,15 @@ peers); ``Unknown``: :data:`UNKNOWN_PENALTY` per unknown metric; ``Stale``:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import attrs
 
-from llmgw.config import RoutingProfile, ScoringConfig
 from llmgw.router.scheduling.pipeline import (
     MISS_WEIGHT,
     Context,
-    Filter,
-    Picker,
-    Scheduler,
-    Scorer,
     Spill,
 )
-from llmgw.router.scheduling.state import Candidate, Saturation
+from llmgw.router.scheduling.state import Candidate
 
 __all__ = [
     "BALANCE_ABS",
@@ -124,8 +119,6 @@ __all__ = [
     "Staleness",
     "Throttle",
     "Unknown",
-    "default_scheduler",
-    "default_schedulers",
 ]
 
 # In units of one normalised term (a replica at its target scores 1 per term).
@@ -414,44 +407,3 @@ class LowestCost:
 
 
 # -- profiles ---------------------------------------------------------------------------
-
-
-def default_scheduler(
-    scoring: ScoringConfig,
-    profile: RoutingProfile,
-    stale_after: float,
-    *,
-    filters: tuple[Filter, ...] = (),
-    scorers: tuple[tuple[Scorer, float], ...] = (),
-    picker: Picker | None = None,
-) -> Scheduler:
-    """The built-in composition for one routing profile; `filters` run after the
-    built-in ones, `scorers` add to the built-in terms, `picker` replaces LowestCost."""
-    built_in: tuple[Filter, ...] = (
-        (Fresh(), CacheAware())
-        if profile.rule == "cache_aware"
-        else (Fresh(), SessionAffinity(), PrefixAffinity(), Room(), Rendezvous())
-    )
-    return Scheduler(
-        saturation=Saturation(scoring, stale_after),
-        filters=(*built_in, *filters),
-        scorers=(
-            (Queue(scoring.target_waiting), profile.queue),
-            (Load(), profile.inflight),
-            (Prefill(), profile.prefill),
-            (KvCache(scoring.kv_ceiling), profile.kv),
-            (Staleness(stale_after), profile.staleness),
-            (Unknown(), 1.0),
-            (Stale(), 1.0),
-            (Throttle(), 1.0),
-            (PrefixBonus(), profile.prefix),
-            *scorers,
-        ),
-        picker=picker or LowestCost(),
-    )
-
-
-def default_schedulers(
-    scoring: ScoringConfig, profiles: Mapping[str, RoutingProfile], stale_after: float
-) -> dict[str, Scheduler]:
-    return {name: default_scheduler(scoring, p, stale_after) for name, p in profiles.items()}
