@@ -26,7 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.agent.adapters.llamacpp import BUILD_HINT, LLAMA_CPP_BUILD, find_llama_server
-from llmgw.router.scraper import total_slots
+from llmgw.router.scraper import capacity_in
 from llmgw.testing_gguf import write_tiny_gguf
 from tests.procs import (
     BIN,
@@ -151,7 +151,7 @@ def test_two_replicas_are_placed_one_per_node_and_scraped_as_llamacpp(
         # llama.cpp endpoints.
         assert endpoints[i]["capacity"] == 2, endpoints[i]
         props = httpx.get(f"{endpoints[i]['url']}/props", timeout=5)
-        assert total_slots(props.content) == 2, props.text[:500]
+        assert capacity_in(props.content, "total_slots") == 2, props.text[:500]
         assert i not in gauges.get("llmgw_endpoint_kv_cache_usage_ratio", {}), gauges
 
 

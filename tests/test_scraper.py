@@ -14,7 +14,7 @@ import trio.testing
 
 from llmgw.router.endpoints import Endpoint, EndpointRegistry
 from llmgw.router.metrics import RouterMetrics
-from llmgw.router.scraper import MAX_METRICS_BYTES, PROPS_EVERY, Scraper, total_slots
+from llmgw.router.scraper import CAPACITY_EVERY, MAX_METRICS_BYTES, Scraper, capacity_in
 
 VLLM_PAGE = b"vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n"
 LLAMA_PAGE = b"llamacpp:requests_processing 2\nllamacpp:requests_deferred 0\n"
@@ -80,7 +80,7 @@ def test_llama_cpp_says_how_many_slots_it_runs() -> None:
         assert state.capacity is None  # /props failed: unknown, its queue still counts
         await s.scrape_one(state)
         assert asked == ["/metrics", "/props", "/metrics"]  # not asked again at once
-        clock.jump(PROPS_EVERY)
+        clock.jump(CAPACITY_EVERY)
         await s.scrape_one(state)
         assert state.capacity == 6
         assert state.candidate(trio.current_time()).capacity == 6
@@ -103,11 +103,11 @@ async def test_a_configured_capacity_wins_and_props_is_not_asked() -> None:
     assert asked == ["/metrics"] and state.capacity == 2
 
 
-def test_total_slots_is_strict() -> None:
-    assert total_slots(json.dumps({"total_slots": 4}).encode()) == 4
+def test_a_reported_capacity_is_read_strictly() -> None:
+    assert capacity_in(json.dumps({"total_slots": 4}).encode(), "total_slots") == 4
     for bad in (b"", b"[]", b"{}", b'{"total_slots": 0}', b'{"total_slots": true}',
                 b'{"total_slots": "4"}', b'{"total_slots": 4.5}', b"\xff"):  # fmt: skip
-        assert total_slots(bad) is None, bad
+        assert capacity_in(bad, "total_slots") is None, bad
 
 
 async def test_a_queue_never_becomes_a_capacity() -> None:

@@ -8,6 +8,8 @@ dialect (llmgw-sim speaks vLLM's by default).
 
 Mapping (a metric the engine does not export stays ``None``, never 0):
 
+The names come from the dialect entries (:data:`llmgw.domain.engines.DIALECT_ENTRIES`):
+
 * waiting: ``vllm:num_requests_waiting``, ``sglang:num_queue_reqs``,
   ``llamacpp:requests_deferred``.
 * running: ``vllm:num_requests_running``, ``sglang:num_running_reqs``,
@@ -43,7 +45,7 @@ import math
 
 import attrs
 
-from llmgw.domain.engines import DIALECTS
+from llmgw.domain.engines import DIALECT_ENTRIES, DIALECTS
 
 __all__ = [
     "UNKNOWN",
@@ -82,24 +84,25 @@ _NSLOTS = 9
 # Fractions are averaged over label sets; everything else is summed.
 _MEAN_SLOTS = frozenset((_KV, _KV_OLD, _RATE))
 
-_NAMES: dict[str, tuple[str, int]] = {
-    "vllm:num_requests_waiting": ("vllm", _WAITING),
-    "vllm:num_requests_running": ("vllm", _RUNNING),
-    "vllm:kv_cache_usage_perc": ("vllm", _KV),
-    "vllm:gpu_cache_usage_perc": ("vllm", _KV_OLD),
-    "vllm:prefix_cache_hits_total": ("vllm", _HITS),
-    "vllm:prefix_cache_queries_total": ("vllm", _QUERIES),
-    "vllm:gpu_prefix_cache_hits_total": ("vllm", _HITS_OLD),
-    "vllm:gpu_prefix_cache_queries_total": ("vllm", _QUERIES_OLD),
-    "vllm:gpu_prefix_cache_hit_rate": ("vllm", _RATE),
-    "sglang:num_queue_reqs": ("sglang", _WAITING),
-    "sglang:num_running_reqs": ("sglang", _RUNNING),
-    "sglang:token_usage": ("sglang", _KV),
-    "sglang:cache_hit_rate": ("sglang", _RATE),
-    "llamacpp:requests_deferred": ("llamacpp", _WAITING),
-    "llamacpp:requests_processing": ("llamacpp", _RUNNING),
-    "llamacpp:kv_cache_usage_ratio": ("llamacpp", _KV),
-}
+
+def _names() -> dict[str, tuple[str, int]]:
+    """Every metric name read, to (its dialect, its slot), from the dialect entries."""
+    names: dict[str, tuple[str, int]] = {}
+    for dialect, entry in DIALECT_ENTRIES.items():
+        m = entry.metrics
+        for name, slot in (
+            (m.waiting, _WAITING),
+            (m.running, _RUNNING),
+            *zip(m.kv_usage, (_KV, _KV_OLD), strict=False),
+            *zip(m.prefix_hits, (_HITS, _HITS_OLD), strict=False),
+            *zip(m.prefix_queries, (_QUERIES, _QUERIES_OLD), strict=False),
+            *([(m.prefix_hit_rate, _RATE)] if m.prefix_hit_rate else []),
+        ):
+            names[name] = (dialect, slot)
+    return names
+
+
+_NAMES = _names()
 _WANTED = tuple(_NAMES)
 _ENGINE_PREFIXES = tuple(f"{e}:" for e in DIALECTS)
 _ESCAPES = {"n": "\n", "\\": "\\", '"': '"'}

@@ -28,6 +28,7 @@ class EndpointState:
     __slots__ = (
         "asleep",
         "breaker",
+        "capacity_tried",
         "draining",
         "endpoint",
         "inflight",
@@ -37,7 +38,6 @@ class EndpointState:
         "last_scrape",
         "last_scrape_attempt",
         "prefill",
-        "props_tried",
         "public",
         "reported_capacity",
         "sample",
@@ -65,7 +65,7 @@ class EndpointState:
         # What the engine says it runs at once (llama.cpp's /props), when configured
         # nothing; and when the router last asked.
         self.reported_capacity: int | None = None
-        self.props_tried: float | None = None
+        self.capacity_tried: float | None = None
         # Sleep (Endpoint.sleep_after; router/sleep.py): whether the engine sleeps or is
         # being put to sleep, the lock its sleep and wake calls take turns on, and when
         # an attempt last ended there (None: none yet).

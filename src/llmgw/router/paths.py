@@ -1,4 +1,5 @@
-"""The engine API paths the client port serves, and which engines serve each.
+"""The engine API paths the client port serves, and which engines serve each (as
+their entries in the engine registry, llmgw.domain.engines, say).
 
 Every path here is model-routed: its JSON body names the model, and the request
 gets the catalog (aliases, fallbacks, a key's models), admission, scoring, retries
@@ -19,7 +20,7 @@ from collections.abc import Iterable
 import attrs
 
 from llmgw.domain.engine_metrics import UNKNOWN
-from llmgw.domain.engines import DIALECTS
+from llmgw.domain.engines import DIALECT_ENTRIES, DIALECTS
 
 __all__ = [
     "CHAT",
@@ -32,11 +33,10 @@ __all__ = [
     "engine_names",
 ]
 
-_VLLM, _SGLANG, _LLAMACPP = "vllm", "sglang", "llamacpp"
-_ALL = frozenset(DIALECTS)
 
-#: How docs and errors name the engines.
-_NAMES = {_VLLM: "vLLM", _SGLANG: "SGLang", _LLAMACPP: "llama.cpp"}
+def _serving(path: str) -> frozenset[str]:
+    """The engines whose registry entry serves `path`."""
+    return frozenset(d for d, entry in DIALECT_ENTRIES.items() if path in entry.api.paths)
 
 
 @attrs.frozen
@@ -46,7 +46,8 @@ class ApiPath:
 
     path: str
     what: str
-    engines: frozenset[str]
+    # Default: those whose registry entry lists the path (llmgw.domain.engines).
+    engines: frozenset[str] = attrs.field()
     streams: bool = False
     # Whether ``stream_options.include_usage`` asks the engine for a usage chunk (chat
     # completions and completions; a Responses stream ends with its usage anyway).
@@ -58,6 +59,10 @@ class ApiPath:
     # Its ``gen_ai.operation.name`` in traces (the GenAI semantic conventions' name
     # where they have one): by default the path's last segment.
     operation: str = attrs.field()
+
+    @engines.default
+    def _registered(self) -> frozenset[str]:
+        return _serving(self.path)
 
     @operation.default
     def _last_segment(self) -> str:
@@ -74,11 +79,10 @@ RESPONSES = "/v1/responses"
 PATHS: dict[str, ApiPath] = {
     p.path: p
     for p in (
-        ApiPath(CHAT, "chat completions", _ALL, streams=True, usage_option=True, operation="chat"),
+        ApiPath(CHAT, "chat completions", streams=True, usage_option=True, operation="chat"),
         ApiPath(
             "/v1/completions",
             "completions",
-            _ALL,
             streams=True,
             usage_option=True,
             operation="text_completion",
@@ -86,55 +90,53 @@ PATHS: dict[str, ApiPath] = {
         ApiPath(
             RESPONSES,
             "responses",
-            frozenset({_VLLM, _SGLANG}),
             streams=True,
             operation="chat",
             final=tuple(
                 b"event: response." + end for end in (b"completed", b"failed", b"incomplete")
             ),
         ),
-        ApiPath("/v1/embeddings", "embeddings", _ALL),
-        ApiPath("/tokenize", "tokenize", _ALL),
-        ApiPath("/detokenize", "detokenize", _ALL),
-        ApiPath("/v1/rerank", "rerank", _ALL),
-        ApiPath("/rerank", "rerank", frozenset({_VLLM, _LLAMACPP})),
-        ApiPath("/v2/rerank", "rerank (Cohere v2 shape)", frozenset({_VLLM})),
-        ApiPath("/v1/score", "score", frozenset({_VLLM, _SGLANG})),
-        ApiPath("/score", "score", frozenset({_VLLM})),
-        ApiPath("/pooling", "pooling", frozenset({_VLLM})),
-        ApiPath("/classify", "classify", frozenset({_VLLM, _SGLANG})),
-        ApiPath("/v1/classify", "classify", frozenset({_SGLANG})),
-        ApiPath("/v1/chat/completions/render", "chat prompt rendered, not run", frozenset({_VLLM})),
-        ApiPath(
-            "/v1/completions/render", "completion prompt rendered, not run", frozenset({_VLLM})
-        ),
-        ApiPath("/v1/audio/transcriptions", "audio transcription", frozenset({_VLLM}), form=True),
-        ApiPath("/v1/audio/translations", "audio translation", frozenset({_VLLM}), form=True),
+        ApiPath("/v1/embeddings", "embeddings"),
+        ApiPath("/tokenize", "tokenize"),
+        ApiPath("/detokenize", "detokenize"),
+        ApiPath("/v1/rerank", "rerank"),
+        ApiPath("/rerank", "rerank"),
+        ApiPath("/v2/rerank", "rerank (Cohere v2 shape)"),
+        ApiPath("/v1/score", "score"),
+        ApiPath("/score", "score"),
+        ApiPath("/pooling", "pooling"),
+        ApiPath("/classify", "classify"),
+        ApiPath("/v1/classify", "classify"),
+        ApiPath("/v1/chat/completions/render", "chat prompt rendered, not run"),
+        ApiPath("/v1/completions/render", "completion prompt rendered, not run"),
+        ApiPath("/v1/audio/transcriptions", "audio transcription", form=True),
+        ApiPath("/v1/audio/translations", "audio translation", form=True),
     )
 }
+_unserved = set().union(*(e.api.paths for e in DIALECT_ENTRIES.values())) - set(PATHS)
+assert not _unserved, f"engine entries name paths the router does not serve: {_unserved}"
 
 
 #: Engines that serve Anthropic's ``/v1/messages`` (and ``/count_tokens``) themselves:
 #: they get the client's request as sent. The others get its translation to a chat
 #: completion, and so does a replica whose engine answers 404 to it (vLLM's versions
 #: before it had the endpoint).
-MESSAGES_NATIVE = frozenset({_LLAMACPP, _VLLM})
-#: Those of them that get a *streamed* request as sent. llama-server (b11434) leaves
-#: out ``message_start`` when its first sampled token ends inside a UTF-8 sequence (a
-#: character split over tokens: common in CJK text and emoji): that event goes only
-#: with the partial result of token 1, which is not sent then (server-task.cpp,
-#: server-context.cpp's process_token). Anthropic's clients cannot read such a stream
-#: and its input tokens are lost, so llama.cpp's streams go translated, where the chat
-#: stream's first chunk, whatever it holds, starts the message.
-MESSAGES_NATIVE_STREAM = frozenset({_VLLM})
+MESSAGES_NATIVE = frozenset(d for d, e in DIALECT_ENTRIES.items() if e.api.messages != "none")
+#: Those of them that get a *streamed* request as sent (llama.cpp's entry says why it
+#: does not).
+MESSAGES_NATIVE_STREAM = frozenset(
+    d for d, e in DIALECT_ENTRIES.items() if e.api.messages == "stream"
+)
 
-#: Where ``/v1/messages/count_tokens`` goes: ``/tokenize`` of chat messages on vLLM, the
-#: engine's own on llama.cpp (SGLang's tokenize is not documented to take messages).
+#: Where ``/v1/messages/count_tokens`` goes: ``/tokenize`` of chat messages, on the
+#: engines whose tokenize takes them.
 COUNT_TOKENS = ApiPath(
-    "/tokenize", "counting the tokens of chat messages", frozenset({_VLLM, _LLAMACPP})
+    "/tokenize",
+    "counting the tokens of chat messages",
+    frozenset(d for d, e in DIALECT_ENTRIES.items() if e.api.tokenize_messages),
 )
 
 
 def engine_names(engines: Iterable[str]) -> str:
     """``vLLM, SGLang`` for error messages and docs, in a fixed order."""
-    return ", ".join(_NAMES[e] for e in DIALECTS if e in set(engines))
+    return ", ".join(DIALECT_ENTRIES[e].api.title for e in DIALECTS if e in set(engines))

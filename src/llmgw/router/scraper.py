@@ -1,11 +1,12 @@
 """The scrape loop: polls every endpoint's /metrics and stores what it learns.
 
-llama.cpp also says how many slots it runs (``GET /props``: ``total_slots``); for a
-llama.cpp endpoint whose capacity nothing configured, that is read too, at most every
-:data:`PROPS_EVERY` seconds until it answers, and becomes the endpoint's capacity.
+An engine whose registry entry says where it reports its capacity (llama.cpp: ``GET
+/props``, ``total_slots``) has that read too, for an endpoint whose capacity nothing
+configured, at most every :data:`CAPACITY_EVERY` seconds until it answers, and it
+becomes the endpoint's capacity.
 Where nothing says a replica's capacity, none is guessed: its queue says when it is
 full (:mod:`llmgw.router.scheduling.state`).
-Both pages are read up to a bound (:data:`MAX_METRICS_BYTES`, :data:`MAX_PROPS_BYTES`):
+Both pages are read up to a bound (:data:`MAX_METRICS_BYTES`, :data:`MAX_CAPACITY_BYTES`):
 an engine cannot make the router hold an unbounded page. Plain http:// engines are
 read with llmgw's own client (:mod:`llmgw.http.client`), others with httpx.
 """
@@ -20,6 +21,7 @@ import trio
 
 from llmgw.config import ScoringConfig
 from llmgw.domain.engine_metrics import parse_metrics
+from llmgw.domain.engines import DIALECT_ENTRIES
 from llmgw.http.client import BodyTooLarge, Pool, UpstreamError
 from llmgw.http.ondemand import OnDemandClient
 from llmgw.router.endpoints import EndpointRegistry, EndpointState
@@ -30,8 +32,8 @@ if TYPE_CHECKING:
 
 # A vLLM page is ~100 KB (histograms, a few label sets); far more is not a metrics page.
 MAX_METRICS_BYTES = 8 * 1024 * 1024
-MAX_PROPS_BYTES = 1024 * 1024
-PROPS_EVERY = 60.0
+MAX_CAPACITY_BYTES = 1024 * 1024
+CAPACITY_EVERY = 60.0
 
 
 class PageTooLarge(Exception):
@@ -91,14 +93,15 @@ async def _read_httpx(
     return bytes(body)
 
 
-def total_slots(body: bytes) -> int | None:
-    """llama.cpp's ``/props`` ``total_slots``; None unless a positive integer."""
+def capacity_in(body: bytes, field: str) -> int | None:
+    """The integer `field` of the JSON object `body` (llama.cpp's ``/props``
+    ``total_slots``, say); None unless a positive integer."""
     try:
-        props = json.loads(body)
+        page = json.loads(body)
     except ValueError:
         return None
-    slots = props.get("total_slots") if isinstance(props, dict) else None
-    return slots if isinstance(slots, int) and not isinstance(slots, bool) and slots > 0 else None
+    count = page.get(field) if isinstance(page, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
 
 
 class Scraper:
@@ -207,22 +210,24 @@ class Scraper:
         state.inflight_at_scrape = state.inflight
         state.last_scrape = now
         state.last_error = None
+        entry = DIALECT_ENTRIES.get(sample.engine)
+        probe = entry.api.capacity if entry is not None else None
         if (
-            sample.engine == "llamacpp"
+            probe is not None
             and state.endpoint.capacity is None
             and state.reported_capacity is None
-            and (state.props_tried is None or now - state.props_tried >= PROPS_EVERY)
+            and (state.capacity_tried is None or now - state.capacity_tried >= CAPACITY_EVERY)
         ):
-            state.props_tried = now
-            await self._read_slots(state, base)
+            state.capacity_tried = now
+            await self._read_capacity(state, base, *probe)
 
-    async def _read_slots(self, state: EndpointState, base: str) -> None:
+    async def _read_capacity(self, state: EndpointState, base: str, path: str, field: str) -> None:
         try:
             with trio.fail_after(self.timeout):
-                body = await self.fetch(base + "/props", MAX_PROPS_BYTES, state.endpoint.headers)
+                body = await self.fetch(base + path, MAX_CAPACITY_BYTES, state.endpoint.headers)
         except (trio.TooSlowError, FetchFailed, PageTooLarge):
             return  # unknown until a later try: its queue still says when it is full
-        state.reported_capacity = total_slots(body)
+        state.reported_capacity = capacity_in(body, field)
 
     def _failed(self, state: EndpointState, message: str) -> None:
         self.metrics.scrape_errors.labels(state.endpoint.id).inc()
