@@ -189,13 +189,17 @@ class Controller:
         wakes: Wakes | None = None,
         cold: ColdSide | None = None,
         leadership: Leadership | None = None,
+        inventory: Inventory | None = None,
+        reconciler: Reconciler | None = None,
     ) -> None:
         """Replicas the reconciler makes ready, drains and stops go to `sink`.
         Autoscaled models' counts follow `demand` (the data plane's) and idleness
         `last_request` (default: the last request `activity` saw); requests waiting
         for a model at zero are taken from `wakes`, and after every pass `cold` hears
         why any model cannot be placed (llmgw.router.coldstart). `activity` is what
-        the data plane's usage records feed (default: a fresh one, fed by nothing)."""
+        the data plane's usage records feed (default: a fresh one, fed by nothing).
+        `inventory` and `reconciler` are where it starts (default: empty ones); a
+        leader's every term starts from empty ones (llmgw.control.leadership)."""
         self.control = control
         self.store = store
         self.cordons = Cordons(store)
@@ -205,7 +209,7 @@ class Controller:
         # Long enough for every agent that survived a server restart to reconnect.
         self.settle = 2 * heartbeat_interval if settle is None else settle
         self.clock = clock
-        self.inventory = Inventory(control)
+        self.inventory = inventory or Inventory(control)
         self.activity = activity or ActivityTracker(clock=clock)
         # Autoscaled models' counts follow the router's demand (llmgw.control.autoscale),
         # and idleness the last request for each (the fleet's, when instances share a
@@ -217,7 +221,7 @@ class Controller:
         self.scaler = Scaler()
         # Epochs start from the wall clock, so a restarted server's new placements can
         # never be mistaken for its predecessor's (agents may report those late).
-        self.reconciler = Reconciler(control, first_epoch=int(time.time() * 1000))
+        self.reconciler = reconciler or Reconciler(control, first_epoch=int(time.time() * 1000))
         self._unknown_since: dict[tuple[str, int], float] = {}
         self.epoch = secrets.token_hex(4)  # tells agents the server restarted
         self.leadership = leadership
