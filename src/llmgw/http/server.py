@@ -6,8 +6,8 @@ Both listeners of `llmgw-server`, and `llmgw-sim`, run on it. It replaced hyperc
 because on the proxy's path hypercorn's layers (h11's state machine both ways, a task
 per request and an idle-timer task per connection, an event object per message) were
 about a third of the router's CPU per request, against a target of 0.5 ms
-(benchmarks/README.md). This module adds the I/O, deadlines and limits around the
-request parser.
+(benchmarks/results/history-to-2026-12-07.md, "After optimisation (2026-11-30)").
+This module adds the I/O, deadlines and limits around the request parser.
 
 * HTTP/1.1 with keep-alive and pipelined requests (answered in order); HTTP/1.0 with
   one request per connection. Request bodies framed by Content-Length or chunked;

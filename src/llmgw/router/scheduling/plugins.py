@@ -39,7 +39,8 @@ Filters
     moving a conversation computes all of it again, and the engine's queue holds
     the turn meanwhile. (Measured: leaving full replicas moved the sessions the
     queue would have served sooner from their cache, and halved a 4-slot fleet's
-    throughput; benchmarks/README.md.) Where the prefix table says nothing of the
+    throughput; benchmarks/results/history-to-2026-12-07.md, "2026-12-02 (later):
+    routing_quality after prefill-work affinity".) Where the prefix table says nothing of the
     session's replica (hashing off, a prompt shorter than a block) it is taken to
     hold the whole conversation.
   - :class:`PrefixAffinity` (before Room too): when a replica holds part of the
@@ -51,7 +52,8 @@ Filters
     prompt again and evicts someone else's. (Measured: with Room first, a
     serialized-prefill engine whose queue reached ``target_waiting`` lost its
     prefixes to whichever replica had just drained, and the fleet fell to round
-    robin's hit rate and throughput; issue #31, benchmarks/README.md.) When the home
+    robin's hit rate and throughput; issue #31,
+    benchmarks/results/2026-12-07-routing-quality.md.) When the home
     has too much work the prompt spills to the least-worked replica, which then
     holds it too: later requests balance between the holders by their work, so
     spilled traffic warms one more cache instead of all of them.

@@ -21,7 +21,8 @@ configuration, or the engine itself (llama.cpp's ``/props``). Nothing guesses it
 without one, the engine's own queue alone says when it is full. (A capacity learned
 from the queue was tried and measured: on an engine that queues for its step's token
 budget, not its sequence limit, it learned the number running then as the limit and
-held the engine there, at half its throughput; benchmarks/README.md.)
+held the engine there, at half its throughput; benchmarks/results/history-to-2026-12-07.md,
+"2026-12-02 (later): routing_quality after prefill-work affinity".)
 
 Saturation (:meth:`Saturation.saturated`, :meth:`Saturation.level`)
 -------------------------------------------------------------------
