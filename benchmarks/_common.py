@@ -39,7 +39,7 @@ import trio
 
 from llmgw import bench
 from llmgw.bench.transport import FastTransport
-from llmgw.testing_procs import LOOPBACK, Proc, reserve_port
+from llmgw.testing.procs import LOOPBACK, Proc, reserve_port
 
 BIN = Path(sys.executable).parent
 
@@ -58,7 +58,7 @@ class Fleet:
         atexit.register(self.close)
 
     def reserve_port(self) -> int:
-        """A loopback port held until `close()` (testing_procs.reserve_port), for a
+        """A loopback port held until `close()` (llmgw.testing.procs.reserve_port), for a
         program that must be told its port (llama-server, a server restarted in place)."""
         return self._ports.enter_context(reserve_port())
 

@@ -22,7 +22,7 @@ health polling (every 0.5 s by default), publishing the replica to the router an
 the admission queue letting the request go.
 
 Engines: ``llamacpp`` is the real llama-server (scripts/llama_server.sh builds it) on
-the tiny generated GGUF model (llmgw.testing_gguf), so its load is short and the
+the tiny generated GGUF model (llmgw.testing.gguf), so its load is short and the
 overhead shows; a real model's load (seconds to minutes) is the engine's, not
 llmgw's. ``sim`` is llmgw-sim with no startup delay: nearly all of its cold start is
 the process's Python start-up.
@@ -59,8 +59,8 @@ from benchmarks._common import (
 )
 
 from llmgw.agent.adapters.llamacpp import find_llama_server
-from llmgw.testing_gguf import write_tiny_gguf
-from llmgw.testing_procs import LOOPBACK
+from llmgw.testing.gguf import write_tiny_gguf
+from llmgw.testing.procs import LOOPBACK
 
 DEADLINE = 120.0  # any one start, llmgw's or the engine's
 PROMPT = {"prompt": "hello", "max_tokens": 3}
@@ -153,7 +153,7 @@ def alone(f: Fleet, argv: Sequence[str], run: int) -> dict[str, Any]:
     port = f.reserve_port()
     args = list(argv)
     args[args.index("--port") + 1] = str(port)
-    from llmgw.testing_procs import Proc
+    from llmgw.testing.procs import Proc
 
     url = f"http://{LOOPBACK}:{port}"
     started = time.monotonic()

@@ -279,7 +279,7 @@ def start_engines(fleet: c.Fleet, pattern: Pattern) -> tuple[list[str], list[c.P
 def start_llamacpp(fleet: c.Fleet, index: int) -> tuple[str, c.Proc]:
     """A real llama.cpp replica of the generated tiny model (``--engine llamacpp``)."""
     from llmgw.agent.adapters.llamacpp import find_llama_server
-    from llmgw.testing_gguf import write_tiny_gguf
+    from llmgw.testing.gguf import write_tiny_gguf
 
     binary = find_llama_server()
     if binary is None:

@@ -20,7 +20,7 @@ Everything runs on 127.0.0.1 and is started and stopped by this script.
 
 Engines (--engine): `sim` (default), llmgw-sim's personalities below; `llamacpp`, an
 engine llmgw's authors did not write: four real `llama-server` processes (the binary
-scripts/llama_server.sh builds and caches) of llmgw.testing_gguf's tiny model, each
+scripts/llama_server.sh builds and caches) of llmgw.testing.gguf's tiny model, each
 with `-np 4` slots of 12,288 tokens (`-c 49152`; `--override-kv
 llama.context_length=int:12288`, as llama-server caps a slot at the model's 4,096),
 `-t 1`, `--metrics`, `--cache-ram 0`
@@ -162,7 +162,7 @@ import trio
 from llmgw import bench
 from llmgw.bench.workload import VOCABULARY
 from llmgw.sim import personalities as zoo
-from llmgw.testing_procs import LOOPBACK, Proc
+from llmgw.testing.procs import LOOPBACK, Proc
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import _common as c
@@ -208,7 +208,7 @@ TARGET_VS_RR = 1.0  # llmgw TTFT p90 / round robin's, at most
 TARGET_BUSIEST = 1.15  # busiest replica / mean, at most
 TARGET_THROUGHPUT = 2.0  # llmgw closed-loop req/s / round robin's, at least (shared prefixes)
 
-# --engine llamacpp: real llama-server replicas of llmgw.testing_gguf's tiny model.
+# --engine llamacpp: real llama-server replicas of llmgw.testing.gguf's tiny model.
 LLAMA_ENGINE = "llama-server"  # the bed's name where a personality's would be
 LLAMA_SLOTS = 4  # -np: sequences a replica runs at once, each slot its own prompt cache
 LLAMA_SLOT_CONTEXT = 12288  # tokens per slot (-c is this x slots): the longest prompt
@@ -1317,7 +1317,7 @@ def aggregate(turns: Sequence[Turn]) -> dict[str, Any]:
 def start_llama_servers(fleet: c.Fleet, binary: str) -> tuple[list[Proc], list[str], list[str]]:
     """REPLICAS llama-server processes of the tiny GGUF model on loopback ports of their
     own; returns them, their base URLs and the first one's argv (port and paths elided)."""
-    from llmgw.testing_gguf import write_tiny_gguf
+    from llmgw.testing.gguf import write_tiny_gguf
 
     weights = write_tiny_gguf(fleet.logdir / "tiny.gguf")
     saves = fleet.logdir / "slots"
@@ -1391,7 +1391,7 @@ async def run_personality(
         tokens_per_word = measure_tokens_per_word(sims[0])
         about = (
             f"{REPLICAS} real llama-server replicas ({llama_version(llama_server)}) of "
-            f"llmgw.testing_gguf's tiny model; argv {' '.join(argv)}; a workload word is "
+            f"llmgw.testing.gguf's tiny model; argv {' '.join(argv)}; a workload word is "
             f"{tokens_per_word:.2f} tokens (byte-level vocabulary)"
         )
         engine: dict[str, Any] = {"argv": argv, "slots": LLAMA_SLOTS}

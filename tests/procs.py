@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import httpx
 
 from llmgw import units
-from llmgw.testing_procs import Proc, reserve_port
+from llmgw.testing.procs import Proc, reserve_port
 from tests.waiting import wait_for
 
 BIN = Path(sys.executable).parent
@@ -175,7 +175,7 @@ class FleetPorts:
     @classmethod
     @contextlib.contextmanager
     def reserved(cls) -> Iterator[FleetPorts]:
-        """Three loopback ports held for the block (testing_procs.reserve_port): for a
+        """Three loopback ports held for the block (llmgw.testing.procs.reserve_port): for a
         server restarted in place, start it and its successor with these, so no other
         process takes a port while neither listens."""
         with reserve_port() as listen, reserve_port() as admin, reserve_port() as agent:

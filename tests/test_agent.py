@@ -31,7 +31,7 @@ from llmgw.agent.discovery import DiscoveryError
 from llmgw.agent.servers import Servers
 from llmgw.config import DeploymentProfile
 from llmgw.domain.fleet import Gpu, ShardState
-from llmgw.testing_procs import reserve_port
+from llmgw.testing.procs import reserve_port
 from llmgw.transport.base import AgentConnection
 from llmgw.transport.messages import (
     AgentMessage,
@@ -146,7 +146,7 @@ async def running_agent(
 
 @pytest.fixture
 def reserve() -> Iterator[Callable[[], int]]:
-    """Reserves loopback ports until the test ends (testing_procs.reserve_port): an
+    """Reserves loopback ports until the test ends (llmgw.testing.procs.reserve_port): an
     engine started by a command binds its port by number, and nothing else can take
     that port first."""
     with ExitStack() as stack:

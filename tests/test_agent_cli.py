@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from llmgw.domain.fleet import ShardState
-from llmgw.testing_procs import reserve_port
+from llmgw.testing.procs import reserve_port
 from llmgw.transport.messages import Register, StartShard
 from llmgw_cli.agent import management_address
 from tests.test_agent import ScriptedServer, alive, start_sim

@@ -26,7 +26,7 @@ from llmgw.agent.supervisor import Supervisor, _record, shard_name, sweep_orphan
 from llmgw.config import DeploymentProfile
 from llmgw.domain.engine_metrics import parse_metrics
 from llmgw.domain.fleet import NodeInfo, ShardState
-from llmgw.testing_procs import reserve_port
+from llmgw.testing.procs import reserve_port
 from llmgw.transport.messages import ShardStatus, StartShard
 from tests.waiting import wait_until
 
@@ -89,7 +89,7 @@ def sim_start(port: int, *, args: tuple[str, ...] = (), replica: str = "m-r1") -
 
 @pytest.fixture
 def reserve() -> Iterator[Callable[[], int]]:
-    """Reserves loopback ports until the test ends (testing_procs.reserve_port): an
+    """Reserves loopback ports until the test ends (llmgw.testing.procs.reserve_port): an
     engine binds its port by number, and nothing else can take that port first."""
     with ExitStack() as stack:
         yield lambda: stack.enter_context(reserve_port())

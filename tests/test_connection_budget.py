@@ -36,7 +36,7 @@ from llmgw.http import hyper
 from llmgw.http.asgi import answer_non_http
 from llmgw.http.hyper import HyperConfig, serve_hypercorn
 from llmgw.http.request import MAX_HEADERS, RequestReader
-from llmgw.testing_procs import Proc
+from llmgw.testing.procs import Proc
 from llmgw.transport.certs import CertPair
 from tests.procs import BIN, scratch_dir, server, sim
 from tests.test_tls_listeners import make_certs

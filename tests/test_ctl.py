@@ -46,7 +46,7 @@ from llmgw.store import Store, open_store
 from llmgw.store.base import StoreError
 from llmgw.store.migrations.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from llmgw.store.sqlite import SQLiteStore
-from llmgw.testing_procs import reserve_port
+from llmgw.testing.procs import reserve_port
 from llmgw_cli import ctl_views
 from llmgw_cli.ctl import main
 from llmgw_cli.ctl_models import read_model_entry

@@ -26,7 +26,7 @@ from llmgw.http.client import (
     UpstreamError,
     describe,
 )
-from llmgw.testing_procs import reserve_port
+from llmgw.testing.procs import reserve_port
 from tests.waiting import wait_until
 
 Script = Callable[[int], Sequence[bytes]]  # connection number -> pieces to send per request

@@ -26,7 +26,7 @@ from llmgw.router.core import Router
 from llmgw.router.metrics import KeyMetrics, RouterMetrics
 from llmgw.store import open_store
 from llmgw.store.keys import display_prefix
-from llmgw.testing_procs import Proc
+from llmgw.testing.procs import Proc
 
 from .procs import Server, server, sim, wait_for
 from .waiting import wait_until

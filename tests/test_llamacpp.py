@@ -23,7 +23,7 @@ from llmgw.agent.adapters.llamacpp import (
 from llmgw.agent.discovery import fake_gpus
 from llmgw.config import DeploymentProfile
 from llmgw.domain.fleet import EngineInfo, NodeInfo
-from llmgw.testing_gguf import write_tiny_gguf
+from llmgw.testing.gguf import write_tiny_gguf
 from llmgw.transport.messages import StartShard
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from llmgw.testing_gguf import write_tiny_gguf
+from llmgw.testing.gguf import write_tiny_gguf
 from tests.procs import AgentProc, FleetServer, agent, engine_port_range, fleet_server
 from tests.test_llamacpp_fleet import EXACT, require_llama_server
 

@@ -1,6 +1,6 @@
 """A real engine through the whole control plane: `llmgw-server` in control-plane mode,
 two `llmgw-agent` processes (one with a pretended GPU, one a CPU node) and two
-`llama-server` replicas of the tiny generated GGUF model (llmgw.testing_gguf), served
+`llama-server` replicas of the tiny generated GGUF model (llmgw.testing.gguf), served
 to the official `openai` client.
 
 These tests need the llama-server binary (scripts/llama_server.sh builds it; CI runs
@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.agent.adapters.llamacpp import BUILD_HINT, LLAMA_CPP_BUILD, find_llama_server
 from llmgw.router.scraper import capacity_in
-from llmgw.testing_gguf import write_tiny_gguf
+from llmgw.testing.gguf import write_tiny_gguf
 from tests.procs import (
     BIN,
     AgentProc,

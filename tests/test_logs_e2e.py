@@ -17,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 
-from llmgw.testing_procs import Proc
+from llmgw.testing.procs import Proc
 from tests.procs import agent, fleet_server, server, sim
 from tests.test_fleet_e2e import control_config, model
 from tests.waiting import wait_for

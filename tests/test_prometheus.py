@@ -39,7 +39,7 @@ import openai
 import pytest
 import yaml
 
-from llmgw.testing_procs import Proc, reserve_port
+from llmgw.testing.procs import Proc, reserve_port
 
 from .procs import (
     FleetPorts,

@@ -88,3 +88,25 @@ def test_the_names_load_their_modules_on_first_use() -> None:
 def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         llmgw.Nope  # noqa: B018
+
+
+def test_the_testing_package_loads_the_fleet_on_first_use() -> None:
+    # Benchmarks and tests import llmgw.testing.procs (and llmgw.testing.gguf) to run
+    # programs as processes: the package's __init__ does not pull the server into them.
+    code = (
+        "import sys\n"
+        "import llmgw.testing.gguf, llmgw.testing.procs\n"
+        "heavy = ('llmgw.server', 'llmgw.testing._')\n"
+        "before = sorted(m for m in sys.modules if m.startswith(heavy))\n"
+        "import llmgw.testing\n"
+        "listed = 'fleet' in dir(llmgw.testing)\n"
+        "print(before, listed, llmgw.testing.fleet.__module__, 'llmgw.server' in sys.modules)\n"
+    )
+    assert _fresh(code).split() == ["[]", "True", "llmgw.testing._fleet", "True"]
+
+
+def test_an_unknown_testing_name_is_an_attribute_error() -> None:
+    import llmgw.testing
+
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        llmgw.testing.Nope  # noqa: B018

@@ -39,7 +39,7 @@ from llmgw.store.postgres import PostgresStore
 from llmgw.store.sql.db import DB
 from llmgw.store.sql.threaded import ThreadedStore
 from llmgw.store.sqlite import SQLiteStore, sqlite_path
-from llmgw.testing_procs import reserve_port
+from llmgw.testing.procs import reserve_port
 from tests.pg_cluster import TempCluster
 from tests.waiting import wait_until
 

@@ -1,4 +1,4 @@
-"""The in-process launcher (llmgw.testing_launcher) under the real supervisor: the
+"""The in-process launcher (llmgw.testing.launcher) under the real supervisor: the
 simulator as its adapter's argv says, ready by its health check, on another port when
 its own is taken, stopped by SIGTERM (exit 0) or SIGKILL (-9), argv it refuses and
 other programs failed as the supervisor reports a failed process; and the harness's
@@ -18,8 +18,8 @@ from llmgw.agent.adapters import LaunchSpec, SimAdapter
 from llmgw.agent.supervisor import Supervisor
 from llmgw.domain.fleet import NodeInfo, ShardState
 from llmgw.testing import run_agent
-from llmgw.testing_launcher import InProcessLauncher
-from llmgw.testing_procs import reserve_port
+from llmgw.testing.launcher import InProcessLauncher
+from llmgw.testing.procs import reserve_port
 from llmgw.transport.stub import StubNetwork
 from tests.test_agent_supervisor import Reports, in_flight, sim_start
 from tests.waiting import wait_until

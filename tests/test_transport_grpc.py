@@ -22,7 +22,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from llmgw.config import DeploymentProfile, TlsConfig
 from llmgw.domain.fleet import Gpu, NodeInfo, ShardState
-from llmgw.testing_procs import reserve_port
+from llmgw.testing.procs import reserve_port
 from llmgw.transport import certs, grpc_bridge
 from llmgw.transport.base import AgentConnection, ConnectFailed, ConnectionClosed
 from llmgw.transport.grpc import SERVICE_NAME, GrpcConnector, GrpcListener, Keepalive

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmgw.testing_procs import Proc
+from llmgw.testing.procs import Proc
 
 from .procs import engine_port_range, wait_for
 

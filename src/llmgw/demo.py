@@ -8,7 +8,7 @@ admin API shows a fleet.
 
 With ``--engine llamacpp`` the same two models are served by real ``llama-server``
 processes (the binary scripts/llama_server.sh builds) of a tiny generated GGUF model
-(:mod:`llmgw.testing_gguf`, random output), on an agent that is a CPU node: no
+(:mod:`llmgw.testing.gguf`, random output), on an agent that is a CPU node: no
 pretended GPUs.
 """
 

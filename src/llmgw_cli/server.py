@@ -140,7 +140,7 @@ def _llamacpp_demo_weights() -> Path:
         fail(PROG, f"--engine llamacpp needs llama-server: {BUILD_HINT}", EXIT_RUNTIME)
     folder = Path(tempfile.mkdtemp(prefix="llmgw-demo-gguf-"))
     try:
-        from llmgw.testing_gguf import write_tiny_gguf
+        from llmgw.testing.gguf import write_tiny_gguf
 
         return write_tiny_gguf(folder / "tiny.gguf")
     except BaseException as exc:

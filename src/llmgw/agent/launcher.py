@@ -6,7 +6,7 @@ Only the engine itself comes through a :class:`Launcher`: started from a
 :class:`LaunchSpec`, waited for, signalled, its output read. The agent uses
 :class:`ProcessLauncher`, an OS process per engine. The seam exists so that tests
 and embedders can run engines in their own process instead
-(:mod:`llmgw.testing_launcher` runs the simulator in the caller's trio run) and still
+(:mod:`llmgw.testing.launcher` runs the simulator in the caller's trio run) and still
 exercise the real agent and supervisor around them.
 """
 

@@ -1,35 +1,5 @@
-"""A whole llmgw fleet in one process, for tests of code built on llmgw.
-
-The router, the controller and the agents are the real ones (:func:`run_agent`): the
-agents on the in-memory stub transport, with pretended GPUs, their shards simulated
-engines (:mod:`llmgw.sim`) that :mod:`llmgw.testing_launcher` runs in the same process
-on loopback. The client and admin listeners are bound on port 0, and every fleet's
-nodes have loopback addresses of their own, so fleets run side by side without
-contending for a port (an engine whose port is taken all the same takes a free one,
-and the server, which publishes only the port it assigned, stops it and places the
-replica again).
-The README's example
-(tests/test_readme_example.py runs it and checks it matches this one)::
-
-    import trio
-
-    import llmgw.testing
-
-
-    async def main() -> None:
-        models = [{"name": "m", "replicas": 2, "profiles": [llmgw.testing.SIM_PROFILE]}]
-        async with llmgw.testing.fleet(models) as f:
-            with trio.fail_after(30):
-                await f.wait_ready("m", 2)
-            r = await f.client.post("/v1/completions", json={"model": "m", "prompt": "hi"})
-            r.raise_for_status()
-            print(r.json()["choices"][0]["text"])
-
-
-    trio.run(main)
-
-Everything runs in the caller's trio run and is cancelled when the block ends.
-"""
+"""The in-process fleet behind :mod:`llmgw.testing` (its docstring says what it is and
+shows it used); import the names from there."""
 
 from __future__ import annotations
 
@@ -55,7 +25,7 @@ from llmgw.catalog import Catalog
 from llmgw.control.controller import Controller
 from llmgw.domain.fleet import Gpu
 from llmgw.router.core import Router
-from llmgw.testing_launcher import InProcessLauncher
+from llmgw.testing.launcher import InProcessLauncher
 from llmgw.transport.stub import StubNetwork
 
 #: A deployment profile that runs the simulator on one (pretended) GPU.
@@ -82,7 +52,7 @@ async def run_agent(
 ) -> None:
     """Run a real :class:`~llmgw.agent.agent.Agent` for `node_id` on `network`, with
     pretended `gpus` ("" for none) and simulated engines in this process
-    (:class:`~llmgw.testing_launcher.InProcessLauncher`), until cancelled; `task_status`
+    (:class:`~llmgw.testing.launcher.InProcessLauncher`), until cancelled; `task_status`
     gets the agent once it runs. `reconnect_delay` bounds its backoff between connect
     attempts. Its state directory is a temporary one, removed when it stops."""
     found = fake_gpus(gpus, node_id=node_id) if gpus else ()
