@@ -3,6 +3,8 @@ frames between them (llmgw.workers.merge, .wire): pure, in one process."""
 
 from __future__ import annotations
 
+import logging
+
 import msgspec
 import pytest
 import trio
@@ -10,9 +12,11 @@ import trio.testing
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmgw import config as cfg
 from llmgw.domain.usage import Usage, UsageRecord
 from llmgw.router.endpoints import Endpoint
 from llmgw.workers import merge, wire
+from llmgw.workers.worker import Worker
 
 
 def registry_with(requests: float, breaker: float, cpu: float) -> CollectorRegistry:
@@ -33,22 +37,90 @@ def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
     }
 
 
-def test_counters_add_up_levels_take_the_highest_and_the_process_is_the_controls() -> None:
-    control = registry_with(0, 0, cpu=7)
-    workers = [
-        merge.families(registry_with(3, 1, cpu=100).collect()),
-        merge.families(registry_with(4, 0, cpu=200).collect()),
-    ]
+def merged_samples(
+    control: CollectorRegistry, workers: list[list[wire.Family]]
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     merged = list(merge.metrics(control.collect(), workers))
 
     class View:
         def collect(self) -> list[object]:
             return merged
 
-    out = samples(generate_latest(View()))  # type: ignore[arg-type]
+    return samples(generate_latest(View()))  # type: ignore[arg-type]
+
+
+def test_counters_add_up_levels_take_the_highest_and_the_process_is_the_controls() -> None:
+    control = registry_with(0, 0, cpu=7)
+    workers = [
+        merge.families(registry_with(3, 1, cpu=100).collect()),
+        merge.families(registry_with(4, 0, cpu=200).collect()),
+    ]
+    out = merged_samples(control, workers)
     assert out[("llmgw_requests_total", (("model", "m"),))] == 7  # 0 + 3 + 4
     assert out[("llmgw_breaker_state", (("endpoint", "e"), ("state", "open")))] == 1  # max
     assert out[("process_cpu_seconds", ())] == 7  # the control process's own, alone
+
+
+async def test_every_gauge_a_worker_sends_says_how_it_merges() -> None:
+    # A worker's router as llmgw.workers.worker builds it, with every optional family
+    # on: a static endpoint with KV-cache events, per-key metrics, and an admission
+    # pool (its families appear with the pool's first request).
+    conf = cfg.load(
+        data={
+            "endpoints": [
+                {
+                    "id": "e",
+                    "url": "http://127.0.0.1:9",
+                    "models": ["m"],
+                    "kv_events": "tcp://127.0.0.1:9",
+                }
+            ],
+            "auth": {"key_metrics": True},
+        },
+        environ={},
+    )
+    hello = wire.Hello(
+        worker=0,
+        config=cfg.converter.unstructure(conf),
+        models=[],
+        endpoints=[],
+        draining=[],
+        client=[],
+        dashboard=None,
+        log_level="info",
+        log_format="text",
+    )
+    left, _ = trio.testing.memory_stream_pair()
+    router = Worker(wire.Channel(left, wire.ToWorker), hello, None).router
+    admission = router.admission
+    (await admission.admit("m", admission.select_band(None), "t", 1)).release()
+    sent = merge.families(router.metrics.registry.collect())  # what the worker sends
+    gauges = {f.name for f in sent if f.type == "gauge"}
+    assert {"llmgw_kv_events_up", "llmgw_admission_queue_depth"} <= gauges  # all on
+    undeclared = sorted(gauges - merge.LEVELS - merge.SUMS)
+    assert undeclared == [], "add each to merge.LEVELS (highest wins) or merge.SUMS (added)"
+    assert not merge.LEVELS & merge.SUMS
+
+
+def test_an_undeclared_gauge_merges_as_a_level_with_one_warning(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(merge, "_warned", set())
+
+    def worker(value: float) -> list[wire.Family]:
+        r = CollectorRegistry()
+        Gauge("llmgw_new_thing", "undeclared", registry=r).set(value)
+        Gauge("llmgw_requests_in_flight", "a sum", ["model"], registry=r).labels("m").set(value)
+        return merge.families(r.collect())
+
+    with caplog.at_level(logging.WARNING, logger="llmgw.workers"):
+        for _ in range(2):
+            out = merged_samples(CollectorRegistry(), [worker(3), worker(5)])
+            assert out[("llmgw_new_thing", ())] == 5  # the highest, not 8
+            assert out[("llmgw_requests_in_flight", (("model", "m"),))] == 8  # declared: added
+    warned = [r.getMessage() for r in caplog.records if "llmgw_new_thing" in r.getMessage()]
+    assert len(warned) == 1 and "neither merge.LEVELS nor merge.SUMS" in warned[0]
+    assert not any("llmgw_requests_in_flight" in r.getMessage() for r in caplog.records)
 
 
 def band(name: str, **numbers: object) -> dict[str, object]:

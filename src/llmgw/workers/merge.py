@@ -4,10 +4,15 @@ Metrics: the control process serves one ``/metrics``. Its own registry has the
 families only it knows (the process's, the fleet's, the engines' as its own scrapes
 see them); each worker's registry has the traffic it served. A family is taken from
 the control process alone when its name says it is one of those, else the samples of
-the control process and every worker are added up by label set (counters,
-histograms, and gauges that count things, like requests in flight), except the few
-gauges that are levels rather than counts, which take the highest value (a breaker
-state any worker is in; a pool's saturation).
+the control process and every worker are merged by label set: counters and
+histograms are added up, and every gauge a worker sends says how it merges. Those
+in :data:`SUMS` count things and are added up too (requests in flight, queue
+depths); those in :data:`LEVELS` are levels, which take the highest value (a breaker
+state any worker is in; a pool's saturation; a KV-event feed any worker routes on).
+tests/test_workers_merge.py checks that every gauge a worker's router registers is
+in one of the two. A worker's gauge in neither is merged as a level, with a warning
+once per name: the highest of counts only undercounts, while a sum of levels is
+nonsense (four workers' 1 for "up" would read as 4).
 
 Admission: each worker queues its own requests, so queue depths, tenants and in-flight
 counts add up, a pool's saturation is the highest any worker saw, and a band admits
@@ -16,6 +21,7 @@ while any worker's does.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -23,12 +29,32 @@ from prometheus_client.metrics_core import Metric
 
 from llmgw.workers.wire import Family
 
-__all__ = ["CONTROL_ONLY", "LEVELS", "admission", "families", "metrics"]
+__all__ = ["CONTROL_ONLY", "LEVELS", "SUMS", "admission", "families", "metrics"]
+
+log = logging.getLogger("llmgw.workers")
 
 #: Families by name prefix that only the control process reports.
 CONTROL_ONLY = ("process_", "python_", "llmgw_build_info", "llmgw_fleet_", "llmgw_endpoint_")
 #: Gauges that are levels: merged by their highest value, not added up.
-LEVELS = frozenset({"llmgw_breaker_state", "llmgw_admission_pool_saturation_ratio"})
+LEVELS = frozenset(
+    {
+        "llmgw_breaker_state",
+        "llmgw_admission_pool_saturation_ratio",
+        # Each worker subscribes to the engines' KV-cache events itself.
+        "llmgw_kv_events_up",
+    }
+)
+#: Gauges that count things: added up over the control process and the workers.
+SUMS = frozenset(
+    {
+        "llmgw_requests_in_flight",
+        "llmgw_admission_queue_depth",
+        "llmgw_admission_queue_tenants",
+        "llmgw_admission_inflight_requests",
+    }
+)
+# Undeclared gauge names already warned about (once per name per process).
+_warned: set[str] = set()
 
 
 #: A band's numbers that add up over workers (admission.BandStats).
@@ -69,7 +95,7 @@ def metrics(own: Iterable[Metric], workers: Sequence[Sequence[Family]]) -> Itera
         if name not in merged:
             merged[name] = Metric(name, doc, kind, unit)
             values[name] = {}
-        level = name in LEVELS
+        level = name in LEVELS or (kind == "gauge" and name not in SUMS)
         into = values[name]
         for sample_name, labels, value in samples:
             key = (sample_name, tuple(sorted(labels.items())))
@@ -83,11 +109,25 @@ def metrics(own: Iterable[Metric], workers: Sequence[Sequence[Family]]) -> Itera
     for worker in workers:
         for f in worker:
             if not f.name.startswith(CONTROL_ONLY):
+                if f.type == "gauge":
+                    _declared(f.name)
                 add(f.name, f.documentation, f.type, f.unit, f.samples)
     for name, metric in merged.items():
         for (sample_name, labels), value in values[name].items():
             metric.add_sample(sample_name, dict(labels), value)
         yield metric
+
+
+def _declared(gauge: str) -> None:
+    """Warn, once per name, of a worker's gauge in neither LEVELS nor SUMS."""
+    if gauge in LEVELS or gauge in SUMS or gauge in _warned:
+        return
+    _warned.add(gauge)
+    log.warning(
+        "workers' gauge %s is in neither merge.LEVELS nor merge.SUMS: merged by its "
+        "highest value, as a level",
+        gauge,
+    )
 
 
 def admission(snapshots: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
