@@ -174,7 +174,7 @@ CHAT = {
     "usage": USAGE,
 }
 MODELS = {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "nginx"}]}
-# What llmgw.router.scrape reads of a vLLM page: an idle engine, always.
+# What llmgw.router.scraper reads of a vLLM page: an idle engine, always.
 METRICS = "".join(
     f'# TYPE {name} gauge\n{name}{{model_name="{MODEL}"}} 0\n'
     for name in (

@@ -175,8 +175,9 @@ class Bands:
 
 
 def key_band(key: dict[str, Any], bands: Bands | None) -> str:
-    """The band a key's requests get, as the router picks it (``Admission.select_band``):
-    its own, else the default band; "default" only when the server's is not known."""
+    """The band a key's requests get, as the router picks it
+    (``AdmissionController.select_band``): its own, else the default band; "default"
+    only when the server's is not known."""
     own = (key.get("band") or "").strip()
     if not own:
         return f"{bands.default} (default)" if bands is not None else "default"

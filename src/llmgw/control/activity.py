@@ -1,7 +1,7 @@
 """Per-model activity as the router sees it, for the control plane.
 
 The router records every finished request here (it is a
-:class:`~llmgw.router.usage.UsageSink`); the controller's views and fleet metrics
+:class:`~llmgw.domain.usage.UsageSink`); the controller's views and fleet metrics
 read it to show models that hold GPUs while nobody asks for them. Rates are
 exponentially decayed so they need no ticker: a quiet model's rate falls when it
 is read, not when a timer fires.

@@ -1,6 +1,6 @@
 """The last few minutes of traffic, in memory, for the dashboard's charts.
 
-:class:`TrafficRing` is a :class:`~llmgw.router.usage.UsageSink`: the router hands it
+:class:`TrafficRing` is a :class:`~llmgw.domain.usage.UsageSink`: the router hands it
 every finished request, on the hot path, so :meth:`TrafficRing.record` is a handful of
 additions into the current time slot and nothing else. Its memory is fixed: one slot
 per ``step`` seconds of the ``window`` (default 180 slots of 5 s = 15 min), each with

@@ -1,8 +1,8 @@
 """Admission: priority bands queue in front of a saturated model pool (DESIGN §4 step 4).
 
 Each model pool has a saturation in [0, 1], read from a callable the router passes in
-(``Scorer.pool_saturation`` over the pool's replicas). A request of band B for pool P
-is admitted at once while::
+(``Router.pool_saturation``: ``Saturation.pool`` over the pool's usable replicas). A
+request of band B for pool P is admitted at once while::
 
     saturation(P) < B.saturation_ceiling
     and no request of priority >= B.priority waits for P (no overtaking a queue)

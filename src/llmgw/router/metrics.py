@@ -288,7 +288,7 @@ class RouterMetrics:
 
 
 class KeyMetrics:
-    """Per-key usage counters, a :class:`~llmgw.router.usage.UsageSink` (opt-in:
+    """Per-key usage counters, a :class:`~llmgw.domain.usage.UsageSink` (opt-in:
     ``auth.key_metrics``). Every key adds series to each model it uses, so an operator
     with many keys keeps them off and reads usage from the store instead.
 

@@ -1,6 +1,6 @@
 """Usage records into the store in batches, off the hot path.
 
-:class:`UsageBatcher` is the router's :class:`~llmgw.router.usage.UsageSink`:
+:class:`UsageBatcher` is the router's :class:`~llmgw.domain.usage.UsageSink`:
 ``record()`` stamps the wall-clock time and appends to a bounded in-memory
 buffer (no I/O, no await), and ``run()`` writes the buffer to the store in
 transactions of up to `max_batch` records, every `flush_interval` seconds and

@@ -7,7 +7,7 @@ change to the schema adds a migration with the same number to both, never edits
 an applied one. The SQL lives in Python modules so that it ships with the
 package like any other code.
 
-The runner (:mod:`llmgw.store._ops`) keeps one row per applied migration in
+The runner (:func:`llmgw.store.sql.schema.migrate`) keeps one row per applied migration in
 ``schema_version`` and applies every pending migration at start in a single
 transaction; a database whose version is above the highest known number is
 refused (:class:`~llmgw.store.base.SchemaTooNew`).
