@@ -1,7 +1,10 @@
 """llmgw's modules import each other without a cycle (issue #18): every import counts,
 at the top, under `if TYPE_CHECKING:` or inside a function, since a cycle hidden in a
 function is still two modules that cannot be understood (or moved) one without the
-other. Shared values live below their users, in llmgw.domain."""
+other. So do imports by a name in a string: `importlib.import_module("llmgw.x")` with
+a literal name, and a package's lazy public-name table `_HOMES` (PEP 562, as
+llmgw/__init__.py's: name -> (module, attribute)). Shared values live below their
+users, in llmgw.domain."""
 
 from __future__ import annotations
 
@@ -24,11 +27,53 @@ def _modules() -> dict[str, Path]:
     return found
 
 
+def _is_import_module(func: ast.expr) -> bool:
+    """`importlib.import_module` or a bare `import_module` (from importlib)."""
+    if isinstance(func, ast.Attribute):
+        owner = func.value
+        is_importlib = isinstance(owner, ast.Name) and owner.id == "importlib"
+        return is_importlib and func.attr == "import_module"
+    return isinstance(func, ast.Name) and func.id == "import_module"
+
+
+def _string(node: ast.expr) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _homes(table: ast.expr, modules: Collection[str]) -> set[str]:
+    """The modules a lazy public-name table names: a pair (pkg, x) counts as
+    `from pkg import x`, any other string as a module's name."""
+    found: set[str] = set()
+    paired: set[int] = set()
+    for node in ast.walk(table):
+        if isinstance(node, ast.Tuple) and len(node.elts) == 2:
+            base, attribute = (_string(e) for e in node.elts)
+            if base is not None and attribute is not None:
+                sub = f"{base}.{attribute}"
+                found.add(sub if sub in modules else base)
+                paired.update(id(e) for e in node.elts)
+        elif isinstance(node, ast.expr) and id(node) not in paired:
+            text = _string(node)
+            if text is not None:
+                found.add(text)
+    return found
+
+
 def _imports(name: str, is_package: bool, source: str, modules: Collection[str]) -> set[str]:
     """The modules of ours that module `name` imports: `from pkg import x` counts as
-    pkg.x when x is a submodule, else as pkg (whose __init__ must hold x)."""
+    pkg.x when x is a submodule, else as pkg (whose __init__ must hold x). A string
+    import counts: `importlib.import_module` with a literal name, and the module names
+    in a table assigned to `_HOMES` (a pair (pkg, x) as `from pkg import x`)."""
     targets: set[str] = set()
     for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
+            literal = _string(node.args[0])
+            if literal is not None and not literal.startswith("."):
+                targets.add(literal)
+        elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            assigned = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "_HOMES" for t in assigned):
+                targets.update(_homes(node.value, modules))
         if isinstance(node, ast.Import):
             targets.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -95,6 +140,32 @@ def test_the_resolver_sees_every_kind_of_import() -> None:
     # In a package's __init__, `.` is the package itself.
     assert _imports("p.sub", True, "from .e import E\n", modules) == {"p.sub.e"}
     assert _a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+def test_the_resolver_follows_string_imports() -> None:
+    modules = {"p", "p.a", "p.b", "p.c", "p.d", "p.sub", "q"}
+    source = (
+        "import importlib\n"
+        "from importlib import import_module\n"
+        "_HOMES = {'A': ('p.a', 'A'), 'sub': ('p', 'sub'), 'Q': ('q', 'Q')}\n"
+        "def __getattr__(name):\n"
+        "    module, attribute = _HOMES[name]\n"
+        "    return getattr(importlib.import_module(module), attribute)\n"
+        "def f():\n"
+        "    return importlib.import_module('p.b'), import_module('p.c'), import_module('os')\n"
+        "def g(name):\n"
+        "    return importlib.import_module(name), importlib.import_module('.d', 'p')\n"
+    )
+    # The table's pairs as `from p.a import A`, `from p import sub`, `from q import Q`;
+    # literal names of ours; a name only known at run time, or relative, is not seen.
+    assert _imports("p", True, source, modules) == {"p.a", "p.sub", "q", "p.b", "p.c"}
+    # A cycle that only a string import closes is a cycle.
+    graph = {
+        "p": _imports("p", True, "_HOMES = {'A': ('p.a', 'A')}\n", modules),
+        "p.a": _imports("p.a", False, "def f():\n    import_module('p.b')\n", modules),
+        "p.b": _imports("p.b", False, "import p\n", modules),
+    }
+    assert _a_cycle(graph) == ["p", "p.a", "p.b", "p"]
 
 
 def test_llmgw_has_no_import_cycle() -> None:
