@@ -51,6 +51,9 @@ streamed, 32 output tokens each (ignore_eos):
   the whole conversation so far (with 32-token assistant replies of the client's
   making, not the engine's output) and llmgw's session header `x-session-id`;
 * long: 2,000-token unique prompts, nothing shared;
+* hot: uniform's prompts, one tenant sending 80% of the requests (the other seven
+  share the rest evenly): its home cannot hold it alone, and where its overflow goes
+  decides how many caches it warms;
 * mixed (not in the default matrix): uniform's prompts, half the requests (drawn at
   random) sent with `x-llmgw-band: bronze` as a batch client would;
 * trace (not in the default matrix): a replay of a production trace in Mooncake's
@@ -82,7 +85,7 @@ prompts for all within a round; no target ever sees another cell's prefixes:
 * round robin: the client spreads requests over the four replicas in cycles of four,
   each cycle visiting every replica once in a seeded shuffled order;
 * pinned oracle (reference, not a contender): the client sends tenant t to replica
-  t mod 4 (uniform, zipf, mixed), session s to replica s mod 4 (sessions), and rotates
+  t mod 4 (uniform, zipf, hot, mixed), session s to replica s mod 4 (sessions), and rotates
   strictly where nothing is shared (long). It knows what a router has to guess and
   ignores load;
 * llmgw: `llmgw-server` with its DEFAULT configuration (no config file; no store,
@@ -130,7 +133,7 @@ peer's and never above round robin's (closed and open loop each), busiest replic
 (beside the oracle's own ratio, which says how much there was to gain). Nothing is
 asserted.
 
-The run takes ~24 min with the defaults (4 personalities x 4 workloads x 5 targets;
+The run takes ~30 min with the defaults (4 personalities x 5 workloads x 6 targets;
 the estimate is printed first), ~5 min with --quick (vllm and small-cache x uniform,
 zipf and sessions, shorter windows); with --engine llamacpp the estimate borrows the
 sim's llamacpp personality's figures and is rough (the real replicas share the cores
@@ -180,6 +183,7 @@ TENANTS = 8
 SYSTEM_TOKENS = 2000
 UNIQUE_TOKENS = 100
 ZIPF_EXPONENT = 1.1
+HOT_SHARE = 0.8  # issue #31's "one tenant with ~80% of the requests": >3x one replica's share
 SESSION_TURNS = 8
 OPENING_TOKENS = 1000
 TURN_TOKENS = 100
@@ -187,7 +191,7 @@ LONG_TOKENS = 2000
 
 DEFAULT_PERSONALITIES = ("vllm", "llamacpp", "small-cache", "prefill-heavy")
 QUICK_PERSONALITIES = ("vllm", "small-cache")
-DEFAULT_WORKLOADS = ("uniform", "zipf", "sessions", "long")
+DEFAULT_WORKLOADS = ("uniform", "zipf", "sessions", "long", "hot")
 QUICK_WORKLOADS = ("uniform", "zipf", "sessions")
 
 RR = "round robin"
@@ -561,6 +565,11 @@ def workloads(trace: TraceSpec | None = None) -> dict[str, Workload]:
             ),
             Sessions(),
             Long(),
+            Tenants(
+                "hot",
+                f"{TENANTS} tenants, one with {HOT_SHARE:.0%} of the requests x {_PROMPT}",
+                [HOT_SHARE * (TENANTS - 1) / (1 - HOT_SHARE)] + [1.0] * (TENANTS - 1),
+            ),
             Tenants(
                 "mixed",
                 f"{TENANTS} tenants (uniform) x {_PROMPT}, half of them x-llmgw-band: bronze",
