@@ -133,7 +133,7 @@ peer's and never above round robin's (closed and open loop each), busiest replic
 (beside the oracle's own ratio, which says how much there was to gain). Nothing is
 asserted.
 
-The run takes ~30 min with the defaults (4 personalities x 5 workloads x 6 targets;
+The run takes ~40 min with the defaults (4 personalities x 5 workloads x 6 targets;
 the estimate is printed first), ~5 min with --quick (vllm and small-cache x uniform,
 zipf and sessions, shorter windows); with --engine llamacpp the estimate borrows the
 sim's llamacpp personality's figures and is rough (the real replicas share the cores
