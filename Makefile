@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 BUF_VERSION ?= 1.75.0
 BUF := $(VENV)/buf/node_modules/.bin/buf
 
-.PHONY: demo test fuzz lint install buf docs clean
+.PHONY: demo test test-unit fuzz lint install buf docs clean
 
 $(BIN)/llmgw-server: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ demo: install
 test: install
 	scripts/test_deps.sh
 	$(BIN)/pytest -q
+
+# The in-process tests only (tests/conftest.py marks them): ~2 minutes, not ~22.
+test-unit: install
+	$(BIN)/pytest -q -m unit
 
 # The property tests only, with random draws and 20x their example budgets
 # (tests/properties.py); `make test` runs them derandomized.

@@ -40,6 +40,31 @@ settings.register_profile(
 settings.load_profile("ci")
 
 
+#: What makes a test module end-to-end: it starts processes (llmgw-server, -agent,
+#: -sim, llama-server, PostgreSQL, a browser) or a whole fleet in one process. Every
+#: other module is `unit`: in-process; `pytest -m unit` (`make test-unit`) runs them in
+#: about two minutes, against some twenty for the whole suite.
+E2E_SIGNS = (
+    "procs",
+    "llmgw.testing",
+    "subprocess",
+    "pg_cluster",
+    "playwright",
+    "run_process",
+    "open_process",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    kinds: dict[Path, pytest.MarkDecorator] = {}
+    for item in items:
+        path = item.path
+        if path not in kinds:
+            e2e = any(sign in path.read_text() for sign in E2E_SIGNS)
+            kinds[path] = pytest.mark.e2e if e2e else pytest.mark.unit
+        item.add_marker(kinds[path])
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "trio"
