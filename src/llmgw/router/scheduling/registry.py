@@ -123,6 +123,12 @@ def names(kind: Kind) -> list[str]:
     return sorted({*BUILT_IN[kind], *_registered[kind], *_entry_points(kind)})
 
 
+def _known(kind: Kind, name: str) -> bool:
+    # Entry points are read (every installed distribution's metadata) only for a name
+    # that is neither built in nor registered: not at every start for the defaults.
+    return name in BUILT_IN[kind] or name in _registered[kind] or name in _entry_points(kind)
+
+
 def _factory(kind: Kind, name: str) -> Factory | None:
     found = BUILT_IN[kind].get(name) or _registered[kind].get(name)
     if found is not None:
@@ -153,7 +159,7 @@ def problems(profiles: Mapping[str, RoutingProfile], *, portable: bool = False) 
                     f"{at}: {name!r} is built in: its weight is the profile's "
                     f"`{name}`" + ("" if name in WEIGHTED else " (always 1)")
                 )
-            elif name not in names(kind):
+            elif not _known(kind, name):
                 found.append(f"{at}: no {kind} named {name!r} (have: {', '.join(names(kind))})")
             elif portable and name in _registered[kind]:
                 found.append(
