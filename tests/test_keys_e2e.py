@@ -141,7 +141,7 @@ async def test_per_key_counters_are_registered_only_when_enabled() -> None:
     on = Router(Config(endpoints=endpoints, auth=AuthConfig(key_metrics=True)))
     names = {m.name for m in off.metrics.registry.collect()}
     assert "llmgw_requests" in names and "llmgw_key_requests" not in names
-    (sink,) = [s for s in on.usage_sinks if isinstance(s, KeyMetrics)]
+    (sink,) = [s for s in on.pipeline.account.sinks if isinstance(s, KeyMetrics)]
     sink.record(UsageRecord("m", "e1", 200, Usage(7, 3), 0.1))
     sink.record(UsageRecord("m", "e1", 200, Usage(7, 3), 0.1, key_id="key_1"))
     sink.record(UsageRecord("m", "e1", 500, Usage(), 0.1, key_id="key_1"))

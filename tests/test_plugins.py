@@ -4,6 +4,7 @@ an installed package's plugin is found by its entry point, in worker processes t
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import subprocess
@@ -12,10 +13,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import trio
 
 import llmgw
 from llmgw.config import ConfigError, RoutingProfile, ScoringConfig
-from llmgw.router.scheduling import Candidate, Context, registry
+from llmgw.router.scheduling import Candidate, Context, Decision, registry
+from llmgw.router.scheduling.hooks import Ask, Done
 
 from .procs import BIN, scratch_dir, server, sim
 
@@ -241,3 +244,84 @@ def test_profiles_keep_their_built_in_composition() -> None:
         ("PrefixBonus", chat.prefix),
     ]
     assert type(scheduler.picker).__name__ == "LowestCost"
+
+
+class LeastPicked:
+    """A stateful scorer: costs what it has picked of each replica, learnt through its
+    hooks (pre_request counts a pick, complete sees the answer and the pick's note)."""
+
+    def __init__(self) -> None:
+        self.picked: dict[str, int] = {}
+        self.completed: list[tuple[str, str, int, int | None, object]] = []
+
+    def cost(self, ctx: Context, i: int) -> float:
+        return float(self.picked.get(ctx.candidates[i].endpoint_id, 0))
+
+    def pre_request(self, ask: Ask, decision: Decision, now: float) -> object:
+        self.picked[decision.endpoint_id] = self.picked.get(decision.endpoint_id, 0) + 1
+        return ("note", decision.endpoint_id)
+
+    def complete(self, ask: Ask, done: Done, note: object) -> str | None:
+        tokens = None if done.usage is None else done.usage.completion_tokens
+        self.completed.append((ask.model, done.endpoint_id, done.status, tokens, note))
+        return None
+
+
+async def test_a_named_plugins_hooks_keep_its_state_through_each_request() -> None:
+    made: list[LeastPicked] = []
+
+    def factory(settings: registry.Settings) -> LeastPicked:
+        made.append(LeastPicked())
+        return made[-1]
+
+    registry.register("scorer", "test-least-picked", factory)
+    try:
+        with sim(model="m") as (_, a), sim(model="m") as (_, b):
+            (client_socket,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+            port = client_socket.socket.getsockname()[1]
+            profile = {"scorers": {"test-least-picked": 100.0}}
+            config = llmgw.load_config(
+                data={
+                    "listen": "127.0.0.1:0",
+                    "admin_listen": "127.0.0.1:0",
+                    "endpoints": [
+                        {"id": "a", "url": a, "models": ["m"]},
+                        {"id": "b", "url": b, "models": ["m"]},
+                    ],
+                    # Two profiles name it: one object, one table.
+                    "router": {"profiles": {"chat": profile, "other": profile}},
+                },
+                environ={},
+            )
+            stop = trio.Event()
+            served = []
+            async with (
+                llmgw.assemble(
+                    config, client_listeners=[client_socket], admin_listeners=[]
+                ) as gateway,
+                trio.open_nursery() as nursery,
+            ):
+                await nursery.start(
+                    functools.partial(llmgw.serve, gateway, shutdown=stop, handle_signals=False)
+                )
+                # Both scraped: equal on every built-in term, so the plugin alone decides.
+                with trio.fail_after(10):
+                    while any(s.sample is None for s in gateway.router.endpoints.all()):
+                        await gateway.router.scraper.next_pass()
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                    for i in range(6):
+                        body = {"model": "m", "prompt": f"request {i}", "max_tokens": 2}
+                        r = await client.post("/v1/completions", json=body)
+                        assert r.status_code == 200, r.text
+                        served.append(r.headers["x-llmgw-endpoint"])
+                stop.set()
+    finally:
+        registry.unregister("scorer", "test-least-picked")
+    (plugin,) = made
+    # Each pick raised the picked replica's cost: every second pick goes to the other
+    # replica (after a tie, broken at random).
+    assert [set(served[i : i + 2]) for i in range(0, 6, 2)] == [{"a", "b"}] * 3
+    assert plugin.picked == {"a": 3, "b": 3}
+    # complete heard of every request, at the replica that served it, with its usage
+    # and the note its own pre_request returned.
+    assert plugin.completed == [("m", ep, 200, 2, ("note", ep)) for ep in served]

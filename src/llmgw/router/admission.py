@@ -152,7 +152,7 @@ class Ticket:
 
 
 # Shared by every request while admission is disabled: nothing to count or release.
-_PASS_THROUGH = Ticket(None, None, "", False, 0.0)
+PASS_THROUGH = Ticket(None, None, "", False, 0.0)
 
 
 @attrs.frozen
@@ -453,7 +453,7 @@ class AdmissionController:
         removes it from the queue at once.
         """
         if not self.enabled:
-            return _PASS_THROUGH
+            return PASS_THROUGH
         if not cost >= 0.0:  # also NaN
             raise ValueError(f"cost must be a number >= 0, got {cost!r}")
         p = self._pools.get(pool)

@@ -3,11 +3,12 @@
 This is the hot path, so it is not built on a web framework: one dict lookup
 routes the request, only the body's top level is parsed (llmgw.router.body), and
 it is written back only when the router must change it (an alias, a fallback,
-usage injection). The app reads, authenticates and parses the request (OpenAI's,
-or Anthropic's Messages translated), answers what needs no engine (models, health,
-a stored response's replica), and hands one :class:`~llmgw.router.call.Call` to the
-dispatch (:mod:`llmgw.router.dispatch`: admission, routing, attempts), watching for
-the client leaving meanwhile; a refusal is answered here.
+usage injection). The app authenticates the key, reads and parses the request
+(OpenAI's, or Anthropic's Messages translated), answers what needs no engine (models,
+health, a stored response's replica), and hands one
+:class:`~llmgw.router.pipeline.Request` to the pipeline (llmgw.router.pipeline:
+admission, scheduling, attempts, accounting), watching for the client leaving
+meanwhile. Refusals are answered here in the client's API's shape.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ import attrs
 import trio
 
 from llmgw.domain.endpoints import public_name
-from llmgw.domain.keys import KeyRecord
-from llmgw.domain.usage import UsageRecord
+from llmgw.domain.usage import Caller
 from llmgw.http.asgi import (
     WATCH_DISCONNECT,
     BodyTooLarge,
@@ -40,21 +40,7 @@ from llmgw.http.asgi import (
     send_json,
 )
 from llmgw.router import anthropic
-from llmgw.router.access import log_refusal
-from llmgw.router.auth import AuthError
 from llmgw.router.body import BIG_BODY, BodyError, RequestBody, parse
-from llmgw.router.call import (
-    KEY_ID,
-    REQUEST_ID,
-    Call,
-    HttpError,
-    Native,
-    Routing,
-    auth_error,
-    buffer_full_error,
-    engine_of,
-)
-from llmgw.router.dispatch import Dispatch
 from llmgw.router.forms import FormBody, parse_form
 from llmgw.router.messages import AnthropicSend, CountSend, json_response
 from llmgw.router.paths import (
@@ -67,23 +53,32 @@ from llmgw.router.paths import (
     ApiPath,
     engine_names,
 )
-from llmgw.router.proxy import BufferFull
+from llmgw.router.pipeline.account import Refusal
+from llmgw.router.pipeline.request import KEY_ID, REQUEST_ID, Native, Progress, Request, engine_of
+from llmgw.router.refusal import HttpError
 from llmgw.router.responses import SCAN_BYTES, response_id_in
-from llmgw.router.usage import NO_USAGE
+from llmgw.router.stored import PREFIX as _RESPONSE_PREFIX
 from llmgw.version import __version__
 
 if TYPE_CHECKING:
+    from llmgw.catalog import Catalog
     from llmgw.domain.catalog import ModelConfig
-    from llmgw.router.tracing import RequestSpan
+    from llmgw.domain.keys import KeyRecord
+    from llmgw.router.endpoints import EndpointRegistry
+    from llmgw.router.pipeline import Pipeline
+    from llmgw.router.responses import ResponseHomes
+    from llmgw.router.stored import StoredResponses
+    from llmgw.router.tracing import Tracing
 
+__all__ = ["ClientApp", "request_id_of"]
 
 _MODEL_PREFIX = "/v1/models/"
-_RESPONSE_PREFIX = RESPONSES + "/"
-# What follows a stored response's id -> the methods that reach its replica.
-_RESPONSE_ACTIONS = {"": ("GET", "DELETE"), "cancel": ("POST",), "input_items": ("GET",)}
 # What a client's x-request-id may be to be passed on as is: short, and nothing a
 # log line or another server's header parser could trip on.
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:+/=@-]{1,128}")
+
+#: How a refusal is answered: in OpenAI's shape, or Anthropic's.
+Refuse = Callable[[HttpError], Awaitable[None]]
 
 
 def request_id_of(given: bytes | None) -> bytes:
@@ -98,9 +93,14 @@ def _model_object(name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
 
 
-async def send_error(send: Send, err: HttpError) -> None:
+async def _send_error(send: Send, request_id: bytes, err: HttpError) -> None:
     body = error_body(str(err), err.type, err.code, err.param)
-    await send_json(send, err.status, body, err.headers)
+    await send_json(send, err.status, body, [*err.headers, (b"x-request-id", request_id)])
+
+
+async def _send_anthropic_error(send: Send, request_id: bytes, err: HttpError) -> None:
+    body = anthropic.error_body(err.status, str(err))
+    await json_response(send, err.status, body, [*err.headers, (b"x-request-id", request_id)])
 
 
 class ClientGone(Exception):
@@ -108,14 +108,35 @@ class ClientGone(Exception):
 
 
 class ClientApp:
-    """`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`."""
+    """`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`, ..."""
 
-    def __init__(self, router: Routing) -> None:
-        self.router = router
-        # Bodies past BIG_BODY are parsed in a worker thread, one at a time: what a
-        # parse holds in memory is bounded by one body, not by how many arrive.
-        self._big_parses = trio.CapacityLimiter(1)
-        self._dispatch = Dispatch(router, self._big_parses)
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        catalog: Callable[[], Catalog],
+        endpoints: EndpointRegistry,
+        responses: ResponseHomes,
+        stored: StoredResponses,
+        tracing: Tracing | None,
+        big_parses: trio.CapacityLimiter,
+        max_body_bytes: int,
+        session_header: str,
+    ) -> None:
+        """`catalog` gives the models served now (swapped whole on a change);
+        `big_parses` bounds the parses of bodies past BIG_BODY in worker threads (what a
+        parse holds in memory is bounded by one body, not by how many arrive)."""
+        self.pipeline = pipeline
+        self.authenticate = pipeline.authenticate
+        self.account = pipeline.account
+        self.catalog = catalog
+        self.endpoints = endpoints
+        self.responses = responses
+        self.stored = stored
+        self.tracing = tracing
+        self._big_parses = big_parses
+        self.max_body_bytes = max_body_bytes
+        self.session_header = session_header.lower().encode()
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             **{("POST", path): self._inference for path in PATHS},
             ("GET", "/v1/models"): self._models,
@@ -150,44 +171,20 @@ class ClientApp:
         except ClientGone:
             return
         except HttpError as err:
-            self.router.metrics.reject(err.code or str(err.status), err.model, scope.get(KEY_ID))
-            self._rejected(scope, err.status, err.code, str(err), err.model, started, err.recorded)
-            err.headers.append((b"x-request-id", request_id))
-            await send_error(send, err)
+            self._refused(scope, err, started)
+            await _send_error(send, request_id, err)
 
-    def _rejected(
-        self,
-        scope: Scope,
-        status: int,
-        code: str | None,
-        reason: str,
-        model: str,
-        started: float,
-        recorded: bool,
+    def _refused(
+        self, scope: Scope, err: HttpError, started: float, code: str | None = None
     ) -> None:
-        """Log a refusal: its reason at DEBUG, and its access line unless
-        Router.refused recorded it (then the access log had it with the rest)."""
+        """Account a refusal made before the request was handed to the pipeline."""
         request_id = bytes(scope[REQUEST_ID]).decode("ascii")
-        log_refusal(request_id, status, code, reason, model)
-        access = self.router.access_log
-        if not recorded and access is not None:
-            access.record(
-                UsageRecord(
-                    model=model,
-                    endpoint=None,
-                    status=status,
-                    usage=NO_USAGE,
-                    latency=trio.current_time() - started,
-                    key_id=scope.get(KEY_ID),
-                    request_id=request_id,
-                    path=scope["path"],
-                    error=code,
-                )
-            )
+        before = Refusal(request_id, scope["path"], started, scope.get(KEY_ID))
+        self.account.refused(err, before=before, code=code)
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Up and able to serve (an endpoint has been scraped); nothing more, no key."""
-        ready = any(s.sample is not None for s in self.router.endpoints.all())
+        ready = any(s.sample is not None for s in self.endpoints.all())
         body = b'{"status":"ok"}' if ready else b'{"status":"not ready"}'
         await send_json(send, 200 if ready else 503, body, [(b"x-request-id", scope[REQUEST_ID])])
 
@@ -196,91 +193,14 @@ class ClientApp:
         await send_json(send, 200, body, [(b"x-request-id", scope[REQUEST_ID])])
 
     async def _stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """``GET`` and ``DELETE /v1/responses/{id}``, ``POST .../{id}/cancel``, ``GET
-        .../{id}/input_items``: sent to the replica that made the response (it alone
-        has it); 404 when llmgw does not know it, another key made it, or that replica
-        is gone."""
-        router = self.router
-        key = await self._authenticate(scope)
-        rest = scope["path"].rstrip("/")[len(_RESPONSE_PREFIX) :]
-        response_id, _, action = rest.partition("/")
-        allowed = _RESPONSE_ACTIONS.get(action)
-        if allowed is None or not response_id:
-            raise HttpError(404, f"no route {scope['path']}", code="not_found")
-        if scope["method"] not in allowed:
-            raise HttpError(405, f"method {scope['method']} not allowed here")
-        owner = key.id if key is not None else None
-        home = router.responses.lookup(response_id, trio.current_time(), owner)
-        state = router.endpoints.get(home.endpoint) if home is not None else None
-        if home is None or state is None:
-            raise HttpError(
-                404,
-                f"response {response_id!r} is unknown to this gateway, or the replica that "
-                "stored it is gone",
-                code="response_not_found",
-            )
-        if key is not None:
-            try:
-                router.auth.check_model(key, home.model, home.model)
-            except AuthError as exc:
-                raise auth_error(exc) from None
-        import httpx  # on first use (llmgw.http.ondemand)
-
-        url = state.endpoint.url.rstrip("/") + scope["path"]
-        if action == "input_items" and scope.get("query_string"):
-            url += "?" + bytes(scope["query_string"]).decode("latin-1")  # its paging
-        headers = [(b"x-request-id", scope[REQUEST_ID]), *state.endpoint.headers]
-        limit = router.config.router.max_response_bytes
-        # Held whole like any non-streaming answer, within the same budget.
-        budget = router.upstream.budget
-        held = 0
-        try:
-            try:
-                with trio.fail_after(router.config.router.timeouts.total):
-                    async with router.scraper.client.stream(
-                        scope["method"], url, headers=headers, timeout=None
-                    ) as answer:
-                        data = bytearray()
-                        async for chunk in answer.aiter_bytes():
-                            data += chunk
-                            if len(data) > limit:
-                                raise HttpError(
-                                    502,
-                                    f"endpoint {state.public!r} answered more than {limit} bytes",
-                                    type_="server_error",
-                                    code="upstream_error",
-                                )
-                            budget.take(len(chunk))
-                            held += len(chunk)
-            except (trio.TooSlowError, httpx.HTTPError) as exc:
-                why = "timed out" if isinstance(exc, trio.TooSlowError) else type(exc).__name__
-                raise HttpError(
-                    502,
-                    f"endpoint {state.public!r} did not answer: {why}",
-                    type_="server_error",
-                    code="upstream_error",
-                ) from None
-            except BufferFull as exc:
-                raise buffer_full_error(exc) from None
-            if scope["method"] == "DELETE" and answer.status_code == 200:
-                router.responses.forget(response_id)
-            await send_json(
-                send,
-                answer.status_code,
-                bytes(data),
-                [
-                    (b"x-request-id", scope[REQUEST_ID]),
-                    (b"x-llmgw-endpoint", state.public.encode()),
-                ],
-            )
-        finally:
-            budget.give(held)
+        await self.stored(scope, await self.authenticate.key(scope), send)
 
     async def _model(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``GET /v1/models/{id}``: one model or alias the key may use and a replica
         serves; 404 in OpenAI's shape otherwise (what ``models.retrieve`` expects)."""
         name = scope["path"].rstrip("/")[len(_MODEL_PREFIX) :]
-        entry = next((m for m in self._listed(await self._authenticate(scope)) if m == name), None)
+        key = await self.authenticate.key(scope)
+        entry = next((m for m in self._listed(key) if m == name), None)
         if entry is None:
             raise HttpError(
                 404, f"the model {name!r} does not exist", code="model_not_found", param="model"
@@ -289,16 +209,16 @@ class ClientApp:
         await send_json(send, 200, body, [(b"x-request-id", scope[REQUEST_ID])])
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        names = self._listed(await self._authenticate(scope))
+        names = self._listed(await self.authenticate.key(scope))
         data = [_model_object(name) for name in names]
         body = json.dumps({"object": "list", "data": data}).encode()
         await send_json(send, 200, body, [(b"x-request-id", scope[REQUEST_ID])])
 
     def _listed(self, key: KeyRecord | None) -> list[str]:
         """The names and aliases of the models a replica serves that `key` may use."""
-        served = self.router.endpoints.models()
+        served = self.endpoints.models()
         names = []
-        for model in self.router.catalog.models:
+        for model in self.catalog().models:
             if model.name not in served:
                 continue
             permitted = None if key is None else key.models
@@ -308,20 +228,11 @@ class ClientApp:
                     names.append(name)
         return names
 
-    async def _authenticate(self, scope: Scope, bearer: bytes | None = None) -> KeyRecord | None:
-        try:
-            key = await self.router.auth.authenticate(bearer or header(scope, b"authorization"))
-        except AuthError as exc:
-            raise auth_error(exc) from None
-        if key is not None:
-            scope[KEY_ID] = key.id  # for the access line of a refusal after this
-        return key
-
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         # Its deadline (router.timeouts.client_body) is the listener's: past it
         # llmgw.http.server reports a disconnect here and answers the 408 itself.
         try:
-            return await read_body(scope, receive, self.router.config.router.max_body_bytes)
+            return await read_body(scope, receive, self.max_body_bytes)
         except ClientLeft:
             raise ClientGone from None
         except BodyTooLarge as exc:
@@ -332,7 +243,7 @@ class ClientApp:
 
     async def _inference(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = trio.current_time()
-        key = await self._authenticate(scope)
+        key = await self.authenticate.key(scope)
         route = PATHS[scope["path"].rstrip("/")]
         raw = await self._read_body(scope, receive)
         body: RequestBody | FormBody
@@ -343,7 +254,8 @@ class ClientApp:
                 raise HttpError(400, str(exc), param=exc.param) from None
         else:
             body = await self._parse(raw)
-        await self._proxy(scope, receive, send, route, body, key, started)
+        refuse = partial(_send_error, send, scope[REQUEST_ID])
+        await self._proxy(scope, receive, send, route, body, key, started, refuse)
 
     async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Anthropic's Messages API, translated to a chat completion and back
@@ -357,12 +269,12 @@ class ClientApp:
 
     async def _anthropic(self, scope: Scope, receive: Receive, send: Send, count: bool) -> None:
         started = trio.current_time()
-        request_id = [(b"x-request-id", scope[REQUEST_ID])]
+        refuse = partial(_send_anthropic_error, send, scope[REQUEST_ID])
         try:
             # Anthropic's clients send the key as x-api-key.
             given = header(scope, b"x-api-key")
             bearer = header(scope, b"authorization") or (b"Bearer " + given if given else None)
-            key = await self._authenticate(scope, bearer)
+            key = await self.authenticate.key(scope, bearer)
             raw = await self._read_body(scope, receive)
             try:
                 request = json.loads(raw)
@@ -395,15 +307,16 @@ class ClientApp:
                 )
                 route = PATHS[CHAT]
             body = await self._parse(json.dumps(chat).encode())
-            await self._proxy(scope, receive, reply, route, body, key, started, native)
+            await self._proxy(scope, receive, reply, route, body, key, started, refuse, native)
         except anthropic.MessagesError as exc:
-            self._rejected(scope, exc.status, exc.type, str(exc), "", started, False)
-            await json_response(send, exc.status, exc.body(), request_id)
+            err = HttpError(exc.status, str(exc), type_=exc.type)
+            self._refused(scope, err, started, code=exc.type)
+            await json_response(
+                send, exc.status, exc.body(), [(b"x-request-id", scope[REQUEST_ID])]
+            )
         except HttpError as err:
-            self.router.metrics.reject(err.code or str(err.status), err.model, scope.get(KEY_ID))
-            self._rejected(scope, err.status, err.code, str(err), err.model, started, err.recorded)
-            body_ = anthropic.error_body(err.status, str(err))
-            await json_response(send, err.status, body_, [*err.headers, *request_id])
+            self._refused(scope, err, started)
+            await refuse(err)
 
     async def _parse(self, raw: bytes) -> RequestBody:
         try:
@@ -422,13 +335,14 @@ class ClientApp:
         body: RequestBody | FormBody,
         key: KeyRecord | None,
         started: float,
+        refuse: Refuse,
         native: Native | None = None,
     ) -> None:
-        """Route `body` on `route` and relay the answer; HttpError for a refusal. With
-        `native`, a replica whose engine serves the client's own API gets the client's
-        request (`native.body` on `native.path`, its answer sent as is) instead."""
-        router = self.router
-        chain = router.catalog.candidates(body.model)
+        """Hand `body` on `route` to the pipeline, watching for the client leaving; a
+        refusal before that raises HttpError, the pipeline's is answered with `refuse`.
+        With `native`, a replica whose engine serves the client's own API gets the
+        client's request (`native.body` on `native.path`, its answer sent as is)."""
+        chain = self.catalog().candidates(body.model)
         if not chain:
             raise HttpError(
                 404,
@@ -442,94 +356,62 @@ class ClientApp:
             pinned, chain = self._follow_up(body, chain, key)
         # The client may go away at any point; the watcher cancels the upstream
         # request at once, which frees the engine's slot.
-        # Once the last byte is handed over, a disconnect no longer matters.
         watch = _DisconnectWatch()
-
-        def track(send: Send) -> Send:
-            async def tracked_send(message: MutableMapping[str, Any]) -> None:
-                if message["type"] == "http.response.body" and not message.get("more_body"):
-                    watch.complete = True
-                try:
-                    await send(message)
-                except OSError:
-                    # What an ASGI server raises on a send to a client that has gone: the
-                    # disconnect may be seen here before the watcher's receive() sees it.
-                    watch.gone = watch.gone or not watch.complete
-                    raise
-
-            return tracked_send
-
-        tracked_send = track(send)
-
-        session = header(scope, router.session_header)
-        call = Call(
+        progress = Progress(_caller_of(key))
+        tracked = watch.track(send)
+        session = header(scope, self.session_header)
+        request = Request(
             scope,
             route,
-            tracked_send,
+            self._id_tap(progress, tracked) if route.path == RESPONSES else tracked,
             body,
-            chain,
+            tuple(chain),
             started,
             key,
             session.decode(errors="replace") if session else None,
+            progress,
+            pinned=pinned,
+            native=None if native is None else attrs.evolve(native, send=watch.track(native.send)),
         )
-        call.pinned = pinned
-        if native is not None:
-            call.native = attrs.evolve(native, send=track(native.send))
-        if route.path == RESPONSES:
-            call.send = self._id_tap(call, tracked_send)
-        if router.tracing is not None:
-            call.span = router.tracing.request(
-                call.trace, f"{route.operation} {body.model}", started
+        if self.tracing is not None:
+            progress.span = self.tracing.request(
+                request.trace, f"{route.operation} {body.model}", started
             )
         refused: HttpError | None = None
-        extensions = scope.get("extensions")
+        try:
+            refused = await self._watched(request, receive, watch)
+        finally:
+            self.account.closed(request, refused, watch.gone)
+        if refused is not None:
+            await refuse(refused)
+
+    async def _watched(
+        self, request: Request, receive: Receive, watch: _DisconnectWatch
+    ) -> HttpError | None:
+        """The pipeline's run, cancelled when the client leaves; its refusal, if any."""
+        extensions = request.scope.get("extensions")
         watch_disconnect: Watch | None = (
             extensions.get(WATCH_DISCONNECT) if extensions is not None else None
         )
         cancel = trio.CancelScope()
         watching = watch_disconnect(partial(watch.left, cancel)) if watch_disconnect else None
-        try:
-            if watching is not None:
-                # llmgw's own server watches for us, with no task of this request's.
-                with cancel, watching:
-                    try:
-                        await self._dispatch.serve(call)
-                    except HttpError as err:
-                        refused = err
-            else:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(watch.run, receive, nursery.cancel_scope)
-                    try:
-                        await self._dispatch.serve(call)
-                    except HttpError as err:
-                        refused = err  # raised outside, so no exception group wraps it
-                    finally:
-                        nursery.cancel_scope.cancel()
-        finally:
-            # Counted however it was noticed: the watcher's receive(), or a failed send.
-            if watch.gone:
-                kind = "stream" if call.stream else "request"
-                router.metrics.disconnects.labels(body.model, kind).inc()
-            if call.span is not None:
-                _end_span(call, call.span, refused, watch.gone)
-        if refused is not None:
-            # Refused once the model was known (429, 503, 502/504 after every attempt,
-            # 403, ...): a client-visible failure that usage and the dashboard count.
-            refused.model = chain[0].name
-            router.refused(
-                refused.model,
-                refused.status,
-                trio.current_time() - started,
-                call.caller,
-                retries=call.retries,
-                request_id=call.request_id,
-                path=scope["path"],
-                queue_wait=call.queued,
-                error=refused.code,
-                spills=call.spills,
-            )
-            refused.recorded = True
-            raise refused
+        if watching is not None:
+            # llmgw's own server watches for us, with no task of this request's.
+            with cancel, watching:
+                try:
+                    await self.pipeline.serve(request)
+                except HttpError as err:
+                    return err
+            return None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch.run, receive, nursery.cancel_scope)
+            try:
+                await self.pipeline.serve(request)
+            except HttpError as err:
+                return err  # returned outside, so no exception group wraps it
+            finally:
+                nursery.cancel_scope.cancel()
+        return None
 
     def _follow_up(
         self, body: RequestBody | FormBody, chain: list[ModelConfig], key: KeyRecord | None
@@ -545,17 +427,17 @@ class ClientApp:
                 400, "previous_response_id must be a string", param="previous_response_id"
             )
         owner = key.id if key is not None else None
-        home = self.router.responses.lookup(raw, trio.current_time(), owner)
+        home = self.responses.lookup(raw, trio.current_time(), owner)
         if home is None:  # unknown, or another key's: the same answer for both
             raise HttpError(
                 404,
                 f"previous response {raw!r} is unknown to this gateway: it was not made "
                 "through it, was made before it started, or more than "
-                f"{self.router.responses.ttl / 3600:g}h ago",
+                f"{self.responses.ttl / 3600:g}h ago",
                 code="previous_response_not_found",
                 param="previous_response_id",
             )
-        state = self.router.endpoints.get(home.endpoint)
+        state = self.endpoints.get(home.endpoint)
         if state is None or state.draining:
             raise HttpError(
                 404,
@@ -567,19 +449,20 @@ class ClientApp:
             )
         return home.endpoint, [m for m in chain if m.name == home.model] or chain[:1]
 
-    def _id_tap(self, call: Call, send: Send) -> Send:
+    @staticmethod
+    def _id_tap(progress: Progress, send: Send) -> Send:
         """`send`, noting the id of the response it relays (so follow-ups find it)."""
         seen = 0
 
         async def tapped(message: MutableMapping[str, Any]) -> None:
             nonlocal seen
             if (
-                call.response_id is None
+                progress.response_id is None
                 and seen < SCAN_BYTES
                 and message["type"] == "http.response.body"
             ):
                 data = bytes(message.get("body", b""))
-                call.response_id = response_id_in(data)
+                progress.response_id = response_id_in(data)
                 seen += len(data)
             await send(message)
 
@@ -590,7 +473,7 @@ class ClientApp:
         not to serve `route` (retrying them would only repeat the engine's 404)."""
         if route.engines == PATHS[CHAT].engines:
             return
-        engines = {engine_of(s) for m in chain for s in self.router.endpoints.serving(m.name)}
+        engines = {engine_of(s) for m in chain for s in self.endpoints.serving(m.name)}
         if engines and not any(route.served_by(e) for e in engines):
             raise HttpError(
                 404,
@@ -601,33 +484,33 @@ class ClientApp:
             )
 
 
-def _end_span(call: Call, span: RequestSpan, refused: HttpError | None, gone: bool) -> None:
-    """End the request's span with how the client was answered."""
-    error: str | None
-    if refused is not None:
-        status, error = refused.status, refused.code or str(refused.status)
-    elif span.status is not None:  # served, in whole or (the client left) in part
-        status, error = span.status, "client_gone" if gone else None
-    elif gone:
-        status, error = 499, "client_gone"
-    else:  # a bug: the ASGI server answers 500
-        status, error = 500, "internal_error"
-    span.end(
-        operation=call.route.operation,
-        model=call.body.model,
-        request_id=call.request_id,
-        caller=call.caller,
-        queued=call.queued,
-        retries=call.retries,
-        status=status,
-        error=error,
-    )
+def _caller_of(key: KeyRecord | None) -> Caller:
+    return Caller(key.id if key is not None else None)
 
 
 class _DisconnectWatch:
+    """Whether the client left before its answer was all handed over."""
+
     def __init__(self) -> None:
         self.gone = False
         self.complete = False
+
+    def track(self, send: Send) -> Send:
+        """`send`, noting when the last byte is handed over (a disconnect no longer
+        matters then) and a send that failed because the client has gone."""
+
+        async def tracked(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                self.complete = True
+            try:
+                await send(message)
+            except OSError:
+                # What an ASGI server raises on a send to a client that has gone: the
+                # disconnect may be seen here before the watcher's receive() sees it.
+                self.gone = self.gone or not self.complete
+                raise
+
+        return tracked
 
     def left(self, scope: trio.CancelScope) -> None:
         """The client closed the connection: unless the answer is all handed over,

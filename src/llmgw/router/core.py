@@ -1,9 +1,10 @@
 """`Router`: the data plane assembled from its parts.
 
-The router owns the endpoint registry (the sink the control plane or static
-configuration feeds), the scrape loop, scoring with session and prefix affinity,
-breakers, the upstream client, usage accounting and metrics. Its client API is
-an ASGI app (:attr:`Router.app`); :meth:`Router.run` drives its background work.
+The router builds, once, its parts (the endpoint registry the control plane or static
+configuration feeds, the scrape loop, breakers, the upstream client, metrics) and the
+request pipeline over them (llmgw.router.pipeline: authenticate, admit, schedule,
+attempt, account). Its client API is an ASGI app (:attr:`Router.app`); :meth:`Router.run`
+drives its background work; the views are what the admin API shows of it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import trio
 from prometheus_client import generate_latest
 
@@ -21,31 +21,36 @@ from llmgw.config import Config, EndpointConfig
 from llmgw.domain.catalog import ModelConfig
 from llmgw.domain.endpoints import Endpoint
 from llmgw.domain.engine_metrics import EngineSample
-from llmgw.domain.usage import Caller, Usage, UsageRecord, UsageSink
+from llmgw.domain.usage import UsageSink
 from llmgw.domain.wakes import WakeSink
 from llmgw.router.access import AccessLog
 from llmgw.router.admission import AdmissionController
-from llmgw.router.affinity import PrefixIndex, Probe, SessionTable
+from llmgw.router.affinity import PrefixIndex, SessionTable
 from llmgw.router.app import ClientApp
 from llmgw.router.auth import Authenticator
-from llmgw.router.breaker import Outcome, Ticket
 from llmgw.router.coldstart import ColdStarts
 from llmgw.router.endpoints import EndpointRegistry, EndpointState
-from llmgw.router.kv_events import Exact, KVEvents
+from llmgw.router.kv_events import KVEvents
 from llmgw.router.metrics import KeyMetrics, RouterMetrics
-from llmgw.router.proxy import AttemptFailed, Delivery, Upstream
+from llmgw.router.pipeline import Pipeline
+from llmgw.router.pipeline.account import Account
+from llmgw.router.pipeline.admit import Admit
+from llmgw.router.pipeline.attempt import Attempt
+from llmgw.router.pipeline.authenticate import Authenticate
+from llmgw.router.pipeline.schedule import Schedule
+from llmgw.router.proxy import Upstream
 from llmgw.router.responses import ResponseHomes
-from llmgw.router.scheduling import Candidate, Decision, Saturation, Scheduler
+from llmgw.router.scheduling import Candidate, Saturation, Scheduler
 from llmgw.router.scheduling import registry as plugins
+from llmgw.router.scheduling.hooks import hooks_of
+from llmgw.router.scheduling.memory import PrefixMemory, SessionMemory
 from llmgw.router.scraper import Scraper
 from llmgw.router.sleep import Sleeper
+from llmgw.router.stored import StoredResponses
 from llmgw.router.tracing import Tracing
-from llmgw.router.usage import NO_USAGE
 
 if TYPE_CHECKING:
     import httpx
-
-NOBODY = Caller()
 
 
 def catalog_for(config: Config) -> Catalog:
@@ -128,41 +133,10 @@ class Router:
                 f"{', '.join(sorted(self.schedulers))})"
             )
         self.schedulers.update(schedulers or {})
-        a = r.affinity
-        self.sessions = SessionTable(a.session_table_size, a.session_ttl)
-        self.prefixes = (
-            PrefixIndex(
-                a.prefix_block_chars, a.prefix_max_blocks, a.prefix_table_size, a.prefix_ttl
-            )
-            if a.prefix_table_size
-            else None
-        )
         # The engines' own prefix-cache indexes, where endpoints publish KV-cache
         # events (None otherwise: nothing on the request path then).
-        kv_addresses = {e.id: e.kv_events for e in config.endpoints if e.kv_events}
-        self.kv_events = (
-            KVEvents(
-                kv_addresses,
-                self.metrics.registry,
-                replays={e.id: e.kv_events_replay for e in config.endpoints if e.kv_events_replay},
-                timeout=a.kv_events_timeout,
-                max_blocks=a.kv_events_max_blocks,
-            )
-            if kv_addresses
-            else None
-        )
-        self.session_header = r.session_header.lower().encode()
-        self.band_header = r.admission.band_header.lower().encode()
-        self.tenant_header = r.admission.tenant_header.lower().encode()
-        self.usage_sinks = list(usage_sinks)
-        # Fed like the other sinks, and directly with the refusals no sink records.
-        self.access_log = AccessLog() if config.log.access else None
-        if self.access_log is not None:
-            self.usage_sinks.append(self.access_log)
-        if config.auth.key_metrics:  # opt-in: series per key (cardinality)
-            self.usage_sinks.append(KeyMetrics(self.metrics.registry))
+        self.kv_events = _kv_events(config, self.metrics)
         self.rng = rng or random.Random()
-        self.rendezvous = rendezvous
         self.scrape = scrape
         # Keys come from the store, when there is one (llmgw.assembly).
         self.auth = auth or Authenticator(
@@ -188,7 +162,70 @@ class Router:
         # Off (None) unless configured: then a request pays one `is None` check.
         self.tracing = Tracing(config.tracing) if config.tracing.endpoint else None
         self.metrics.watch_admission(self.admission.stats, self.pool_saturation)
-        self.app = ClientApp(self)
+        # The scheduling plugins' hooks: the router's memories, then the profiles'.
+        self.hooks = hooks_of((*_memories(config, self.metrics), *_plugins(self.schedulers)))
+        self.pipeline = self._pipeline(usage_sinks, rendezvous)
+        self.app = ClientApp(
+            self.pipeline,
+            catalog=lambda: self.catalog,
+            endpoints=self.endpoints,
+            responses=self.responses,
+            stored=StoredResponses(
+                self.responses,
+                self.endpoints,
+                self.pipeline.authenticate,
+                lambda: self.scraper.client,
+                self.upstream.budget,
+                max_bytes=r.max_response_bytes,
+                timeout=r.timeouts.total,
+            ),
+            tracing=self.tracing,
+            big_parses=self._big_parses,
+            max_body_bytes=r.max_body_bytes,
+            session_header=r.session_header,
+        )
+
+    def _pipeline(self, usage_sinks: Sequence[UsageSink], rendezvous: bool) -> Pipeline:
+        """The request pipeline's stages over this router's parts."""
+        config, r = self.config, self.config.router
+        # Bodies past BIG_BODY are parsed in a worker thread, one at a time.
+        self._big_parses = trio.CapacityLimiter(1)
+        access_log = AccessLog() if config.log.access else None
+        sinks = [*usage_sinks, *([access_log] if access_log is not None else [])]
+        if config.auth.key_metrics:  # opt-in: series per key (cardinality)
+            sinks.append(KeyMetrics(self.metrics.registry))
+        prefixes = next((h.index for h in self.hooks.prepare if isinstance(h, PrefixMemory)), None)
+        return Pipeline(
+            Authenticate(self.auth),
+            Admit(r.admission, self.admission, self.cold, self.endpoints, self.metrics),
+            Schedule(
+                self.schedulers,
+                r.default_profile,
+                self.hooks,
+                self.endpoints,
+                self.metrics,
+                prefixes=prefixes,
+                kv_events=self.kv_events,
+                scraper=self.scraper,
+                big_parses=self._big_parses,
+                rng=self.rng,
+                rendezvous=rendezvous,
+            ),
+            Attempt(self.upstream, self.sleeper, self.metrics),
+            Account(
+                self.metrics,
+                sinks,
+                access_log=access_log,
+                auth=self.auth,
+                responses=self.responses,
+                hooks=self.hooks,
+            ),
+            self.endpoints,
+            self.metrics,
+            retries=r.retries,
+            cooldown=r.cooldown,
+            inject_usage=r.inject_usage,
+        )
 
     def set_catalog(self, catalog: Catalog) -> None:
         """Swap the models this router serves (a whole new value, never half a change)."""
@@ -228,9 +265,8 @@ class Router:
     def remove(self, endpoint_id: str) -> None:
         self.endpoints.remove(endpoint_id)
         self.admission.poke_all()
-        self.sessions.forget(endpoint_id)
-        if self.prefixes is not None:
-            self.prefixes.table.forget(endpoint_id)
+        for hook in self.hooks.forget:
+            hook.forget(endpoint_id)
 
     # -- background work --------------------------------------------------------
 
@@ -266,229 +302,6 @@ class Router:
 
     def _observe_wait(self, pool: str, band: str, outcome: str, seconds: float) -> None:
         self.metrics.queue_wait.labels(band, outcome).observe(seconds)
-
-    def scheduler_for(self, model: ModelConfig) -> Scheduler:
-        profile = model.routing_profile or self.config.router.default_profile
-        return self.schedulers[profile]
-
-    def choose(
-        self,
-        model: ModelConfig,
-        usable: Iterable[EndpointState],
-        session_key: str | None,
-        prefix: tuple[int, ...] | None,
-        now: float,
-        prompt_tokens: float = 0.0,
-        exact: Exact | None = None,
-    ) -> Decision | None:
-        """`prompt_tokens` is the request's estimated prompt size (its prefill work
-        where nothing is cached); `exact`, what the engines' own indexes say the
-        endpoints they cover hold of it (in place of the estimated table's guess)."""
-        candidates = [s.candidate(now) for s in usable]
-        sticky = self.sessions.lookup(session_key, now) if session_key else None
-        matches: dict[str, float] = {}
-        cached: dict[str, float] = {}
-        if self.prefixes is not None and prefix:
-            matches, cached = self.prefixes.lookup(prefix, now)
-        if exact is not None:
-            matches, cached = exact.overlay(matches, cached)
-        home_key = None
-        if self.rendezvous:
-            home_key = hash(("session", session_key)) if session_key else (prefix or (None,))[0]
-        decision = self.scheduler_for(model).pick(
-            candidates,
-            session_endpoint=sticky,
-            prefix_matches=matches,
-            rng=self.rng,
-            prompt_tokens=prompt_tokens,
-            cached_tokens=cached,
-            home_key=home_key,
-        )
-        if decision is not None:
-            # Remembered at once, not when the answer is complete: a burst of requests
-            # from a new session or tenant must not scatter before the first finishes.
-            if session_key:
-                self.sessions.record(session_key, decision.endpoint_id, now)
-            if prefix and self.prefixes is not None:
-                probe = self.prefixes.probe(
-                    prefix,
-                    decision.endpoint_id,
-                    now,
-                    prompt_tokens,
-                    cached.get(decision.endpoint_id, 0.0),
-                )
-                self.prefixes.table.record(prefix, decision.endpoint_id, now)
-                decision = attrs.evolve(decision, probe=probe)
-        return decision
-
-    def record_attempt(
-        self, state: EndpointState, ticket: Ticket, outcome: Outcome, failure: AttemptFailed | None
-    ) -> None:
-        now = trio.current_time()
-        ident = state.endpoint.id
-        if failure is not None:
-            self.metrics.upstream_errors.labels(ident, failure.kind).inc()
-            if failure.phase is not None:
-                self.metrics.timeouts.labels(ident, failure.phase).inc()
-        new_state = state.breaker.record(ticket, outcome, now)
-        if new_state is not None:
-            self.metrics.breaker_transitions.labels(ident, new_state.value).inc()
-
-    def finish(
-        self,
-        model: ModelConfig,
-        state: EndpointState,
-        delivery: Delivery,
-        *,
-        session_key: str | None,
-        latency: float,
-        caller: Caller = NOBODY,
-        status: int | None = None,
-        retries: int = 0,
-        request_id: str | None = None,
-        path: str | None = None,
-        queue_wait: float | None = None,
-        probe: Probe | None = None,
-        spills: tuple[tuple[str, str], ...] = (),
-    ) -> None:
-        """Account a request that reached the client (after `retries` attempts on
-        other endpoints). `probe` is what the prefix table said `state` held of the
-        prompt when it was picked: weighed against the engine's cached tokens.
-        `spills` are the request's routing decisions' (already counted in the metrics):
-        they go on its usage record, with the prediction's outcome, for the dashboard."""
-        now = trio.current_time()
-        ident = state.endpoint.id
-        m = self.metrics
-        code = status if status is not None else delivery.status
-        m.requests.labels(model.name, ident, str(code)).inc()
-        m.duration.labels(model.name).observe(latency)
-        if delivery.ttft is not None:
-            m.ttft.labels(model.name).observe(delivery.ttft)
-        if delivery.itl:
-            m.itl.observe_all(model.name, delivery.itl)
-        usage = delivery.usage
-        outcome: str | None = None
-        if usage is not None:
-            m.prompt_tokens.labels(model.name, ident).inc(usage.prompt_tokens)
-            m.completion_tokens.labels(model.name, ident).inc(usage.completion_tokens)
-            if usage.cached_tokens:
-                m.cached_tokens.labels(model.name, ident).inc(usage.cached_tokens)
-            if usage.estimated:
-                m.estimated_usage.labels(model.name).inc()
-            elif (
-                probe is not None
-                and usage.cached_tokens is not None  # absent is not 0: nothing to learn
-                and code == 200
-                and delivery.failure is None
-                and self.prefixes is not None
-            ):
-                # Blocks marked less than this request's own wait for its first token
-                # before it was picked may have been in their first prefill then.
-                settle = delivery.ttft if delivery.ttft is not None else latency
-                outcome = self.prefixes.observe(
-                    ident, probe, usage.cached_tokens, usage.prompt_tokens, settle
-                )
-                if outcome is not None:
-                    m.prefix_predictions.labels(model.name, outcome).inc()
-        # A retry may have served elsewhere than the pick: the session follows it.
-        if (
-            session_key
-            and code < 400
-            and delivery.failure is None
-            and self.sessions.lookup(session_key, now) != ident
-        ):
-            self.sessions.record(session_key, ident, now)
-        if caller.key_id is not None and usage is not None:
-            self.auth.used(caller.key_id, usage.prompt_tokens + usage.completion_tokens)
-        # Every request that reached an engine is recorded, failures without a usage
-        # block too (with no tokens): usage reports and the dashboard count errors.
-        self._record_usage(
-            model.name,
-            ident,
-            code,
-            usage if usage is not None else NO_USAGE,
-            latency,
-            caller,
-            ttft=delivery.ttft,
-            retries=retries,
-            request_id=request_id,
-            path=path,
-            queue_wait=queue_wait,
-            prediction=outcome,
-            spills=spills,
-        )
-
-    def refused(
-        self,
-        model: str,
-        status: int,
-        latency: float,
-        caller: Caller,
-        *,
-        retries: int = 0,
-        request_id: str | None = None,
-        path: str | None = None,
-        queue_wait: float | None = None,
-        error: str | None = None,
-        spills: tuple[tuple[str, str], ...] = (),
-    ) -> None:
-        """Account a request for `model` that llmgw answered with an error itself (no
-        endpoint served it): usage records and the dashboard count it as a failure."""
-        self._record_usage(
-            model,
-            None,
-            status,
-            NO_USAGE,
-            latency,
-            caller,
-            retries=retries,
-            request_id=request_id,
-            path=path,
-            queue_wait=queue_wait,
-            error=error,
-            spills=spills,
-        )
-
-    def _record_usage(
-        self,
-        model: str,
-        endpoint: str | None,
-        status: int,
-        usage: Usage,
-        latency: float,
-        caller: Caller,
-        *,
-        ttft: float | None = None,
-        retries: int,
-        request_id: str | None,
-        path: str | None,
-        queue_wait: float | None,
-        error: str | None = None,
-        prediction: str | None = None,
-        spills: tuple[tuple[str, str], ...] = (),
-    ) -> None:
-        """One request's record, with who sent it, to every usage sink."""
-        if self.usage_sinks:
-            record = UsageRecord(
-                model=model,
-                endpoint=endpoint,
-                status=status,
-                usage=usage,
-                latency=latency,
-                ttft=ttft,
-                key_id=caller.key_id,
-                band=caller.band,
-                tenant=caller.tenant,
-                retries=retries,
-                request_id=request_id,
-                path=path,
-                queue_wait=queue_wait,
-                error=error,
-                prediction=prediction,
-                spills=spills,
-            )
-            for sink in self.usage_sinks:
-                sink.record(record)
 
     # -- views (llmgw.admin.context.Traffic) ---------------------------------------
 
@@ -541,3 +354,40 @@ class Router:
                 }
             )
         return views
+
+
+def _kv_events(config: Config, metrics: RouterMetrics) -> KVEvents | None:
+    """The feeds of the endpoints that publish KV-cache events; None when none does."""
+    a = config.router.affinity
+    addresses = {e.id: e.kv_events for e in config.endpoints if e.kv_events}
+    if not addresses:
+        return None
+    return KVEvents(
+        addresses,
+        metrics.registry,
+        replays={e.id: e.kv_events_replay for e in config.endpoints if e.kv_events_replay},
+        timeout=a.kv_events_timeout,
+        max_blocks=a.kv_events_max_blocks,
+    )
+
+
+def _memories(config: Config, metrics: RouterMetrics) -> list[object]:
+    """The router's memories of requests: sessions' replicas and, unless the table is
+    sized 0, which replicas hold which prompt prefixes."""
+    a = config.router.affinity
+    found: list[object] = [SessionMemory(SessionTable(a.session_table_size, a.session_ttl))]
+    if a.prefix_table_size:
+        index = PrefixIndex(
+            a.prefix_block_chars, a.prefix_max_blocks, a.prefix_table_size, a.prefix_ttl
+        )
+        found.append(PrefixMemory(index, metrics.prefix_predictions))
+    return found
+
+
+def _plugins(schedulers: Mapping[str, Scheduler]) -> list[object]:
+    """Every plugin object of the schedulers (a profile's may have hooks)."""
+    return [
+        plugin
+        for s in schedulers.values()
+        for plugin in (*s.filters, *(scorer for scorer, _ in s.scorers), s.picker)
+    ]

@@ -19,9 +19,9 @@ Filters
   a replica's work for a request is the prompt tokens it still has to prefill for
   the router's requests that have not had their first token (``Candidate.prefill``)
   plus the tokens of this prompt its prefix cache does not hold, counted twice
-  (:data:`~.pipeline.MISS_WEIGHT`: computed there, and evicting another prefix that
+  (:data:`~.scheduler.MISS_WEIGHT`: computed there, and evicting another prefix that
   is then computed again), per unit of weight
-  (:meth:`~.pipeline.Context.work`). A cache miss on a 2,000-token prompt is 4,000
+  (:meth:`~.scheduler.Context.work`). A cache miss on a 2,000-token prompt is 4,000
   tokens of work; a queue of requests that hit the cache is a few hundred. So a
   prompt stays on the replica that holds it until that replica has more prefill
   ahead of it than a miss elsewhere would cost, the trade llm-d's 2026 scheduler
@@ -87,7 +87,7 @@ import math
 
 import attrs
 
-from llmgw.router.scheduling.pipeline import (
+from llmgw.router.scheduling.scheduler import (
     MISS_WEIGHT,
     Context,
     Spill,

@@ -10,8 +10,9 @@ process exists only there. A name that resolves to nothing is a configuration er
 (:func:`problems` lists them, :func:`build` raises them), never a silent default.
 
 A factory takes the :class:`Settings` and returns the plugin: an object with the one
-method of :class:`~.pipeline.Filter`, :class:`~.pipeline.Scorer` or
-:class:`~.pipeline.Picker`.
+method of :class:`~.scheduler.Filter`, :class:`~.scheduler.Scorer` or
+:class:`~.scheduler.Picker`, and any of the hooks of :mod:`.hooks` when it keeps state
+of its own. A name makes one object however many profiles name it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import attrs
 
 from llmgw.config import ConfigError, RoutingProfile, ScoringConfig
 from llmgw.router.scheduling import plugins as p
-from llmgw.router.scheduling.pipeline import Filter, Picker, Scheduler, Scorer
+from llmgw.router.scheduling.scheduler import Filter, Picker, Scheduler, Scorer
 from llmgw.router.scheduling.state import Saturation
 
 __all__ = [
@@ -180,29 +181,38 @@ def build(
     if wrong:
         raise ConfigError(wrong)
     settings = Settings(scoring, stale_after)
-    return {name: _scheduler(profile, settings) for name, profile in profiles.items()}
+    # One object per plugin name, whichever profiles name it: a plugin that keeps state
+    # through its hooks (llmgw.router.scheduling.hooks) keeps one table, as llm-d's do.
+    made: dict[tuple[Kind, str], Any] = {}
+    return {name: _scheduler(profile, settings, made) for name, profile in profiles.items()}
 
 
-def _make(kind: Kind, names_: Iterable[str], settings: Settings) -> list[Any]:
-    made = []
+def _make(
+    kind: Kind, names_: Iterable[str], settings: Settings, made: dict[tuple[Kind, str], Any]
+) -> list[Any]:
+    plugins = []
     for name in names_:
-        factory = _factory(kind, name)
-        assert factory is not None, name  # problems() found none missing
-        made.append(factory(settings))
-    return made
+        if (kind, name) not in made:
+            factory = _factory(kind, name)
+            assert factory is not None, name  # problems() found none missing
+            made[kind, name] = factory(settings)
+        plugins.append(made[kind, name])
+    return plugins
 
 
-def _scheduler(profile: RoutingProfile, settings: Settings) -> Scheduler:
+def _scheduler(
+    profile: RoutingProfile, settings: Settings, made: dict[tuple[Kind, str], Any]
+) -> Scheduler:
     filters = (*RULE_FILTERS[profile.rule], *profile.filters)
     # The built-in terms in a fixed order (a sum's rounding decides exact ties), then
     # the profile's own.
     weights = {n: 1.0 if n in ALWAYS else float(getattr(profile, n)) for n in BUILT_IN["scorer"]}
     weights |= dict(profile.scorers)
-    scorers = _make("scorer", weights, settings)
-    (picker,) = _make("picker", [profile.picker], settings)
+    scorers = _make("scorer", weights, settings, made)
+    (picker,) = _make("picker", [profile.picker], settings, made)
     return Scheduler(
         saturation=Saturation(settings.scoring, settings.stale_after),
-        filters=tuple(_make("filter", filters, settings)),
+        filters=tuple(_make("filter", filters, settings, made)),
         scorers=tuple(zip(scorers, weights.values(), strict=True)),
         picker=picker,
     )
@@ -222,7 +232,7 @@ def default_scheduler(
     wrong = problems({"profile": profile})
     if wrong:
         raise ConfigError(wrong)
-    built = _scheduler(profile, Settings(scoring, stale_after))
+    built = _scheduler(profile, Settings(scoring, stale_after), {})
     return attrs.evolve(
         built,
         filters=(*built.filters, *filters),

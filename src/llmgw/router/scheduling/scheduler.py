@@ -27,14 +27,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import attrs
 
 from llmgw.router.scheduling.state import Candidate, Estimate, Prior, Saturation
-
-if TYPE_CHECKING:
-    from llmgw.router.affinity import Probe
 
 __all__ = [
     "MISS_WEIGHT",
@@ -64,9 +61,8 @@ class Decision:
     # Per endpoint, the estimated tokens of this prompt it would have to prefill (what
     # the router charges to its prefill work while the request has no first token).
     uncached: Mapping[str, float] = attrs.field(factory=dict)
-    # What the router's prefix table said the chosen endpoint held of the prompt (set by
-    # the router, which owns the table): weighed against the engine's answer.
-    probe: Probe | None = None
+    # Per endpoint, the estimated tokens of this prompt its prefix cache holds.
+    held: Mapping[str, float] = attrs.field(factory=dict)
     # The request had a home (its session's replica, or replicas holding its prefix)
     # and went elsewhere: (affinity, reason), see :class:`Spill`.
     spill: tuple[str, str] | None = None
@@ -251,6 +247,7 @@ class Scheduler:
             tier=tier,
             ranked=ranked,
             uncached=uncached,
+            held=ctx.cached_tokens,
             spill=None
             if spill is None or chosen_id in spill.homes
             else (spill.affinity, spill.reason),
