@@ -224,16 +224,7 @@ async def _parts(
         extra=[m for m in catalog_for(config).models if m.name not in configured],
     )
     await models.load()  # runtime models from the store; invalid ones are skipped, logged
-    auth = batcher = None
-    if store is not None:
-        auth = Authenticator(
-            store.lookup_key,
-            store.count_keys,
-            required=config.auth.required,
-            cache_ttl=config.auth.cache_ttl,
-            limits=SharedLimits(store) if shared_limits(config, workers) else None,
-        )
-        batcher = UsageBatcher(store)
+    auth, batcher = _keys(config, store, workers)
     # The dashboard (DESIGN §8) sees the last 15 minutes of traffic.
     traffic = TrafficRing()
     controlled = agents is not None or any(m.profiles for m in models.catalog.models)
@@ -273,6 +264,54 @@ async def _parts(
             config, store, models, router, pool, activity, wakes, agents, timings, admin_sockets
         )
         models.subscribe(control.controller.set_catalog)
+    admin, admin_app, client_app = await _apps(
+        config, store, models, router, pool, control, traffic, admin_sockets
+    )
+    return Gateway(
+        config=config,
+        store=store,
+        models=models,
+        router=router,
+        pool=pool,
+        workers=workers,
+        control=control,
+        batcher=batcher,
+        traffic=traffic,
+        admin=admin,
+        admin_app=admin_app,
+        client_app=client_app,
+        client_sockets=client,
+        admin_sockets=admin_sockets,
+    )
+
+
+def _keys(
+    config: Config, store: Store | None, workers: Workers | None
+) -> tuple[Authenticator | None, UsageBatcher | None]:
+    """API keys and the usage batcher, where there is a store to keep them."""
+    if store is None:
+        return None, None
+    auth = Authenticator(
+        store.lookup_key,
+        store.count_keys,
+        required=config.auth.required,
+        cache_ttl=config.auth.cache_ttl,
+        limits=SharedLimits(store) if shared_limits(config, workers) else None,
+    )
+    return auth, UsageBatcher(store)
+
+
+async def _apps(
+    config: Config,
+    store: Store | None,
+    models: ModelRegistry,
+    router: Router,
+    pool: WorkerPool | None,
+    control: ControlPlane | None,
+    traffic: TrafficRing,
+    admin_sockets: Sequence[trio.SocketListener],
+) -> tuple[AdminApp, App, App]:
+    """The admin API, and the ASGI apps of the admin listeners and the client port."""
     admin_bound = _addresses(admin_sockets)
     loopback = _all_loopback(admin_bound)
     admin = AdminApp(
@@ -320,22 +359,7 @@ async def _parts(
         mount(build_app(admin, api=False, dashboard=client_dashboard), "/admin"),
         router.app,
     )
-    return Gateway(
-        config=config,
-        store=store,
-        models=models,
-        router=router,
-        pool=pool,
-        workers=workers,
-        control=control,
-        batcher=batcher,
-        traffic=traffic,
-        admin=admin,
-        admin_app=admin_app,
-        client_app=client_app,
-        client_sockets=client,
-        admin_sockets=admin_sockets,
-    )
+    return admin, admin_app, client_app
 
 
 def _control_plane(

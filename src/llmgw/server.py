@@ -56,31 +56,10 @@ async def serve(
         "admin_listen": _addresses(gateway.admin_sockets),
     }
     stop = shutdown if shutdown is not None else trio.Event()
-    router, pool, control = gateway.router, gateway.pool, gateway.control
-
-    async def trigger() -> None:
-        await stop.wait()
-
     async with trio.open_nursery() as background:
         if handle_signals:
             background.start_soon(_watch_signals, stop)
-        await background.start(router.run)
-        await background.start(gateway.traffic.run, (pool or router).admission_view)
-        if gateway.batcher is not None:
-            await background.start(gateway.batcher.run)
-        if control is not None:
-            await background.start(control.controller.run, control.agents)
-            # A network listener (gRPC) knows its bound addresses; the stub has none.
-            agent_addresses = getattr(control.agents, "addresses", None)
-            if agent_addresses is not None:
-                listening["agent_listen"] = list(agent_addresses)
-                log.info("control plane: listening for agents on %s", ", ".join(agent_addresses))
-            if control.shared is not None:
-                # After the agent listener is bound: the lease names its address.
-                await background.start(control.shared.leadership.run)
-                await background.start(control.shared.endpoints.run)
-                await background.start(control.shared.demand.run)
-                background.start_soon(_refresh_models, gateway.models)
+        await _start_background(gateway, background, listening)
         # The listeners return once `stop` is set and their streams have drained
         # (`router.drain_timeout`); then the background work is cancelled (the
         # usage batcher flushes what it holds on the way out).
@@ -94,56 +73,8 @@ async def serve(
                 # Even with nothing to reload: SIGHUP's default action would end the
                 # process, and service managers send it to reload (systemd's ExecReload
                 # in deploy/systemd).
-                background.start_soon(_reload_on_sighup, tls, pool)
-            served = [(gateway.admin_app, gateway.admin_sockets, "admin")]
-            if pool is not None and gateway.workers is not None:
-                # The workers serve the client port; its /admin pages come here over a
-                # private unix socket (llmgw.http.forward).
-                private = background_dir(background)
-                uds = await _unix_listener(os.path.join(private, "admin.sock"))
-                await listeners.start(
-                    partial(
-                        serve_hypercorn,
-                        trust_forwarded_client(gateway.client_app),
-                        [uds],
-                        hypercorn_listener_config(config, admin=True),
-                        shutdown_trigger=trigger,
-                    )
-                )
-                listening["listen"] = await listeners.start(
-                    partial(
-                        pool.run,
-                        list(gateway.workers.reserved),
-                        shutdown=stop,
-                        dashboard=os.path.join(private, "admin.sock"),
-                    )
-                )
-            else:
-                served.insert(0, (gateway.client_app, gateway.client_sockets, "client"))
-            for app, socks, name in served:
-                # The operator surface, and any TLS listener, on hypercorn; the plain
-                # client port on llmgw's own server (the hot path).
-                if name == "admin" or name in tls:
-                    await listeners.start(
-                        partial(
-                            serve_hypercorn,
-                            app,
-                            socks,
-                            hypercorn_listener_config(config, admin=name == "admin"),
-                            tls=tls.get(name),
-                            shutdown_trigger=trigger,
-                        )
-                    )
-                    continue
-                await listeners.start(
-                    partial(
-                        serve_listeners,
-                        app,
-                        list(socks),
-                        client_listener_config(config, router, name),
-                        shutdown_trigger=trigger,
-                    )
-                )
+                background.start_soon(_reload_on_sighup, tls, gateway.pool)
+            await _start_listeners(gateway, listeners, background, stop, tls, listening)
             log.info("client API listening on %s", ", ".join(listening["listen"]))
             log.info(
                 "admin (metrics, API, dashboard) listening on %s",
@@ -156,8 +87,99 @@ async def serve(
             )
             if on_listening is not None:
                 on_listening(listening)
-            task_status.started(router)
+            task_status.started(gateway.router)
         background.cancel_scope.cancel()
+
+
+async def _start_background(
+    gateway: Gateway, background: trio.Nursery, listening: Listening
+) -> None:
+    """The gateway's background work: scrapes, traffic, usage, the control plane."""
+    router, pool, control = gateway.router, gateway.pool, gateway.control
+    await background.start(router.run)
+    await background.start(gateway.traffic.run, (pool or router).admission_view)
+    if gateway.batcher is not None:
+        await background.start(gateway.batcher.run)
+    if control is None:
+        return
+    await background.start(control.controller.run, control.agents)
+    # A network listener (gRPC) knows its bound addresses; the stub has none.
+    agent_addresses = getattr(control.agents, "addresses", None)
+    if agent_addresses is not None:
+        listening["agent_listen"] = list(agent_addresses)
+        log.info("control plane: listening for agents on %s", ", ".join(agent_addresses))
+    if control.shared is not None:
+        # After the agent listener is bound: the lease names its address.
+        await background.start(control.shared.leadership.run)
+        await background.start(control.shared.endpoints.run)
+        await background.start(control.shared.demand.run)
+        background.start_soon(_refresh_models, gateway.models)
+
+
+async def _start_listeners(
+    gateway: Gateway,
+    listeners: trio.Nursery,
+    background: trio.Nursery,
+    stop: trio.Event,
+    tls: dict[str, ReloadableTls],
+    listening: Listening,
+) -> None:
+    """The client port (llmgw's own server, or the workers) and the admin listeners
+    (hypercorn), each returning once `stop` is set and its streams have drained."""
+    config, pool = gateway.config, gateway.pool
+
+    async def trigger() -> None:
+        await stop.wait()
+
+    served = [(gateway.admin_app, gateway.admin_sockets, "admin")]
+    if pool is not None and gateway.workers is not None:
+        # The workers serve the client port; its /admin pages come here over a
+        # private unix socket (llmgw.http.forward).
+        private = background_dir(background)
+        uds = await _unix_listener(os.path.join(private, "admin.sock"))
+        await listeners.start(
+            partial(
+                serve_hypercorn,
+                trust_forwarded_client(gateway.client_app),
+                [uds],
+                hypercorn_listener_config(config, admin=True),
+                shutdown_trigger=trigger,
+            )
+        )
+        listening["listen"] = await listeners.start(
+            partial(
+                pool.run,
+                list(gateway.workers.reserved),
+                shutdown=stop,
+                dashboard=os.path.join(private, "admin.sock"),
+            )
+        )
+    else:
+        served.insert(0, (gateway.client_app, gateway.client_sockets, "client"))
+    for app, socks, name in served:
+        # The operator surface, and any TLS listener, on hypercorn; the plain client
+        # port on llmgw's own server (the hot path).
+        if name == "admin" or name in tls:
+            await listeners.start(
+                partial(
+                    serve_hypercorn,
+                    app,
+                    socks,
+                    hypercorn_listener_config(config, admin=name == "admin"),
+                    tls=tls.get(name),
+                    shutdown_trigger=trigger,
+                )
+            )
+            continue
+        await listeners.start(
+            partial(
+                serve_listeners,
+                app,
+                list(socks),
+                client_listener_config(config, gateway.router, name),
+                shutdown_trigger=trigger,
+            )
+        )
 
 
 def _addresses(listeners: Sequence[trio.SocketListener]) -> list[str]:

@@ -125,14 +125,7 @@ class Router:
         self.responses = ResponseHomes()
         # How full replicas are by their engines' account: admission and the views.
         self.saturation = Saturation(r.scoring, r.stale_after)
-        self.schedulers = plugins.build(r.scoring, r.profiles, r.stale_after)
-        if unknown := set(schedulers or ()) - set(self.schedulers):
-            raise ValueError(
-                f"schedulers for profiles the configuration does not name: "
-                f"{', '.join(sorted(unknown))} (router.profiles has "
-                f"{', '.join(sorted(self.schedulers))})"
-            )
-        self.schedulers.update(schedulers or {})
+        self.schedulers = _schedulers(config, schedulers or {})
         # The engines' own prefix-cache indexes, where endpoints publish KV-cache
         # events (None otherwise: nothing on the request path then).
         self.kv_events = _kv_events(config, self.metrics)
@@ -164,8 +157,14 @@ class Router:
         self.metrics.watch_admission(self.admission.stats, self.pool_saturation)
         # The scheduling plugins' hooks: the router's memories, then the profiles'.
         self.hooks = hooks_of((*_memories(config, self.metrics), *_plugins(self.schedulers)))
+        # Bodies past BIG_BODY are parsed in a worker thread, one at a time.
+        self._big_parses = trio.CapacityLimiter(1)
         self.pipeline = self._pipeline(usage_sinks, rendezvous)
-        self.app = ClientApp(
+        self.app = self._client_app()
+
+    def _client_app(self) -> ClientApp:
+        r = self.config.router
+        return ClientApp(
             self.pipeline,
             catalog=lambda: self.catalog,
             endpoints=self.endpoints,
@@ -188,8 +187,6 @@ class Router:
     def _pipeline(self, usage_sinks: Sequence[UsageSink], rendezvous: bool) -> Pipeline:
         """The request pipeline's stages over this router's parts."""
         config, r = self.config, self.config.router
-        # Bodies past BIG_BODY are parsed in a worker thread, one at a time.
-        self._big_parses = trio.CapacityLimiter(1)
         access_log = AccessLog() if config.log.access else None
         sinks = [*usage_sinks, *([access_log] if access_log is not None else [])]
         if config.auth.key_metrics:  # opt-in: series per key (cardinality)
@@ -391,3 +388,15 @@ def _plugins(schedulers: Mapping[str, Scheduler]) -> list[object]:
         for s in schedulers.values()
         for plugin in (*s.filters, *(scorer for scorer, _ in s.scorers), s.picker)
     ]
+
+
+def _schedulers(config: Config, given: Mapping[str, Scheduler]) -> dict[str, Scheduler]:
+    """A scheduler per routing profile: built from the configuration, or given."""
+    r = config.router
+    built = plugins.build(r.scoring, r.profiles, r.stale_after)
+    if unknown := set(given) - set(built):
+        raise ValueError(
+            f"schedulers for profiles the configuration does not name: "
+            f"{', '.join(sorted(unknown))} (router.profiles has {', '.join(sorted(built))})"
+        )
+    return built | dict(given)
