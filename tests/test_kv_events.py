@@ -22,6 +22,7 @@ from llmgw.domain.kv_events import (
     encode_batch,
     encode_seq,
 )
+from llmgw.http.engine_client import EngineClient
 from llmgw.router.kv_events import Exact, KVEvents, replay_from, tokenize_body
 from llmgw.router.kv_index import BlockIndex, chain
 from llmgw.sim.model import Engine, EngineConfig, Request
@@ -337,9 +338,18 @@ def test_the_index_is_bounded_oldest_first() -> None:
 # -- a feed: sequence numbers, health ----------------------------------------------------
 
 
-def feeds(timeout: float = 10.0) -> tuple[KVEvents, CollectorRegistry]:
+def feeds(
+    timeout: float = 10.0, client: EngineClient | None = None
+) -> tuple[KVEvents, CollectorRegistry]:
     registry = CollectorRegistry()
-    return KVEvents({"e": "tcp://127.0.0.1:1"}, registry, timeout=timeout, max_blocks=100), registry
+    kv = KVEvents(
+        {"e": "tcp://127.0.0.1:1"},
+        registry,
+        client=client or EngineClient(1.0),
+        timeout=timeout,
+        max_blocks=100,
+    )
+    return kv, registry
 
 
 def message(seq: int, *events: Any) -> list[bytes]:
@@ -527,12 +537,11 @@ def _tokenize_with(handler: Any, timeout: float = 1.0) -> list[int] | None:
     import httpx
     import trio
 
-    kv, _ = feeds()
-    kv.tokenize_timeout = timeout
-
     async def main() -> list[int] | None:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            return await kv.tokenize(client, "http://engine", [(b"x-k", b"v")], b"{}")
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as given:
+            kv, _ = feeds(client=EngineClient(1.0, given))
+            kv.tokenize_timeout = timeout
+            return await kv.tokenize("http://engine", [(b"x-k", b"v")], b"{}")
 
     return trio.run(main)
 

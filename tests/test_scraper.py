@@ -12,6 +12,7 @@ import httpx
 import trio
 import trio.testing
 
+from llmgw.http.engine_client import EngineClient
 from llmgw.router.endpoints import Endpoint, EndpointRegistry
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.scraper import CAPACITY_EVERY, MAX_METRICS_BYTES, Scraper, capacity_in
@@ -28,7 +29,7 @@ def scraper(handler: httpx.MockTransport, capacity: int | None = None) -> Scrape
         RouterMetrics(),
         interval=1.0,
         timeout=1.0,
-        client=httpx.AsyncClient(transport=handler),
+        client=EngineClient(1.0, httpx.AsyncClient(transport=handler)),
     )
 
 
@@ -162,7 +163,7 @@ async def _serve_raw(
 def _native(port: int, capacity: int | None = None) -> Scraper:
     registry = EndpointRegistry(failure_threshold=3, cooldown=1.0)
     registry.upsert(Endpoint("e", f"http://127.0.0.1:{port}", ("m",), capacity=capacity))
-    return Scraper(registry, RouterMetrics(), interval=1.0, timeout=5.0)
+    return Scraper(registry, RouterMetrics(), client=EngineClient(5.0), interval=1.0, timeout=5.0)
 
 
 def _ok(body: bytes) -> bytes:
@@ -184,8 +185,8 @@ async def test_a_plain_http_page_is_read_by_llmgws_own_client_without_httpx() ->
         assert state.sample is not None and (state.sample.running, state.sample.waiting) == (3, 1)
         assert len(seen) == 2 and all(h.startswith(b"GET /metrics HTTP/1.1\r\n") for h in seen)
         assert not any(b"accept-encoding" in h.lower() for h in seen)  # pages come plain
-        assert s._client.made is False  # no httpx client was made
-        await s.aclose()
+        assert s.client._httpx.made is False  # no httpx client was made
+        await s.client.aclose()
         nursery.cancel_scope.cancel()
 
 
@@ -216,7 +217,7 @@ async def test_plain_http_failures_say_what_went_wrong_and_keep_the_last_sample(
                 state.last_error
             )
             assert state.sample is first
-            await s.aclose()
+            await s.client.aclose()
             nursery.cancel_scope.cancel()
 
 
@@ -231,5 +232,5 @@ async def test_llama_cpp_slots_are_read_over_plain_http_too() -> None:
         (state,) = s.endpoints.all()
         await s.scrape_one(state)
         assert state.reported_capacity == 6
-        await s.aclose()
+        await s.client.aclose()
         nursery.cancel_scope.cancel()

@@ -39,6 +39,7 @@ from llmgw.http.asgi import (
     read_body,
     send_json,
 )
+from llmgw.http.client import UpstreamError
 from llmgw.router import anthropic
 from llmgw.router.access import log_refusal
 from llmgw.router.auth import AuthError
@@ -224,8 +225,6 @@ class ClientApp:
                 router.auth.check_model(key, home.model, home.model)
             except AuthError as exc:
                 raise auth_error(exc) from None
-        import httpx  # on first use (llmgw.http.ondemand)
-
         url = state.endpoint.url.rstrip("/") + scope["path"]
         if action == "input_items" and scope.get("query_string"):
             url += "?" + bytes(scope["query_string"]).decode("latin-1")  # its paging
@@ -237,11 +236,11 @@ class ClientApp:
         try:
             try:
                 with trio.fail_after(router.config.router.timeouts.total):
-                    async with router.scraper.client.stream(
-                        scope["method"], url, headers=headers, timeout=None
+                    async with router.engine_client.request(
+                        scope["method"], url, headers
                     ) as answer:
                         data = bytearray()
-                        async for chunk in answer.aiter_bytes():
+                        while chunk := await answer.read_some():
                             data += chunk
                             if len(data) > limit:
                                 raise HttpError(
@@ -252,7 +251,7 @@ class ClientApp:
                                 )
                             budget.take(len(chunk))
                             held += len(chunk)
-            except (trio.TooSlowError, httpx.HTTPError) as exc:
+            except (trio.TooSlowError, UpstreamError) as exc:
                 why = "timed out" if isinstance(exc, trio.TooSlowError) else type(exc).__name__
                 raise HttpError(
                     502,

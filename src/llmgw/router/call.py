@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from llmgw.catalog import Catalog
     from llmgw.config import Config
     from llmgw.domain.catalog import ModelConfig
+    from llmgw.http.engine_client import EngineClient
     from llmgw.router.access import AccessLog
     from llmgw.router.admission import AdmissionController
     from llmgw.router.affinity import PrefixIndex, Probe
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
     from llmgw.router.proxy import Upstream
     from llmgw.router.responses import ResponseHomes
     from llmgw.router.scheduling import Decision
-    from llmgw.router.scraper import Scraper
     from llmgw.router.sleep import Sleeper
     from llmgw.router.tracing import RequestSpan, Tracing
 
@@ -115,7 +115,7 @@ class Routing(Protocol):
     admission: AdmissionController
     cold: ColdStarts
     responses: ResponseHomes
-    scraper: Scraper
+    engine_client: EngineClient
     sleeper: Sleeper
     upstream: Upstream
     access_log: AccessLog | None

@@ -23,6 +23,7 @@ from llmgw.domain.endpoints import Endpoint
 from llmgw.domain.engine_metrics import EngineSample
 from llmgw.domain.usage import Caller, Usage, UsageRecord, UsageSink
 from llmgw.domain.wakes import WakeSink
+from llmgw.http.engine_client import EngineClient
 from llmgw.router.access import AccessLog
 from llmgw.router.admission import AdmissionController
 from llmgw.router.affinity import PrefixIndex, Probe, SessionTable
@@ -109,9 +110,12 @@ class Router:
         self.metrics.watch_endpoints(self.endpoints, trio.current_time)
         for e in config.endpoints:
             self.endpoints.upsert(endpoint_from_config(e))
+        # Every exchange with an engine, through one client (`upstream`: a caller's
+        # httpx client to carry them all).
+        self.engine_client = EngineClient(r.timeouts.dial, upstream)
         self.upstream = Upstream(
             r.timeouts,
-            upstream,
+            self.engine_client,
             max_response_bytes=r.max_response_bytes,
             max_event_bytes=r.max_event_bytes,
             max_buffered_bytes=r.max_buffered_bytes,
@@ -144,6 +148,7 @@ class Router:
             KVEvents(
                 kv_addresses,
                 self.metrics.registry,
+                client=self.engine_client,
                 replays={e.id: e.kv_events_replay for e in config.endpoints if e.kv_events_replay},
                 timeout=a.kv_events_timeout,
                 max_blocks=a.kv_events_max_blocks,
@@ -174,6 +179,7 @@ class Router:
         self.scraper = Scraper(
             self.endpoints,
             self.metrics,
+            client=self.engine_client,
             interval=r.scrape_interval,
             timeout=r.scrape_timeout,
             scoring=r.scoring,
@@ -181,7 +187,9 @@ class Router:
             on_pass=self.admission.poke_all,
         )
         # Idle engines with sleep_after go to sleep; an attempt wakes them.
-        self.sleeper = Sleeper(self.endpoints, self.metrics, on_woke=on_woke)
+        self.sleeper = Sleeper(
+            self.endpoints, self.metrics, client=self.engine_client, on_woke=on_woke
+        )
         self.sleep_idle = sleep_idle
         # Requests waiting for an autoscaled model's first replica.
         self.cold = ColdStarts(wakes)
@@ -249,9 +257,7 @@ class Router:
                 task_status.started()
         finally:
             with trio.CancelScope(shield=True):
-                await self.upstream.aclose()
-                await self.scraper.aclose()
-                await self.sleeper.aclose()
+                await self.engine_client.aclose()
                 if self.tracing is not None:
                     await self.tracing.aclose()  # the last spans, bounded by its timeout
 

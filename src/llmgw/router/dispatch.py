@@ -339,7 +339,7 @@ class Dispatch:
             tokenizer = router.endpoints.get(router.rng.choice(feeds).endpoint_id)
             if tokenizer is not None:
                 e = tokenizer.endpoint
-                ids = await kv.tokenize(router.scraper.client, e.url, e.headers, body)
+                ids = await kv.tokenize(e.url, e.headers, body)
             tokenized[model.name] = ids
         ids = tokenized[model.name]
         if ids is None:
