@@ -50,7 +50,9 @@ class HttpxResponse:
     async def read_some(self) -> bytes:
         if self._chunks is None:
             r = self._response
-            self._chunks = r.aiter_bytes() if self._decoded else r.aiter_raw()
+            # One read already (a MockTransport's made of bytes) has only its decoded body.
+            raw = not self._decoded and not r.is_stream_consumed
+            self._chunks = r.aiter_raw() if raw else r.aiter_bytes()
         try:
             while True:
                 chunk = await anext(self._chunks)
