@@ -22,10 +22,12 @@ from llmgw.domain.kv_events import (
     encode_batch,
     encode_seq,
 )
+from llmgw.http.engine_client import EngineClient
 from llmgw.router.kv_events import Exact, KVEvents, replay_from, tokenize_body
 from llmgw.router.kv_index import BlockIndex, chain
 from llmgw.sim.model import Engine, EngineConfig, Request
 from llmgw_cli.server import parse_endpoint
+from tests.raw_engine import RawEngine, ok
 
 # -- vLLM's schema, rebuilt from the struct layout in vllm/distributed/kv_events.py ----------
 # (BlockStored: block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
@@ -337,9 +339,18 @@ def test_the_index_is_bounded_oldest_first() -> None:
 # -- a feed: sequence numbers, health ----------------------------------------------------
 
 
-def feeds(timeout: float = 10.0) -> tuple[KVEvents, CollectorRegistry]:
+def feeds(
+    timeout: float = 10.0, client: EngineClient | None = None
+) -> tuple[KVEvents, CollectorRegistry]:
     registry = CollectorRegistry()
-    return KVEvents({"e": "tcp://127.0.0.1:1"}, registry, timeout=timeout, max_blocks=100), registry
+    kv = KVEvents(
+        {"e": "tcp://127.0.0.1:1"},
+        registry,
+        client=client or EngineClient(1.0),
+        timeout=timeout,
+        max_blocks=100,
+    )
+    return kv, registry
 
 
 def message(seq: int, *events: Any) -> list[bytes]:
@@ -527,12 +538,11 @@ def _tokenize_with(handler: Any, timeout: float = 1.0) -> list[int] | None:
     import httpx
     import trio
 
-    kv, _ = feeds()
-    kv.tokenize_timeout = timeout
-
     async def main() -> list[int] | None:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            return await kv.tokenize(client, "http://engine", [(b"x-k", b"v")], b"{}")
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as given:
+            kv, _ = feeds(client=EngineClient(1.0, given))
+            kv.tokenize_timeout = timeout
+            return await kv.tokenize("http://engine", [(b"x-k", b"v")], b"{}")
 
     return trio.run(main)
 
@@ -585,3 +595,28 @@ def test_a_failed_or_slow_tokenize_is_none() -> None:
     began = time.monotonic()
     assert _tokenize_with(slow, timeout=0.2) is None
     assert time.monotonic() - began < 2
+
+
+async def test_tokenize_over_plain_http_reads_the_ids_and_refuses_a_longer_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import trio
+
+    from llmgw.router import kv_events
+
+    monkeypatch.setattr(kv_events, "MAX_TOKENIZE_BYTES", 20)
+    engine = RawEngine(
+        {b"/tokenize": ok(b'{"tokens": [5, 6]}'), b"/big/tokenize": ok(b'{"tokens": [1, 2, 3, 4]}')}
+    )
+    kv, _ = feeds()
+    async with trio.open_nursery() as nursery:
+        base = f"http://127.0.0.1:{await nursery.start(engine.serve)}"
+        with trio.fail_after(10):
+            assert await kv.tokenize(base, [(b"x-k", b"v")], b'{"prompt": "hi"}') == [5, 6]
+            assert await kv.tokenize(base + "/big", [], b"{}") is None  # 24 bytes: refused
+        nursery.cancel_scope.cancel()
+    ((_, head, body), _) = engine.requests
+    assert head.startswith(b"POST /tokenize HTTP/1.1\r\n") and body == b'{"prompt": "hi"}'
+    assert b"\r\nx-k: v\r\n" in head and b"\r\ncontent-type: application/json\r\n" in head
+    assert kv.client._httpx.made is False  # llmgw's own client, no httpx
+    await kv.client.aclose()

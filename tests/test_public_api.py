@@ -75,6 +75,38 @@ def test_a_worker_process_loads_the_data_plane_only() -> None:
     assert _fresh(code).strip() == "[]"
 
 
+def test_plain_http_engines_are_served_without_httpx() -> None:
+    # The engine client's every operation to a plain http:// engine, in a fresh
+    # interpreter: llmgw's own client carries them all, httpx is never imported.
+    code = (
+        "import sys, trio\n"
+        "from functools import partial\n"
+        "from llmgw.http.engine_client import EngineClient\n"
+        "OK = b'HTTP/1.1 200 OK\\r\\ncontent-length: 2\\r\\n\\r\\nok'\n"
+        "async def engine(stream):\n"
+        "    async with stream:\n"
+        "        while await stream.receive_some(65536):  # a request (no body) a read\n"
+        "            await stream.send_all(OK)\n"
+        "async def main():\n"
+        "    async with trio.open_nursery() as nursery:\n"
+        "        serve = partial(trio.serve_tcp, engine, 0, host='127.0.0.1')\n"
+        "        (listener,) = await nursery.start(serve)\n"
+        "        url = 'http://127.0.0.1:%d/' % listener.socket.getsockname()[1]\n"
+        "        client = EngineClient(2.0)\n"
+        "        response = await client.send(url, b'', [])\n"
+        "        answers = [await response.aread()]\n"
+        "        await response.aclose()\n"
+        "        async with client.request('GET', url) as page:\n"
+        "            answers.append(await page.aread(2))\n"
+        "        answers.append((await client.fetch('POST', url, body=b'', limit=2))[1])\n"
+        "        await client.aclose()\n"
+        "        nursery.cancel_scope.cancel()\n"
+        "    print(answers, 'httpx' in sys.modules)\n"
+        "trio.run(main)\n"
+    )
+    assert _fresh(code).strip() == "[b'ok', b'ok', b'ok'] False"
+
+
 def test_the_names_load_their_modules_on_first_use() -> None:
     code = (
         "import sys, llmgw\n"

@@ -78,7 +78,7 @@ async def test_under_a_server_without_the_watch_extension_a_disconnect_cancels()
         scope = _chat_scope()
         with trio.fail_after(30):
             await router.app(scope, receive, send)  # returns once the stream is cut
-        await router.upstream.aclose()
+        await router.engine_client.aclose()
         _assert_one_disconnect_and_nothing_in_flight(router)
 
 
@@ -110,13 +110,13 @@ async def test_a_client_gone_at_a_send_is_counted_as_a_disconnect() -> None:
                     assert exc.split(OSError)[1] is None, exc
                 else:
                     assert isinstance(exc, OSError), exc
-        await router.upstream.aclose()
+        await router.engine_client.aclose()
         _assert_one_disconnect_and_nothing_in_flight(router)
 
 
 async def test_an_injected_httpx_client_carries_unary_answers_and_streams() -> None:
     """A caller's own httpx client serves every endpoint (https:// engines take the
-    same path, router/upstream_httpx.py): answers, streams and usage come through."""
+    same path, llmgw/http/engine_httpx.py): answers, streams and usage come through."""
     with sim(model="m") as (_, base):
         async with httpx.AsyncClient() as injected:
             router = _router(base, upstream=injected)
@@ -132,7 +132,7 @@ async def test_an_injected_httpx_client_carries_unary_answers_and_streams() -> N
                     assert text.count(b'"delta"') >= 4
                 else:
                     assert json.loads(text)["usage"]["completion_tokens"] == 4
-            assert router.upstream.pool._targets == {}  # llmgw's own client never dialled
+            assert router.engine_client.pool._targets == {}  # llmgw's own client never dialled
             served = router.metrics.registry.get_sample_value(
                 "llmgw_completion_tokens_total", {"model": "m", "endpoint": "s0"}
             )

@@ -12,9 +12,11 @@ import httpx
 import trio
 import trio.testing
 
+from llmgw.http.engine_client import EngineClient
 from llmgw.router.endpoints import Endpoint, EndpointRegistry
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.scraper import CAPACITY_EVERY, MAX_METRICS_BYTES, Scraper, capacity_in
+from tests.raw_engine import RawEngine, ok
 
 VLLM_PAGE = b"vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n"
 LLAMA_PAGE = b"llamacpp:requests_processing 2\nllamacpp:requests_deferred 0\n"
@@ -28,7 +30,7 @@ def scraper(handler: httpx.MockTransport, capacity: int | None = None) -> Scrape
         RouterMetrics(),
         interval=1.0,
         timeout=1.0,
-        client=httpx.AsyncClient(transport=handler),
+        client=EngineClient(1.0, httpx.AsyncClient(transport=handler)),
     )
 
 
@@ -128,69 +130,35 @@ async def test_a_queue_never_becomes_a_capacity() -> None:
 # -- plain http:// pages: llmgw's own client, against a raw socket server ----------
 
 
-async def _serve_raw(
-    answers: dict[bytes, bytes],
-    seen: list[bytes],
-    cut: set[bytes] | None = None,
-    *,
-    task_status: trio.TaskStatus[int],
-) -> None:
-    """Answer each request by its path with the raw bytes in `answers` (keep-alive);
-    close the connection after answering a path in `cut`."""
-
-    async def one(stream: trio.SocketStream) -> None:
-        buffer = b""
-        async with stream:
-            while True:
-                while b"\r\n\r\n" not in buffer:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buffer += data
-                head, _, buffer = buffer.partition(b"\r\n\r\n")
-                seen.append(head)
-                path = head.split(b" ")[1]
-                await stream.send_all(answers[path])
-                if cut and path in cut:
-                    return
-
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    task_status.started(listeners[0].socket.getsockname()[1])
-    await trio.serve_listeners(one, listeners)
-
-
 def _native(port: int, capacity: int | None = None) -> Scraper:
     registry = EndpointRegistry(failure_threshold=3, cooldown=1.0)
     registry.upsert(Endpoint("e", f"http://127.0.0.1:{port}", ("m",), capacity=capacity))
-    return Scraper(registry, RouterMetrics(), interval=1.0, timeout=5.0)
-
-
-def _ok(body: bytes) -> bytes:
-    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    return Scraper(registry, RouterMetrics(), client=EngineClient(5.0), interval=1.0, timeout=5.0)
 
 
 async def test_a_plain_http_page_is_read_by_llmgws_own_client_without_httpx() -> None:
-    seen: list[bytes] = []
     chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
     chunked += b"%x\r\n%s\r\n0\r\n\r\n" % (len(VLLM_PAGE), VLLM_PAGE)
-    answers = {b"/metrics": chunked}
+    engine = RawEngine({b"/metrics": chunked})
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(_serve_raw, answers, seen, None)
+        port = await nursery.start(engine.serve)
         s = _native(port)
         (state,) = s.endpoints.all()
         await s.scrape_one(state)
         await s.scrape_one(state)  # on the kept-alive connection
         assert state.last_error is None
         assert state.sample is not None and (state.sample.running, state.sample.waiting) == (3, 1)
+        seen = engine.heads
         assert len(seen) == 2 and all(h.startswith(b"GET /metrics HTTP/1.1\r\n") for h in seen)
+        assert engine.connections == 1
         assert not any(b"accept-encoding" in h.lower() for h in seen)  # pages come plain
-        assert s._client.made is False  # no httpx client was made
-        await s.aclose()
+        assert s.client._httpx.made is False  # no httpx client was made
+        await s.client.aclose()
         nursery.cancel_scope.cancel()
 
 
 async def test_plain_http_failures_say_what_went_wrong_and_keep_the_last_sample() -> None:
-    big = _ok(VLLM_PAGE + b"# " + b"x" * MAX_METRICS_BYTES + b"\n")
+    big = ok(VLLM_PAGE + b"# " + b"x" * MAX_METRICS_BYTES + b"\n")
     cases = [
         (b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n", "/metrics answered 503"),
         (big, f"the /metrics page is larger than {MAX_METRICS_BYTES} bytes"),
@@ -198,10 +166,10 @@ async def test_plain_http_failures_say_what_went_wrong_and_keep_the_last_sample(
         (b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort", "scrape failed: "),
     ]
     for answer, error in cases:
-        answers = {b"/metrics": _ok(VLLM_PAGE)}
+        answers = {b"/metrics": ok(VLLM_PAGE)}
         cut: set[bytes] = set()
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(_serve_raw, answers, [], cut)
+            port = await nursery.start(RawEngine(answers, cut).serve)
             s = _native(port)
             (state,) = s.endpoints.all()
             await s.scrape_one(state)
@@ -216,20 +184,20 @@ async def test_plain_http_failures_say_what_went_wrong_and_keep_the_last_sample(
                 state.last_error
             )
             assert state.sample is first
-            await s.aclose()
+            await s.client.aclose()
             nursery.cancel_scope.cancel()
 
 
 async def test_llama_cpp_slots_are_read_over_plain_http_too() -> None:
     answers = {
-        b"/metrics": _ok(LLAMA_PAGE),
-        b"/props": _ok(json.dumps({"total_slots": 6}).encode()),
+        b"/metrics": ok(LLAMA_PAGE),
+        b"/props": ok(json.dumps({"total_slots": 6}).encode()),
     }
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(_serve_raw, answers, [], None)
+        port = await nursery.start(RawEngine(answers).serve)
         s = _native(port)
         (state,) = s.endpoints.all()
         await s.scrape_one(state)
         assert state.reported_capacity == 6
-        await s.aclose()
+        await s.client.aclose()
         nursery.cancel_scope.cancel()

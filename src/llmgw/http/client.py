@@ -8,7 +8,8 @@ state machine, a pool that walks all its connections per request, and one socket
 write each for the request's headers and body). This client does only what the
 router needs: one write per request (headers and body together), the answer parsed
 by llhttp, and keep-alive connections reused from a per-host LIFO list (O(1) per
-request). Plain `http://` only; the proxy uses httpx for anything else.
+request). Plain `http://` only: llmgw.http.engine_client sends anything else
+through httpx.
 
 :class:`Response` and :class:`Pool` do the I/O on the non-blocking sockets of
 `llmgw.http.sockio`. Failures are :class:`UpstreamError`: :class:`BadResponse` for an
@@ -291,15 +292,26 @@ class Pool:
         data = (b"".join(head) + body,) if len(body) <= _JOIN_BELOW else (b"".join(head), body)
         return await self._send(target, data)
 
-    async def get(self, url: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> Response:
-        """GET `url`; return once the response's status and headers are in. No
-        Accept-Encoding is sent: the body comes as the server keeps it, uncompressed."""
+    async def request(
+        self,
+        method: bytes,
+        url: str,
+        headers: Sequence[tuple[bytes, bytes]] = (),
+        body: bytes | None = None,
+    ) -> Response:
+        """`method` `url` with `body` (None: no body, nor its length, as for a GET);
+        return once the response's status and headers are in. No Accept-Encoding is
+        sent: the body comes as the server keeps it, uncompressed."""
         target = self.target(url)
-        head = [b"GET", target.rest]
+        head = [method, target.rest]
         for k, v in headers:
             head += (k, b": ", v, b"\r\n")
-        head.append(b"\r\n")
-        return await self._send(target, (b"".join(head),))
+        if body is None:
+            head.append(b"\r\n")
+            return await self._send(target, (b"".join(head),))
+        head.append(b"content-length: %d\r\n\r\n" % len(body))
+        data = (b"".join(head) + body,) if len(body) <= _JOIN_BELOW else (b"".join(head), body)
+        return await self._send(target, data)
 
     async def _send(self, target: Target, data: tuple[bytes, ...]) -> Response:
         # A pooled connection the server closed meanwhile fails before any byte of

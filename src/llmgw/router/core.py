@@ -23,6 +23,7 @@ from llmgw.domain.endpoints import Endpoint
 from llmgw.domain.engine_metrics import EngineSample
 from llmgw.domain.usage import UsageSink
 from llmgw.domain.wakes import WakeSink
+from llmgw.http.engine_client import EngineClient
 from llmgw.router.access import AccessLog
 from llmgw.router.admission import AdmissionController
 from llmgw.router.affinity import PrefixIndex, SessionTable
@@ -114,9 +115,12 @@ class Router:
         self.metrics.watch_endpoints(self.endpoints, trio.current_time)
         for e in config.endpoints:
             self.endpoints.upsert(endpoint_from_config(e))
+        # Every exchange with an engine, through one client (`upstream`: a caller's
+        # httpx client to carry them all).
+        self.engine_client = EngineClient(r.timeouts.dial, upstream)
         self.upstream = Upstream(
             r.timeouts,
-            upstream,
+            self.engine_client,
             max_response_bytes=r.max_response_bytes,
             max_event_bytes=r.max_event_bytes,
             max_buffered_bytes=r.max_buffered_bytes,
@@ -128,7 +132,7 @@ class Router:
         self.schedulers = _schedulers(config, schedulers or {})
         # The engines' own prefix-cache indexes, where endpoints publish KV-cache
         # events (None otherwise: nothing on the request path then).
-        self.kv_events = _kv_events(config, self.metrics)
+        self.kv_events = _kv_events(config, self.metrics, self.engine_client)
         self.rng = rng or random.Random()
         self.scrape = scrape
         # Keys come from the store, when there is one (llmgw.assembly).
@@ -141,6 +145,7 @@ class Router:
         self.scraper = Scraper(
             self.endpoints,
             self.metrics,
+            client=self.engine_client,
             interval=r.scrape_interval,
             timeout=r.scrape_timeout,
             scoring=r.scoring,
@@ -148,7 +153,9 @@ class Router:
             on_pass=self.admission.poke_all,
         )
         # Idle engines with sleep_after go to sleep; an attempt wakes them.
-        self.sleeper = Sleeper(self.endpoints, self.metrics, on_woke=on_woke)
+        self.sleeper = Sleeper(
+            self.endpoints, self.metrics, client=self.engine_client, on_woke=on_woke
+        )
         self.sleep_idle = sleep_idle
         # Requests waiting for an autoscaled model's first replica.
         self.cold = ColdStarts(wakes)
@@ -173,7 +180,7 @@ class Router:
                 self.responses,
                 self.endpoints,
                 self.pipeline.authenticate,
-                lambda: self.scraper.client,
+                self.engine_client,
                 self.upstream.budget,
                 max_bytes=r.max_response_bytes,
                 timeout=r.timeouts.total,
@@ -203,7 +210,6 @@ class Router:
                 self.metrics,
                 prefixes=prefixes,
                 kv_events=self.kv_events,
-                scraper=self.scraper,
                 big_parses=self._big_parses,
                 rng=self.rng,
                 rendezvous=rendezvous,
@@ -282,9 +288,7 @@ class Router:
                 task_status.started()
         finally:
             with trio.CancelScope(shield=True):
-                await self.upstream.aclose()
-                await self.scraper.aclose()
-                await self.sleeper.aclose()
+                await self.engine_client.aclose()
                 if self.tracing is not None:
                     await self.tracing.aclose()  # the last spans, bounded by its timeout
 
@@ -353,7 +357,7 @@ class Router:
         return views
 
 
-def _kv_events(config: Config, metrics: RouterMetrics) -> KVEvents | None:
+def _kv_events(config: Config, metrics: RouterMetrics, client: EngineClient) -> KVEvents | None:
     """The feeds of the endpoints that publish KV-cache events; None when none does."""
     a = config.router.affinity
     addresses = {e.id: e.kv_events for e in config.endpoints if e.kv_events}
@@ -362,6 +366,7 @@ def _kv_events(config: Config, metrics: RouterMetrics) -> KVEvents | None:
     return KVEvents(
         addresses,
         metrics.registry,
+        client=client,
         replays={e.id: e.kv_events_replay for e in config.endpoints if e.kv_events_replay},
         timeout=a.kv_events_timeout,
         max_blocks=a.kv_events_max_blocks,

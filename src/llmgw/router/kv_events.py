@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections import Counter as Tally
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import msgspec
 import trio
@@ -42,11 +42,10 @@ from llmgw.domain.kv_events import (
     decode_seq,
     encode_seq,
 )
+from llmgw.http.client import UpstreamError
+from llmgw.http.engine_client import EngineClient
 from llmgw.router.kv_index import BlockIndex, chain
 from llmgw.zmqio import recv_multipart
-
-if TYPE_CHECKING:
-    import httpx
 
 __all__ = ["Exact", "Feed", "KVEvents", "replay_from", "tokenize_body"]
 
@@ -135,12 +134,14 @@ class KVEvents:
         addresses: Mapping[str, str],
         registry: CollectorRegistry,
         *,
+        client: EngineClient,
         timeout: float,
         max_blocks: int,
         replays: Mapping[str, str] | None = None,
         tokenize_timeout: float = 1.0,
         replay_timeout: float = 1.0,
     ) -> None:
+        self.client = client  # the Router's engine client: tokenize calls
         self.timeout = timeout
         self.tokenize_timeout = tokenize_timeout
         self.replay_timeout = replay_timeout
@@ -383,7 +384,6 @@ class KVEvents:
 
     async def tokenize(
         self,
-        client: httpx.AsyncClient,
         base: str,
         headers: Sequence[tuple[bytes, bytes]],
         body: bytes,
@@ -392,19 +392,20 @@ class KVEvents:
         it cannot say in time."""
         with trio.move_on_after(self.tokenize_timeout):
             try:
-                response = await client.post(
+                status, content = await self.client.fetch(
+                    "POST",
                     base + "/tokenize",
-                    content=body,
-                    headers=[*headers, (b"content-type", b"application/json")],
-                    timeout=self.tokenize_timeout,
+                    [*headers, (b"content-type", b"application/json")],
+                    body=body,
+                    limit=MAX_TOKENIZE_BYTES,
                 )
-            except Exception as exc:  # any transport failure: fall back
+            except UpstreamError as exc:  # any transport failure, or too long: fall back
                 log.debug("tokenize at %s failed: %s", base, exc)
                 return None
-            if response.status_code != 200 or len(response.content) > MAX_TOKENIZE_BYTES:
+            if status != 200:
                 return None
             try:
-                tokens = _DECODE.decode(response.content).get("tokens")
+                tokens = _DECODE.decode(content).get("tokens")
             except (msgspec.DecodeError, AttributeError):
                 return None
             if isinstance(tokens, list) and all(

@@ -31,7 +31,7 @@ import json
 import math
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import attrs
 import trio
@@ -45,16 +45,11 @@ from llmgw.http.client import (
     BodyTooLarge,
     ConnectFailed,
     ConnectTimeout,
-    Pool,
-    Response,
     UpstreamError,
 )
-from llmgw.http.ondemand import OnDemandClient
+from llmgw.http.engine_client import EngineClient, UpstreamResponse, close_response
 from llmgw.router.breaker import Outcome, classify_status
 from llmgw.router.usage import estimate_prompt_tokens
-
-if TYPE_CHECKING:
-    import httpx
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
@@ -113,38 +108,6 @@ class Delivery:
     failure: AttemptFailed | None = None
     events: int = 0
     itl: list[float] = attrs.field(factory=list)
-
-
-class UpstreamResponse(Protocol):
-    """What the proxy needs of a response (llmgw.http.client.Response, or httpx's adapted)."""
-
-    status_code: int
-    headers_raw: list[tuple[bytes, bytes]]
-    content: bytes
-
-    @property
-    def complete(self) -> bool:
-        """The whole body is in hand: reading it will not wait."""
-        ...
-
-    async def read_some(self) -> bytes: ...
-
-    async def aread(self, limit: int | None = None) -> bytes: ...
-
-    async def aclose(self) -> None: ...
-
-
-async def _close(response: UpstreamResponse) -> None:
-    """Close even when cancelled (a client that left must still free the engine's slot),
-    but never wait long for it."""
-    if isinstance(response, Response):
-        # llmgw's own client closes without waiting (no checkpoint, so no Cancelled
-        # either): the shielded scope below would cost CPU on every request for nothing.
-        await response.aclose()
-        return
-    with trio.CancelScope(shield=True) as scope:
-        scope.deadline = trio.current_time() + 1.0
-        await response.aclose()
 
 
 def _relayed(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -349,12 +312,13 @@ class PathMissing(Exception):
 
 
 class Upstream:
-    """Sends requests to engines over pooled connections."""
+    """Sends requests to engines through `client` (the Router's one engine client)
+    and relays their answers."""
 
     def __init__(
         self,
         timeouts: Timeouts,
-        client: httpx.AsyncClient | None = None,
+        client: EngineClient,
         *,
         max_response_bytes: int,
         max_event_bytes: int,
@@ -366,26 +330,7 @@ class Upstream:
         self.budget = BufferBudget(
             max_response_bytes if max_buffered_bytes is None else max_buffered_bytes
         )
-        self.pool = Pool(timeouts.dial)
-        self._client = OnDemandClient(self._new_client, client)
-
-    def _new_client(self) -> httpx.AsyncClient:
-        from llmgw.router import upstream_httpx  # first use only: see its docstring
-
-        return upstream_httpx.new_client(self.timeouts)
-
-    async def aclose(self) -> None:
-        await self.pool.aclose()
-        await self._client.aclose()
-
-    async def _send(
-        self, url: str, body: bytes, headers: list[tuple[bytes, bytes]]
-    ) -> UpstreamResponse:
-        if not self._client.takes(url):
-            return await self.pool.post(url, body, headers)
-        from llmgw.router import upstream_httpx
-
-        return await upstream_httpx.send(self._client.get(), url, body, headers)
+        self.client = client
 
     async def _open(
         self,
@@ -401,7 +346,7 @@ class Upstream:
         scope = trio.CancelScope(deadline=deadline)
         try:
             with scope:
-                response = await self._send(url, body, headers)
+                response = await self.client.send(url, body, headers)
         except ConnectTimeout:
             raise AttemptFailed(
                 Outcome.TIMEOUT, f"could not connect within {self.timeouts.dial:g}s", phase="dial"
@@ -423,7 +368,7 @@ class Upstream:
             text = b""
             with trio.move_on_after(1.0), contextlib.suppress(UpstreamError):
                 text = await _read_prefix(response, _ERROR_BODY_BYTES)
-            await _close(response)
+            await close_response(response)
             message = text[:200].decode(errors="replace").strip()
             raise AttemptFailed(
                 classify_status(status),
@@ -455,7 +400,7 @@ class Upstream:
                     raise PathMissing(url)
                 payload = await self._whole_body(response, end, held)
             finally:
-                await _close(response)
+                await close_response(response)
             if payload is None:
                 raise AttemptFailed(
                     Outcome.TIMEOUT, f"body not complete within {t.total:g}s", phase="total"
@@ -521,7 +466,7 @@ class Upstream:
                 final,
             )
         finally:
-            await _close(response)
+            await close_response(response)
 
     async def _pass_on(
         self,

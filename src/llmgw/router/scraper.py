@@ -7,28 +7,24 @@ becomes the endpoint's capacity.
 Where nothing says a replica's capacity, none is guessed: its queue says when it is
 full (:mod:`llmgw.router.scheduling.state`).
 Both pages are read up to a bound (:data:`MAX_METRICS_BYTES`, :data:`MAX_CAPACITY_BYTES`):
-an engine cannot make the router hold an unbounded page. Plain http:// engines are
-read with llmgw's own client (:mod:`llmgw.http.client`), others with httpx.
+an engine cannot make the router hold an unbounded page. Pages come through the
+Router's engine client (:mod:`llmgw.http.engine_client`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import trio
 
 from llmgw.config import ScoringConfig
 from llmgw.domain.engine_metrics import parse_metrics
 from llmgw.domain.engines import DIALECT_ENTRIES
-from llmgw.http.client import BodyTooLarge, Pool, UpstreamError
-from llmgw.http.ondemand import OnDemandClient
+from llmgw.http.client import BodyTooLarge, UpstreamError
+from llmgw.http.engine_client import EngineClient
 from llmgw.router.endpoints import EndpointRegistry, EndpointState
 from llmgw.router.metrics import RouterMetrics
-
-if TYPE_CHECKING:
-    import httpx
 
 # A vLLM page is ~100 KB (histograms, a few label sets); far more is not a metrics page.
 MAX_METRICS_BYTES = 8 * 1024 * 1024
@@ -47,50 +43,6 @@ class FetchFailed(Exception):
     def __init__(self, why: str, status: int | None = None) -> None:
         super().__init__(why)
         self.status = status
-
-
-def _new_client() -> httpx.AsyncClient:
-    import httpx  # on first use (llmgw.http.ondemand)
-
-    return httpx.AsyncClient(timeout=None)
-
-
-async def _read_native(
-    pool: Pool, url: str, limit: int, headers: tuple[tuple[bytes, bytes], ...]
-) -> bytes:
-    try:
-        response = await pool.get(url, headers)
-        try:
-            if not 200 <= response.status_code < 300:
-                raise FetchFailed("not 2xx", response.status_code)
-            return await response.aread(limit)
-        finally:
-            await response.aclose()
-    except BodyTooLarge:
-        raise PageTooLarge(f"larger than {limit} bytes") from None
-    except UpstreamError as exc:
-        raise FetchFailed(str(exc)) from None
-
-
-async def _read_httpx(
-    client: httpx.AsyncClient, url: str, limit: int, headers: tuple[tuple[bytes, bytes], ...]
-) -> bytes:
-    import httpx  # on first use (llmgw.http.ondemand)
-
-    try:
-        async with client.stream("GET", url, headers=list(headers)) as response:
-            if not 200 <= response.status_code < 300:
-                raise FetchFailed("not 2xx", response.status_code)
-            body = bytearray()
-            # Decoded (httpx asks for gzip), and bounded as decoded: a small compressed
-            # page cannot expand past `limit` either.
-            async for chunk in response.aiter_bytes():
-                body += chunk
-                if len(body) > limit:
-                    raise PageTooLarge(f"larger than {limit} bytes")
-    except httpx.HTTPError as exc:
-        raise FetchFailed(str(exc) or type(exc).__name__) from None
-    return bytes(body)
 
 
 def capacity_in(body: bytes, field: str) -> int | None:
@@ -116,10 +68,10 @@ class Scraper:
         endpoints: EndpointRegistry,
         metrics: RouterMetrics,
         *,
+        client: EngineClient,
         interval: float,
         timeout: float,
         scoring: ScoringConfig | None = None,
-        client: httpx.AsyncClient | None = None,
         on_pass: Callable[[], None] | None = None,
     ) -> None:
         """`on_pass` is called after every pass, before :meth:`next_pass` returns."""
@@ -128,30 +80,25 @@ class Scraper:
         self.metrics = metrics
         self.interval = interval
         self.timeout = timeout
-        # Plain http:// pages come through llmgw's own client (about a sixth of
-        # httpx's CPU per scrape, and no httpx in the process).
-        self._client = OnDemandClient(_new_client, client)
-        self._pool = Pool(timeout)
+        self.client = client
         self._wake = trio.Event()
         self.on_pass = on_pass
         self._passed = trio.Event()
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        return self._client.get()
-
-    async def aclose(self) -> None:
-        await self._pool.aclose()
-        await self._client.aclose()
 
     async def fetch(
         self, url: str, limit: int, headers: tuple[tuple[bytes, bytes], ...] = ()
     ) -> bytes:
         """GET `url`'s body, at most `limit` bytes: PageTooLarge past it (stopping
         there), FetchFailed for a non-2xx answer or a broken exchange."""
-        if not self._client.takes(url):
-            return await _read_native(self._pool, url, limit, headers)
-        return await _read_httpx(self._client.get(), url, limit, headers)
+        try:
+            async with self.client.request("GET", url, headers) as response:
+                if not 200 <= response.status_code < 300:
+                    raise FetchFailed("not 2xx", response.status_code)
+                return await response.aread(limit)
+        except BodyTooLarge:
+            raise PageTooLarge(f"larger than {limit} bytes") from None
+        except UpstreamError as exc:
+            raise FetchFailed(str(exc)) from None
 
     def poke(self) -> None:
         """Scrape now (e.g. right after a new endpoint was added)."""

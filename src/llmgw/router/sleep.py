@@ -23,18 +23,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import trio
 
-from llmgw.http.ondemand import OnDemandClient
+from llmgw.http.client import UpstreamError
+from llmgw.http.engine_client import EngineClient
 from llmgw.router.breaker import Outcome
 from llmgw.router.endpoints import EndpointRegistry, EndpointState
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.proxy import AttemptFailed
-
-if TYPE_CHECKING:
-    import httpx
 
 __all__ = ["CHECK_EVERY", "Sleeper"]
 
@@ -47,12 +44,8 @@ CHECK_EVERY = 1.0
 SLEEP_TIMEOUT = 120.0
 #: A wake call's deadline (the weights back to the GPUs).
 WAKE_TIMEOUT = 120.0
-
-
-def _new_client() -> httpx.AsyncClient:
-    import httpx  # on first use (llmgw.http.ondemand)
-
-    return httpx.AsyncClient(timeout=SLEEP_TIMEOUT)
+#: An answer to a sleep or wake call is read this far, no further (vLLM's is empty).
+_ANSWER_BYTES = 65536
 
 
 class Sleeper:
@@ -61,12 +54,12 @@ class Sleeper:
         endpoints: EndpointRegistry,
         metrics: RouterMetrics,
         *,
-        client: httpx.AsyncClient | None = None,
+        client: EngineClient,
         on_woke: Callable[[EndpointState], None] | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.metrics = metrics
-        self._client = OnDemandClient(_new_client, client)
+        self.client = client
         self.on_woke = on_woke
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -91,20 +84,22 @@ class Sleeper:
         return now - state.used_at >= after
 
     async def _sleep(self, state: EndpointState) -> None:
-        import httpx  # on first use (llmgw.http.ondemand)
-
         model = state.endpoint.models[0]
         async with state.sleep_lock:
             try:
                 with trio.fail_after(SLEEP_TIMEOUT):
-                    r = await self._client.get().post(
-                        f"{state.endpoint.url.rstrip('/')}/sleep",
-                        params={"level": "1"},
-                        headers=list(state.endpoint.headers),
+                    status, _ = await self.client.fetch(
+                        "POST",
+                        f"{state.endpoint.url.rstrip('/')}/sleep?level=1",
+                        state.endpoint.headers,
+                        body=b"",
+                        limit=_ANSWER_BYTES,
                     )
-                failed = None if r.status_code == 200 else f"answered {r.status_code}"
-            except (httpx.HTTPError, trio.TooSlowError) as exc:
-                failed = type(exc).__name__
+                failed = None if status == 200 else f"answered {status}"
+            except trio.TooSlowError:
+                failed = f"no answer within {SLEEP_TIMEOUT:g}s"
+            except UpstreamError as exc:
+                failed = str(exc)
             if failed is not None:
                 state.asleep = False
                 state.used_at = trio.current_time()  # try again after another sleep_after
@@ -123,8 +118,6 @@ class Sleeper:
         wake. Called by an attempt, with the attempt counted in flight."""
         if not state.asleep:
             return
-        import httpx  # on first use (llmgw.http.ondemand)
-
         model = state.endpoint.models[0]
         async with state.sleep_lock:
             if not state.asleep:  # another attempt woke it meanwhile
@@ -132,27 +125,30 @@ class Sleeper:
             started = trio.current_time()
             try:
                 with trio.fail_after(WAKE_TIMEOUT):
-                    r = await self._client.get().post(
+                    status, _ = await self.client.fetch(
+                        "POST",
                         f"{state.endpoint.url.rstrip('/')}/wake_up",
-                        headers=list(state.endpoint.headers),
+                        state.endpoint.headers,
+                        body=b"",
+                        limit=_ANSWER_BYTES,
                     )
             except trio.TooSlowError:
                 self.metrics.sleeps.labels(model, "wake_failed").inc()
                 raise AttemptFailed(
                     Outcome.TIMEOUT, f"did not wake within {WAKE_TIMEOUT:g}s", phase="wake"
                 ) from None
-            except httpx.HTTPError as exc:
+            except UpstreamError as exc:  # its message names no address: it may reach clients
                 self.metrics.sleeps.labels(model, "wake_failed").inc()
                 raise AttemptFailed(
-                    Outcome.CONNECT_ERROR, f"could not be woken: {type(exc).__name__}", phase="wake"
+                    Outcome.CONNECT_ERROR, f"could not be woken: {exc}", phase="wake"
                 ) from None
-            if r.status_code != 200:
+            if status != 200:
                 self.metrics.sleeps.labels(model, "wake_failed").inc()
                 raise AttemptFailed(
                     Outcome.SERVER_ERROR,
-                    f"could not be woken: /wake_up answered {r.status_code}",
+                    f"could not be woken: /wake_up answered {status}",
                     phase="wake",
-                    status=r.status_code,
+                    status=status,
                 )
             state.asleep = False
             if self.on_woke is not None:
@@ -160,6 +156,3 @@ class Sleeper:
             self.metrics.sleeps.labels(model, "wake").inc()
             self.metrics.wake.labels(model).observe(trio.current_time() - started)
             log.info("endpoint %s woke in %.2fs", state.endpoint.id, trio.current_time() - started)
-
-    async def aclose(self) -> None:
-        await self._client.aclose()

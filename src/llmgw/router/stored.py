@@ -5,21 +5,20 @@ or that replica is gone."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
 
 from llmgw.http.asgi import send_json
+from llmgw.http.client import UpstreamError
 from llmgw.router.pipeline.request import REQUEST_ID
 from llmgw.router.proxy import BufferFull
 from llmgw.router.refusal import HttpError, buffer_full_error
 
 if TYPE_CHECKING:
-    import httpx
-
     from llmgw.domain.keys import KeyRecord
     from llmgw.http.asgi import Scope, Send
+    from llmgw.http.engine_client import EngineClient
     from llmgw.router.endpoints import EndpointRegistry
     from llmgw.router.pipeline.authenticate import Authenticate
     from llmgw.router.proxy import BufferBudget
@@ -41,18 +40,18 @@ class StoredResponses:
         responses: ResponseHomes,
         endpoints: EndpointRegistry,
         authenticate: Authenticate,
-        client: Callable[[], httpx.AsyncClient],
+        client: EngineClient,
         budget: BufferBudget,
         *,
         max_bytes: int,
         timeout: float,
     ) -> None:
-        """`client` gives the engines' client; answers are held whole (like any
+        """`client` is the engines' client; answers are held whole (like any
         non-streaming answer) within `budget`, up to `max_bytes` each and `timeout`."""
         self.responses = responses
         self.endpoints = endpoints
         self.authenticate = authenticate
-        self._client = client
+        self.client = client
         self.budget = budget
         self.max_bytes = max_bytes
         self.timeout = timeout
@@ -100,15 +99,11 @@ class StoredResponses:
         self, method: str, url: str, headers: list[tuple[bytes, bytes]], public: str
     ) -> tuple[int, bytearray]:
         """The replica's answer, taken from the budget (the caller gives it back)."""
-        import httpx  # on first use (llmgw.http.ondemand)
-
         data = bytearray()
         try:
             with trio.fail_after(self.timeout):
-                async with self._client().stream(
-                    method, url, headers=headers, timeout=None
-                ) as answer:
-                    async for chunk in answer.aiter_bytes():
+                async with self.client.request(method, url, headers) as answer:
+                    while chunk := await answer.read_some():
                         if len(data) + len(chunk) > self.max_bytes:
                             raise HttpError(
                                 502,
@@ -118,9 +113,9 @@ class StoredResponses:
                             )
                         self.budget.take(len(chunk))
                         data += chunk
-        except (trio.TooSlowError, httpx.HTTPError) as exc:
+        except (trio.TooSlowError, UpstreamError) as exc:
             self.budget.give(len(data))
-            why = "timed out" if isinstance(exc, trio.TooSlowError) else type(exc).__name__
+            why = "timed out" if isinstance(exc, trio.TooSlowError) else str(exc)
             raise HttpError(
                 502,
                 f"endpoint {public!r} did not answer: {why}",

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from llmgw.router.metrics import RouterMetrics
     from llmgw.router.pipeline.request import Request
     from llmgw.router.scheduling import Decision, Scheduler
-    from llmgw.router.scraper import Scraper
 
 __all__ = ["Picked", "Prompt", "Schedule"]
 
@@ -66,7 +65,6 @@ class Schedule:
         *,
         prefixes: PrefixIndex | None,
         kv_events: KVEvents | None,
-        scraper: Scraper,
         big_parses: trio.CapacityLimiter,
         rng: random.Random,
         rendezvous: bool = False,
@@ -83,7 +81,6 @@ class Schedule:
         self.metrics = metrics
         self.prefixes = prefixes
         self.kv = kv_events
-        self.scraper = scraper
         self._big_parses = big_parses
         self.rng = rng
         self.rendezvous = rendezvous
@@ -200,7 +197,7 @@ class Schedule:
             tokenizer = self.endpoints.get(self.rng.choice(feeds).endpoint_id)
             if tokenizer is not None:
                 e = tokenizer.endpoint
-                ids = await kv.tokenize(self.scraper.client, e.url, e.headers, body)
+                ids = await kv.tokenize(e.url, e.headers, body)
             prompt.tokens[model.name] = ids
         ids = prompt.tokens[model.name]
         if ids is None:

@@ -1,19 +1,19 @@
-"""The proxy's way to engines its own client does not reach: httpx.
+"""The engine client's way to engines llmgw's own client does not reach: httpx.
 
-Used for https:// endpoints and for a client a library user injects (Router's
+Used for https:// engines and for a client a library user injects (Router's
 `upstream=`); plain http:// goes through :mod:`llmgw.http.client`. Imported only when
-first needed, so a gateway with plain-HTTP engines never loads httpx on the hot path
-(a worker process saves its import, about 6.5 MB). httpx's errors become the
-UpstreamError family, named by class only: httpx's messages may carry the URL.
+first needed (:mod:`llmgw.http.engine_client`), so a gateway with plain-HTTP engines
+never loads httpx (a worker process saves its import, about 6.5 MB). httpx's errors
+become the UpstreamError family, named by class only: httpx's messages may carry the
+URL.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import httpx
 
-from llmgw.config import Timeouts
 from llmgw.http.client import (
     BadResponse,
     BodyTooLarge,
@@ -32,10 +32,12 @@ def _error(exc: httpx.HTTPError) -> UpstreamError:
 
 
 class HttpxResponse:
-    """An httpx response seen as the proxy's UpstreamResponse."""
+    """An httpx response seen as llmgw.http.engine_client.UpstreamResponse: its body
+    as sent (`decoded` False: the proxy relays it) or with its content coding removed."""
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: httpx.Response, decoded: bool) -> None:
         self._response = response
+        self._decoded = decoded
         self._chunks: AsyncIterator[bytes] | None = None
         self.status_code = response.status_code
         self.headers_raw = list(response.headers.raw)
@@ -47,7 +49,10 @@ class HttpxResponse:
 
     async def read_some(self) -> bytes:
         if self._chunks is None:
-            self._chunks = self._response.aiter_raw()
+            r = self._response
+            # One read already (a MockTransport's made of bytes) has only its decoded body.
+            raw = not self._decoded and not r.is_stream_consumed
+            self._chunks = r.aiter_raw() if raw else r.aiter_bytes()
         try:
             while True:
                 chunk = await anext(self._chunks)
@@ -59,6 +64,8 @@ class HttpxResponse:
             raise _error(exc) from None
 
     async def aread(self, limit: int | None = None) -> bytes:
+        """The whole body; BodyTooLarge once it is longer than `limit` bytes (as
+        decoded, when it is: a small compressed body cannot expand past it either)."""
         parts: list[bytes] = []
         size = 0
         while chunk := await self.read_some():
@@ -73,9 +80,11 @@ class HttpxResponse:
         await self._response.aclose()
 
 
-def new_client(timeouts: Timeouts) -> httpx.AsyncClient:
+def new_client(dial_timeout: float) -> httpx.AsyncClient:
+    """Only the connect is timed here: every caller bounds its exchange with a cancel
+    scope of its own deadline."""
     return httpx.AsyncClient(
-        timeout=httpx.Timeout(connect=timeouts.dial, read=None, write=None, pool=None),
+        timeout=httpx.Timeout(connect=dial_timeout, read=None, write=None, pool=None),
         transport=httpx.AsyncHTTPTransport(
             retries=0,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
@@ -85,12 +94,18 @@ def new_client(timeouts: Timeouts) -> httpx.AsyncClient:
 
 
 async def send(
-    client: httpx.AsyncClient, url: str, body: bytes, headers: list[tuple[bytes, bytes]]
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    headers: Sequence[tuple[bytes, bytes]],
+    body: bytes | None,
+    *,
+    decoded: bool,
 ) -> HttpxResponse:
-    """POST `body` to `url`; the response once its head is in."""
-    request = client.build_request("POST", url, content=body, headers=headers)
+    """`method` `url` with `body`; the response once its head is in."""
+    request = client.build_request(method, url, content=body, headers=list(headers))
     try:
-        response = HttpxResponse(await client.send(request, stream=True))
+        response = HttpxResponse(await client.send(request, stream=True), decoded)
     except httpx.ConnectTimeout:
         raise ConnectTimeout("connect timeout") from None
     except httpx.ConnectError as exc:
