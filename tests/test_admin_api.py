@@ -22,6 +22,7 @@ import pytest
 import trio
 import trio.testing
 
+from llmgw import extras
 from llmgw.admin.api import AdminApp
 from llmgw.admin.contract import ApiError
 from llmgw.config import Config, load
@@ -939,3 +940,16 @@ async def test_a_stuck_resolver_holds_up_the_start_only_briefly(
         release.set()
     assert names == {socket.gethostname()}
     assert "no FQDN for this machine" in caplog.text
+
+
+async def test_a_profile_without_the_profiler_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(extras.EXTRAS, "profiling", {"llmgw_no_such_module": "pyinstrument"})
+    async with admin_api(None) as a:
+        r = await a.client.post("/api/v1/debug/profile", params={"seconds": "1"})
+    assert r.status_code == 501  # and documented: admin_api checks every answer
+    assert error(r)["message"] == (
+        "a CPU profile needs pyinstrument, not installed: pip install 'llmgw[profiling]'"
+    )
+    assert error(r)["code"] == "profiler_missing"

@@ -22,7 +22,8 @@ import trio
 
 from llmgw.agent import supervisor as supervisor_module
 from llmgw.agent.adapters import LaunchSpec, SimAdapter
-from llmgw.agent.supervisor import Supervisor, _record, shard_name, sweep_orphans
+from llmgw.agent.records import sweep_orphans, write_record
+from llmgw.agent.supervisor import Supervisor, shard_name
 from llmgw.config import DeploymentProfile
 from llmgw.domain.engine_metrics import parse_metrics
 from llmgw.domain.fleet import NodeInfo, ShardState
@@ -428,7 +429,7 @@ async def test_a_healthy_engine_a_killed_agent_left_is_adopted_ready(
 
         with trio.fail_after(30):
             await wait_until(healthy, "the engine healthy", timeout=25)
-            _record(run, shard_name(cmd), engine.pid, cmd, spec)
+            write_record(run, shard_name(cmd), engine.pid, cmd, spec)
             assert engine.stdout is not None
             engine.stdout.close()  # the agent that read its output is gone
             async with supervising(tmp_path) as (supervisor, reports):
@@ -461,12 +462,14 @@ async def test_a_left_engine_that_is_unhealthy_is_stopped_and_a_reused_pid_left_
     try:
         cmd = sim_start(reserve())
         unhealthy = LaunchSpec(tuple(argv), {}, "http://127.0.0.1:1/health", None)
-        _record(run, "hung-r0-e1", hung.pid, attrs.evolve(cmd, replica_id="hung"), unhealthy)
-        _record(run, "reused-r0-e1", reused.pid, attrs.evolve(cmd, replica_id="reused"), unhealthy)
+        write_record(run, "hung-r0-e1", hung.pid, attrs.evolve(cmd, replica_id="hung"), unhealthy)
+        write_record(
+            run, "reused-r0-e1", reused.pid, attrs.evolve(cmd, replica_id="reused"), unhealthy
+        )
         record = run / "reused-r0-e1.json"  # as if the pid were another process's now
         record.write_text(json.dumps({**json.loads(record.read_text()), "start": 1}))
         rank1 = attrs.evolve(cmd, replica_id="two", rank=1, node_count=2)
-        _record(run, "two-r1-e1", headless.pid, rank1, LaunchSpec(tuple(argv), {}, None, None))
+        write_record(run, "two-r1-e1", headless.pid, rank1, LaunchSpec(tuple(argv), {}, None, None))
         with trio.fail_after(20):
             async with supervising(tmp_path) as (supervisor, reports):
                 adopted = await reports.state(ShardState.READY, "two")

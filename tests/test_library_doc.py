@@ -12,9 +12,11 @@ from pathlib import Path
 DOC = Path(__file__).resolve().parent.parent / "docs" / "library.md"
 
 
-def example(doc: str) -> str:
-    (code,) = re.findall(r"^```python\n(.*?)^```$", doc, re.DOTALL | re.MULTILINE)
-    return code
+def example(doc: str, heading: str = "## A complete custom gateway") -> str:
+    """The Python block of the section under `heading`."""
+    section = doc.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"^```python\n(.*?)^```$", section, re.DOTALL | re.MULTILINE)
+    return str(code)
 
 
 def run(code: str, tmp_path: Path) -> str:

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from llmgw.sim import tokens
+from tests.anthropic_shapes import WEATHER
 from tests.procs import Server, server, sim
-from tests.test_anthropic_translate import WEATHER
 from tests.waiting import wait_for
 
 CONFIG = """

@@ -19,6 +19,7 @@ import pytest
 import trio
 
 from llmgw import config as cfg
+from llmgw import extras
 from llmgw.router import tracing
 from tests.otlp_receiver import Receiver, Span, otlp_receiver
 from tests.procs import server, set_faults, sim
@@ -367,7 +368,8 @@ def test_an_exporter_key_is_hidden_in_the_printed_configuration() -> None:
 def test_tracing_without_its_packages_is_a_configuration_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(tracing, "_NEEDS", {"llmgw_no_such_module.sdk": "opentelemetry-sdk"})
+    needs = {"llmgw_no_such_module.sdk": "opentelemetry-sdk"}
+    monkeypatch.setitem(extras.EXTRAS, "tracing", needs)
     (problem,) = _problems(endpoint="http://c/v1/traces")
     assert problem == (
         "tracing.endpoint: tracing needs opentelemetry-sdk, not installed: "

@@ -1,6 +1,7 @@
-"""The production install path: `python -m build --wheel`, the wheel into a fresh venv,
-and `llmgw-server --demo` from that venv serving a chat completion, then stopping on
-SIGTERM (docs/operations.md).
+"""The production install path: `python -m build --wheel`, the wheel into a fresh venv
+(first alone, with none of the extras and `llmgw-server` naming the one it needs, then
+with `[server]`), and `llmgw-server --demo` from that venv serving a chat completion,
+then stopping on SIGTERM (docs/operations.md).
 
 The wheel is built from a copy of the working tree's files (tracked, and new ones not
 ignored), so the build writes nothing into the checkout. The fresh venv has nothing
@@ -11,6 +12,7 @@ here as it would for an operator.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -109,11 +111,13 @@ def test_the_wheel_installs_and_serves_the_demo(
     # saves bootstrapping one; what lands in the venv is the wheel and its dependencies.
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], 120)
     python = venv / "bin" / "python"
-    _run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", str(wheel)],
-        INSTALL_TIMEOUT,
-        env=_clean_env(),
-    )
+
+    def install(requirement: str) -> None:
+        pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet"]
+        _run([*pip, requirement], INSTALL_TIMEOUT, env=_clean_env())
+
+    # The base install first: the library and the data plane, none of the extras.
+    install(str(wheel))
     rundir = tmp_path / "run"
     rundir.mkdir()
     where = _run(
@@ -124,6 +128,32 @@ def test_the_wheel_installs_and_serves_the_demo(
     )
     site = str(venv / "lib")
     assert all(path.startswith(site) for path in where.split()), where
+    missing = (
+        "import json, llmgw.extras as e; print(json.dumps({x: e.missing(x) for x in e.EXTRAS}))"
+    )
+    assert json.loads(_run([str(python), "-c", missing], 60, cwd=rundir, env=_clean_env())) == {
+        "server": ["quart-trio", "hypercorn", "jinja2"],
+        "postgres": ["psycopg"],
+        "ctl": ["rich"],
+        "profiling": ["pyinstrument"],
+        "tracing": ["opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"],
+    }
+    refused = subprocess.run(
+        [str(venv / "bin" / "llmgw-server"), "--demo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=rundir,
+        env=_clean_env(),
+    )
+    assert (refused.returncode, refused.stderr) == (
+        1,
+        "llmgw-server: error: llmgw-server needs quart-trio, hypercorn, jinja2, not "
+        "installed: pip install 'llmgw[server]'\n",
+    )
+    # What the docs tell an operator to install (docs/operations.md).
+    install(f"{wheel}[server]")
 
     base, last = engine_port_range(51)
     ready = rundir / "ready.json"

@@ -26,15 +26,12 @@ import os
 import secrets
 import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
-from llmgw import units
-from llmgw.admin.api import AdminApp
-from llmgw.admin.hosts import allowed_hosts, machine_names, wildcard
-from llmgw.admin.leader import LeaderTls, ToLeader
-from llmgw.admin.web import asgi, build_app, mount
+from llmgw import extras, units
 from llmgw.config import Config, ConfigError, ControlConfig
 from llmgw.control.activity import ActivityTracker
 from llmgw.control.controller import Controller
@@ -42,7 +39,6 @@ from llmgw.control.fleet_metrics import register_fleet_metrics
 from llmgw.control.instances import SharedDemand, SharedEndpoints
 from llmgw.control.leadership import Leadership, wall_clock
 from llmgw.control.scaler import router_demand
-from llmgw.dashboard import DashboardApp, TrafficRing
 from llmgw.domain.usage import UsageSink
 from llmgw.domain.wakes import Wakes
 from llmgw.http.asgi import App, split, under
@@ -57,6 +53,10 @@ from llmgw.store.base import Store
 from llmgw.store.usage import UsageBatcher
 from llmgw.transport.base import AgentListener
 from llmgw.workers.pool import WorkerPool
+
+if TYPE_CHECKING:
+    from llmgw.admin.api import AdminApp
+    from llmgw.dashboard import TrafficRing
 
 __all__ = [
     "ControlPlane",
@@ -190,6 +190,9 @@ async def assemble(
     every request's usage record goes to `usage_sinks` too (workers' included)."""
     if workers is not None and client_listeners is not None:
         raise ValueError("workers bind the client port themselves: no client_listeners")
+    # Every gateway has an admin listener (admin API, dashboard): a Router alone does
+    # not need one (docs/library.md).
+    extras.require("llmgw.assemble (the admin API and dashboard)", "server")
     # Before anything is opened: every plugin a routing profile names resolves (in
     # the worker processes too, when there are any).
     if wrong := plugins.problems(config.router.profiles, portable=workers is not None):
@@ -216,6 +219,12 @@ async def _parts(
     schedulers: Mapping[str, Scheduler] | None,
     usage_sinks: Sequence[UsageSink],
 ) -> Gateway:
+    # The `server` extra's (quart, jinja2), checked by assemble.
+    from llmgw.admin.api import AdminApp
+    from llmgw.admin.leader import LeaderTls, ToLeader
+    from llmgw.admin.web import asgi, build_app, mount
+    from llmgw.dashboard import DashboardApp, TrafficRing
+
     configured = {m.name for m in config.models}
     models = ModelRegistry(
         config.models,
@@ -441,6 +450,8 @@ async def admin_hosts(config: Config, bound: Sequence[str], loopback: bool) -> f
     """The Host names the admin listener answers to (llmgw.admin.hosts says which and
     why). Off loopback too: there the API wants an admin key, but /metrics, the health
     checks and the login page do not, and a rebound page could still read them."""
+    from llmgw.admin.hosts import allowed_hosts, machine_names, wildcard  # llmgw[server]
+
     machine: set[str] = set()
     if not loopback:
         machine = await machine_names(any(wildcard(a) for a in bound))

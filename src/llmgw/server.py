@@ -12,18 +12,21 @@ import ssl
 import tempfile
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 
-from llmgw import units
+from llmgw import extras, units
 from llmgw.assembly import Gateway
-from llmgw.http.hyper import ReloadableTls, TlsFiles, serve_hypercorn
 from llmgw.http.server import serve_listeners
 from llmgw.models import ModelRegistry
 from llmgw.router.core import Router
 from llmgw.router.listener import client_listener_config, hypercorn_listener_config
 from llmgw.store.base import StoreError
 from llmgw.workers.pool import WorkerPool, trust_forwarded_client
+
+if TYPE_CHECKING:
+    from llmgw.http.hyper import ReloadableTls
 
 log = logging.getLogger("llmgw.server")
 # httpx logs every request at INFO: far too much on a proxy's hot path.
@@ -50,6 +53,10 @@ async def serve(
 
     Once every listener is bound, `on_listening` gets their addresses
     (:data:`Listening`), then `task_status` the router."""
+    # The admin listener, and every TLS one, are hypercorn's (llmgw[server]).
+    extras.require("llmgw.serve (the admin and TLS listeners)", "server")
+    from llmgw.http.hyper import ReloadableTls, TlsFiles, serve_hypercorn
+
     config = gateway.config
     listening: Listening = {
         "listen": _addresses(gateway.client_sockets),

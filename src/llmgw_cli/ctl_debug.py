@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from llmgw.admin.debug import (
+from llmgw.admin.bounds import (
     DEFAULT_HEAP_LINES,
     DEFAULT_PROFILE_SECONDS,
     MAX_HEAP_LINES,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime
 
-from llmgw.admin.usage import MIN_BUCKET, MOMENT_RE
+from llmgw.admin.bounds import MIN_BUCKET, MOMENT_RE
 from llmgw_cli._common import positive_duration
 
 

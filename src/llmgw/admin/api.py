@@ -499,6 +499,7 @@ class AdminApp:
                     ),
                     **_errors(400),
                     409: Out("a profile is running (one at a time)", ErrorBody),
+                    501: Out("the profiler is not installed (llmgw[profiling])", ErrorBody),
                 },
                 query=debug.profile_query(self.max_profile_seconds),
             ),

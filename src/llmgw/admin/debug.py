@@ -38,6 +38,14 @@ import attrs
 import trio
 from quart import Response
 
+from llmgw import extras
+from llmgw.admin.bounds import (
+    DEFAULT_HEAP_LINES,
+    DEFAULT_PROFILE_SECONDS,
+    MAX_HEAP_LINES,
+    MAX_PROFILE_SECONDS,
+    PROFILE_FORMATS,
+)
 from llmgw.admin.contract import ApiError, Param, json_reply
 from llmgw.admin.inputs import query
 from llmgw.admin.views import unstructure
@@ -47,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HEAP_QUERY",
+    "MAX_PROFILE_SECONDS",
     "PROFILE_FORMATS",
     "DebugStatus",
     "HeapStopped",
@@ -63,19 +72,8 @@ __all__ = [
     "threads",
 ]
 
-#: The longest profile the API takes unless the app says otherwise.
-MAX_PROFILE_SECONDS = 60
-DEFAULT_PROFILE_SECONDS = 10
 #: pyinstrument's default: a sample at most every millisecond of the loop's thread.
 PROFILE_INTERVAL = 0.001
-#: format -> content type of the answer.
-PROFILE_FORMATS = {
-    "text": "text/plain",
-    "speedscope": "application/json",
-    "html": "text/html",
-}
-MAX_HEAP_LINES = 1000
-DEFAULT_HEAP_LINES = 50
 # Frames tracemalloc keeps per allocation when the API starts it: each costs memory
 # for every live block and time for every allocation, and a summary by line reads
 # only the innermost.
@@ -303,6 +301,9 @@ async def profile(app: AdminContext) -> Response:
         raise ApiError(
             409, "another profiler is hooked into the event-loop thread", "profile_running"
         )
+    missing = extras.needs("a CPU profile", "profiling")
+    if missing is not None:
+        raise ApiError(501, missing, "profiler_missing")
     # Imported here: a server that is never profiled never loads the profiler.
     from pyinstrument import Profiler
     from pyinstrument.renderers import HTMLRenderer, SpeedscopeRenderer

@@ -18,13 +18,13 @@ errors, mean_latency, mean_ttft}``; `name` is the key's name when grouping by ke
 from __future__ import annotations
 
 import math
-import re
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 from quart import Response
 
+from llmgw.admin.bounds import MIN_BUCKET, MOMENT, MOMENT_RE
 from llmgw.admin.contract import ApiError, Param, json_reply
 from llmgw.admin.inputs import query
 from llmgw.admin.keys import require_store
@@ -36,15 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["QUERY", "UsageReport", "UsageRowView", "parse_moment"]
 
-# A bucket smaller than this would return a row per request.
-MIN_BUCKET = 1.0
-
-# Exactly what the parameters take (the OpenAPI document shows the same patterns).
-_NUMBER = r"[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?"
-_DURATION = r"([0-9]+(\.[0-9]+)?(ms|s|m|h|d))+"
-MOMENT_RE = re.compile(f"{_NUMBER}|{_DURATION}")
-
-_MOMENT = {"type": "string", "pattern": f"^({_NUMBER}|{_DURATION})$"}
+_MOMENT = {"type": "string", "pattern": f"^({MOMENT})$"}
 
 QUERY = (
     Param(

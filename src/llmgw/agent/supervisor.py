@@ -39,19 +39,19 @@ watched by one task of the supervisor's nursery. Rules:
   init: it is reported without one.
 * **Replacement**: a shard started for the (replica, rank) of a live shard with an
   older epoch waits until that one is stopped, so the two never share GPUs or ports.
+
+Beside it: the log file (llmgw.agent.engine_log), the records of running engines and
+the stopping of orphans (llmgw.agent.records), an adopted engine (llmgw.agent.adopted).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
 import logging
 import os
 import re
 import shlex
 import signal
-import stat
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -61,21 +61,17 @@ from typing import Any
 import attrs
 import httpx
 import trio
-from google.protobuf.message import DecodeError
 
 from llmgw.agent.adapters.base import LaunchSpec
-from llmgw.agent.launcher import LaunchedEngine, Launcher, ProcessLauncher, signal_group
+from llmgw.agent.adopted import Adopted
+from llmgw.agent.engine_log import EngineLog
+from llmgw.agent.launcher import LaunchedEngine, Launcher, ProcessLauncher
+from llmgw.agent.records import Found, forget_record, read_records, stop_orphans, write_record
 from llmgw.domain.engine_metrics import parse_metrics
 from llmgw.domain.fleet import ShardState
-from llmgw.transport.convert import (
-    ConversionError,
-    server_message_from_proto,
-    server_message_to_proto,
-)
 from llmgw.transport.messages import ShardStatus, StartShard
-from llmgw.transport.pb import agent_pb2 as pb
 
-__all__ = ["DEFAULT_GRACE", "Key", "Shard", "Supervisor", "sweep_orphans"]
+__all__ = ["DEFAULT_GRACE", "Key", "Shard", "Supervisor", "shard_name"]
 
 log = logging.getLogger(__name__)
 
@@ -277,10 +273,10 @@ class Supervisor:
         """Adopt the healthy engines a previous agent left running, stop the others (see
         the module docstring). Runs before the agent registers."""
         run_dir = self.state_dir / "run"
-        found = _read_records(run_dir)
+        found = read_records(run_dir)
         healthy: dict[int, bool] = {}
 
-        async def check(found_: _Found) -> None:
+        async def check(found_: Found) -> None:
             url = found_.spec.health_url if found_.spec is not None else None
             healthy[found_.pid] = found_.spec is not None and (
                 url is None or await self._answers(url, ADOPT_WITHIN)
@@ -289,7 +285,7 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             for f in found:
                 nursery.start_soon(check, f)
-        stale: list[_Found] = []
+        stale: list[Found] = []
         for f in found:
             if f.command is None or f.spec is None or not healthy.get(f.pid):
                 stale.append(f)
@@ -298,7 +294,7 @@ class Supervisor:
                 stale.append(f)  # two records of one shard: keep the first
                 continue
             try:
-                engine = _Adopted.open(f.pid, f.start, f.spec)
+                engine = Adopted.open(f.pid, f.start, f.spec)
             except OSError as exc:  # no pidfds here: it cannot be watched, so not kept
                 log.warning("cannot watch engine pid %d: %s", f.pid, exc)
                 stale.append(f)
@@ -312,7 +308,7 @@ class Supervisor:
                 shard_name(f.command),
             )
             self._adopt(f.command, engine)
-        await _stop_orphans(stale)
+        await stop_orphans(stale)
 
     def _adopt(self, cmd: StartShard, engine: LaunchedEngine) -> None:
         assert self._nursery is not None
@@ -396,7 +392,7 @@ class Supervisor:
                 await engine.wait()
         if engine is not None:
             engine.signal(signal.SIGKILL)  # whatever of its group is left
-            _forget_pid(self.state_dir / "run", shard_name(shard.command))
+            forget_record(self.state_dir / "run", shard_name(shard.command))
         if shard.live:  # cancelled before it could say how it ended
             shard.stop_reason = shard.stop_reason or "the agent is shutting down"
             self._set(
@@ -414,7 +410,7 @@ class Supervisor:
         shard.log_path = self.state_dir / "logs" / f"{name}.log"
         env = dict(os.environ if self.base_env is None else self.base_env)
         env.update(spec.env)
-        logf = await _LogFile.open(shard.log_path, self.log_max_bytes)
+        logf = await EngineLog.open(shard.log_path, self.log_max_bytes)
         try:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
             await logf.write(f"--- {stamp} llmgw-agent: {shlex.join(spec.argv)}\n".encode())
@@ -432,7 +428,7 @@ class Supervisor:
             # Where it serves: what the health check, drain and READY status use.
             shard.spec = spec = engine.spec
             if engine.pid is not None:
-                _record(self.state_dir / "run", name, engine.pid, shard.command, spec)
+                write_record(self.state_dir / "run", name, engine.pid, shard.command, spec)
             self._set(shard, ShardState.STARTING)  # now with its pid
             await self._watch(shard, engine, logf)
         finally:
@@ -443,7 +439,7 @@ class Supervisor:
     async def _supervise_adopted(self, shard: Shard, engine: LaunchedEngine) -> None:
         """An engine a previous agent left, adopted READY (see the module docstring)."""
         assert shard.log_path is not None
-        logf = await _LogFile.open(shard.log_path, self.log_max_bytes)
+        logf = await EngineLog.open(shard.log_path, self.log_max_bytes)
         try:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
             await logf.write(f"--- {stamp} llmgw-agent: adopted pid {engine.pid}\n".encode())
@@ -453,7 +449,7 @@ class Supervisor:
                 await logf.aclose()
         self._ended(shard, engine.returncode)
 
-    async def _watch(self, shard: Shard, engine: LaunchedEngine, logf: _LogFile) -> None:
+    async def _watch(self, shard: Shard, engine: LaunchedEngine, logf: EngineLog) -> None:
         """Until the engine exits: its output, its health (while STARTING), requests."""
         assert shard.spec is not None
         health_url = shard.spec.health_url
@@ -495,7 +491,7 @@ class Supervisor:
             message += "; killed (did not exit within its grace period after SIGTERM)"
         return message
 
-    async def _pump(self, shard: Shard, stream: trio.abc.ReceiveStream, logf: _LogFile) -> None:
+    async def _pump(self, shard: Shard, stream: trio.abc.ReceiveStream, logf: EngineLog) -> None:
         """Engine output -> the tail and the log file."""
         partial = b""
         try:
@@ -609,34 +605,6 @@ class Supervisor:
         await self._terminate(shard, DEFAULT_GRACE)
 
 
-class _LogFile:
-    """An engine's log: appended to, flushed per chunk, rotated once to ``.1``."""
-
-    def __init__(self, path: Path, max_bytes: int, f: Any, size: int) -> None:
-        self.path = path
-        self.max_bytes = max_bytes
-        self._f = f
-        self._size = size
-
-    @classmethod
-    async def open(cls, path: Path, max_bytes: int) -> _LogFile:
-        f = await trio.open_file(path, "ab")
-        return cls(path, max_bytes, f, await f.tell())
-
-    async def write(self, data: bytes | bytearray) -> None:
-        await self._f.write(data)
-        await self._f.flush()
-        self._size += len(data)
-        if self._size > self.max_bytes:
-            await self._f.aclose()
-            await trio.Path(self.path).replace(trio.Path(f"{self.path}.1"))
-            self._f = await trio.open_file(self.path, "ab")
-            self._size = 0
-
-    async def aclose(self) -> None:
-        await self._f.aclose()
-
-
 def _status(cmd: StartShard, state: ShardState, **extra: Any) -> ShardStatus:
     return ShardStatus(
         replica_id=cmd.replica_id,
@@ -669,208 +637,3 @@ def _describe_exit(code: int | None) -> str:
 def _last_line(tail: Iterable[str]) -> str:
     lines = [line for line in tail if line.strip()]
     return f": {lines[-1].strip()}" if lines else ""
-
-
-# -- pid records and orphans ---------------------------------------------------------------
-
-
-@attrs.frozen
-class _Found:
-    """A recorded engine whose process still runs the recorded command."""
-
-    record: Path
-    pid: int
-    start: int | None  # the process's start time (clock ticks after boot)
-    command: StartShard | None  # None: a record too old or damaged to adopt from
-    spec: LaunchSpec | None
-
-
-def _record(run_dir: Path, name: str, pid: int, cmd: StartShard, spec: LaunchSpec) -> None:
-    """What adopting the engine takes (the module docstring); readable by the agent's
-    user only, as the command carries the profile's environment (an API key)."""
-    data: dict[str, Any] = {"pid": pid, "start": _start_time(pid), "argv": list(spec.argv)}
-    try:
-        wire = server_message_to_proto(cmd).SerializeToString()
-    except ConversionError as exc:  # then it can be stopped by the next agent, not adopted
-        log.warning("cannot record the command of engine pid %d: %s", pid, exc)
-    else:
-        data["command"] = base64.b64encode(wire).decode()
-        data["spec"] = {
-            "health_url": spec.health_url,
-            "endpoint_url": spec.endpoint_url,
-            "metrics_url": spec.metrics_url,
-            "capacity": spec.capacity,
-        }
-    path = run_dir / f"{name}.json"
-    partial = run_dir / f"{name}.partial"  # renamed into place: never read half-written
-    try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data))
-        partial.replace(path)
-    except OSError as exc:
-        log.warning("cannot record engine pid %d in %s: %s", pid, run_dir, exc)
-
-
-def _forget_pid(run_dir: Path, name: str) -> None:
-    with contextlib.suppress(OSError):
-        (run_dir / f"{name}.json").unlink()
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time, which tells it from a later process given its pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-        return int(stat.rsplit(b") ", 1)[-1].split()[19])  # field 22, after the name
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _parse_command(data: dict[str, Any]) -> tuple[StartShard | None, LaunchSpec | None]:
-    try:
-        message = server_message_from_proto(
-            pb.ConnectResponse.FromString(base64.b64decode(data["command"]))
-        )
-        spec = data["spec"]
-        capacity = spec.get("capacity")
-        launch = LaunchSpec(
-            argv=tuple(str(a) for a in data["argv"]),
-            env={},
-            health_url=spec.get("health_url"),
-            endpoint_url=spec.get("endpoint_url"),
-            metrics_url=spec.get("metrics_url"),
-            capacity=int(capacity) if capacity is not None else None,
-        )
-    except (KeyError, TypeError, ValueError, AttributeError, ConversionError, DecodeError):
-        return None, None
-    return (message, launch) if isinstance(message, StartShard) else (None, None)
-
-
-def _read_records(run_dir: Path) -> list[_Found]:
-    """Every recorded engine that still runs the recorded command (the same process:
-    a pid since reused by something else is not ours); the other records are removed."""
-    found: list[_Found] = []
-    for record in sorted(run_dir.glob("*.json")):
-        try:
-            data = json.loads(record.read_text())
-            pid, argv = int(data["pid"]), [str(a) for a in data["argv"]]
-            start = data.get("start")
-        except (OSError, ValueError, KeyError, TypeError):
-            record.unlink(missing_ok=True)
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            record.unlink(missing_ok=True)  # gone (or no /proc to tell: leave it be)
-            continue
-        same = [c.decode("utf-8", "replace") for c in cmdline if c] == argv
-        if not same or (start is not None and _start_time(pid) != start):
-            record.unlink(missing_ok=True)  # the pid was reused by something else
-            continue
-        command, spec = _parse_command(data)
-        found.append(_Found(record, pid, start, command, spec))
-    return found
-
-
-async def _stop_orphans(orphans: Iterable[_Found], grace: float = 10.0) -> list[int]:
-    """SIGTERM, then SIGKILL after `grace`, the process groups of `orphans`."""
-    orphans = list(orphans)
-    for f in orphans:
-        log.warning("stopping engine pid %d left running by a previous agent", f.pid)
-        signal_group(f.pid, signal.SIGTERM)
-    with trio.move_on_after(grace):
-        while any(_alive(f.pid) for f in orphans):  # noqa: ASYNC110 (not our children)
-            await trio.sleep(0.1)
-    for f in orphans:
-        signal_group(f.pid, signal.SIGKILL)
-        f.record.unlink(missing_ok=True)
-    return [f.pid for f in orphans]
-
-
-async def sweep_orphans(run_dir: Path, *, grace: float = 10.0) -> list[int]:
-    """Kill every engine a previous agent left running, adoptable or not; returns
-    their pids. (The supervisor adopts the healthy ones instead: Supervisor.run.)"""
-    return await _stop_orphans(_read_records(run_dir), grace)
-
-
-class _NoOutput(trio.abc.ReceiveStream):
-    """The output of an adopted engine whose pipe could not be opened again."""
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        await trio.lowlevel.checkpoint()
-        return b""
-
-    async def aclose(self) -> None:
-        await trio.lowlevel.checkpoint()
-
-
-class _Adopted:
-    """A :class:`~llmgw.agent.launcher.LaunchedEngine` a previous agent started: not
-    our child, so its exit is watched through a pidfd (which names that process, not
-    a later one given its pid) and its exit status is unknown (None)."""
-
-    def __init__(self, pid: int, pidfd: int, spec: LaunchSpec, output: trio.abc.ReceiveStream):
-        self.pid = pid
-        self.spec = spec
-        self.output = output
-        self.returncode: int | None = None
-        self._pidfd = pidfd
-        self._gone = False
-
-    @classmethod
-    def open(cls, pid: int, start: int | None, spec: LaunchSpec) -> _Adopted | None:
-        """The engine `pid` as recorded (`start`), or None when it is gone. OSError
-        when this system cannot watch a process that is not its child (no pidfds)."""
-        pidfd_open = getattr(os, "pidfd_open", None)
-        if pidfd_open is None:
-            raise OSError("this system has no pidfd_open")
-        try:
-            pidfd = pidfd_open(pid)
-        except ProcessLookupError:
-            return None
-        if start is not None and _start_time(pid) != start:
-            os.close(pidfd)  # exited and its pid reused since the records were read
-            return None
-        return cls(pid, pidfd, spec, _reopen_output(pid))
-
-    async def wait(self) -> int | None:
-        if not self._gone:
-            try:
-                await trio.lowlevel.wait_readable(self._pidfd)  # readable: it exited
-            finally:
-                if not self._gone:
-                    with contextlib.suppress(OSError):
-                        os.close(self._pidfd)
-                    self._gone = True
-        return None
-
-    def signal(self, sig: signal.Signals) -> None:
-        signal_group(self.pid, sig)
-
-
-def _reopen_output(pid: int) -> trio.abc.ReceiveStream:
-    """A new read end of the pipe the engine writes its output to (the previous agent
-    held the old one), so its output reaches the tail and the log again."""
-    path = f"/proc/{pid}/fd/1"
-    try:
-        if not stat.S_ISFIFO(os.stat(path).st_mode):
-            return _NoOutput()
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return _NoOutput()
-    return trio.lowlevel.FdStream(fd)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is dead for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().split(b") ", 1)[-1][:1] != b"Z"
-    except OSError:
-        return True

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import attrs
 
-from llmgw import catalog, units
+from llmgw import catalog, extras, units
 from llmgw.config.rules import at, between, positive
 
 # The catalog's values are the domain's; the schema holds them.
@@ -585,8 +585,6 @@ class TracingConfig:
     headers: dict[str, str] = attrs.field(factory=dict, repr=False)
 
     def problems(self, key: str) -> list[str]:
-        from llmgw.router import tracing  # it knows what tracing needs installed
-
         found: list[str] = []
         between(found, at(key, "sample_ratio"), self.sample_ratio, 0, 1)
         positive(found, at(key, "timeout"), self.timeout)
@@ -611,12 +609,9 @@ class TracingConfig:
                 "https:// (e.g. http://collector:4318/v1/traces), or empty for no tracing; "
                 f"got {self.endpoint!r}"
             )
-        missing = tracing.missing_packages()
-        if missing:
-            found.append(
-                f"{at(key, 'endpoint')}: tracing needs {', '.join(missing)}, not installed: "
-                "pip install 'llmgw[tracing]' (or leave tracing.endpoint empty)"
-            )
+        missing = extras.needs("tracing", "tracing")
+        if missing is not None:
+            found.append(f"{at(key, 'endpoint')}: {missing} (or leave tracing.endpoint empty)")
         return found
 
 
@@ -635,6 +630,10 @@ class StoreConfig:
                 f"{at(key, 'url')}: must start with sqlite:// or postgresql:// (or be empty "
                 f"for no store), got {self.url!r}"
             ]
+        if self.url.startswith(("postgresql://", "postgres://")):
+            missing = extras.needs("a PostgreSQL store", "postgres")
+            if missing is not None:
+                return [f"{at(key, 'url')}: {missing}"]
         return []
 
 

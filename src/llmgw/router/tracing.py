@@ -15,7 +15,6 @@ Spans leave through the SDK's BatchSpanProcessor, whose own thread exports them
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
@@ -29,32 +28,12 @@ if TYPE_CHECKING:
 
     from llmgw.domain.usage import Caller, Usage
 
-__all__ = ["AttemptSpan", "RequestSpan", "Tracing", "TracingSettings", "missing_packages"]
-
-#: The modules tracing imports, and the distribution that brings each (the `tracing`
-#: extra of llmgw's pyproject.toml).
-_NEEDS = {
-    "opentelemetry.sdk.trace": "opentelemetry-sdk",
-    "opentelemetry.exporter.otlp.proto.http": "opentelemetry-exporter-otlp-proto-http",
-}
-
-
-def missing_packages() -> list[str]:
-    """The distributions tracing needs that are not installed."""
-    missing = []
-    for module, dist in _NEEDS.items():
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:  # a parent package is missing
-            found = False
-        if not found:
-            missing.append(dist)
-    return missing
+__all__ = ["AttemptSpan", "RequestSpan", "Tracing", "TracingSettings"]
 
 
 class TracingSettings(Protocol):
-    """What a tracer is made from: llmgw.config.TracingConfig (the configuration
-    imports this module to check tracing's packages, so it is not imported here)."""
+    """What a tracer is made from: llmgw.config.TracingConfig (whose check says when
+    the `tracing` extra is missing, llmgw.extras)."""
 
     @property
     def endpoint(self) -> str: ...

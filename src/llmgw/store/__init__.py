@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import trio
 
+from llmgw import extras
 from llmgw.domain.keys import KeyRecord
 from llmgw.store.base import (
     DuplicateKeyName,
@@ -79,6 +80,7 @@ async def open_store(
         sqlite = SQLiteStore(sqlite_path(url), clock=clock)
         store, start = sqlite, sqlite.start
     elif scheme in ("postgresql", "postgres"):
+        extras.require("a PostgreSQL store", "postgres")
         from llmgw.store.postgres import PostgresStore
 
         pg = PostgresStore(url, clock=clock)
