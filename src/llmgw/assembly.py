@@ -220,10 +220,7 @@ async def _parts(
     usage_sinks: Sequence[UsageSink],
 ) -> Gateway:
     # The `server` extra's (quart, jinja2), checked by assemble.
-    from llmgw.admin.api import AdminApp
-    from llmgw.admin.leader import LeaderTls, ToLeader
-    from llmgw.admin.web import asgi, build_app, mount
-    from llmgw.dashboard import DashboardApp, TrafficRing
+    from llmgw.dashboard import TrafficRing
 
     configured = {m.name for m in config.models}
     models = ModelRegistry(
@@ -321,6 +318,12 @@ async def _apps(
     admin_sockets: Sequence[trio.SocketListener],
 ) -> tuple[AdminApp, App, App]:
     """The admin API, and the ASGI apps of the admin listeners and the client port."""
+    # The `server` extra's (quart, jinja2), checked by assemble.
+    from llmgw.admin.api import AdminApp
+    from llmgw.admin.leader import LeaderTls, ToLeader
+    from llmgw.admin.web import asgi, build_app, mount
+    from llmgw.dashboard import DashboardApp
+
     admin_bound = _addresses(admin_sockets)
     loopback = _all_loopback(admin_bound)
     admin = AdminApp(

@@ -55,7 +55,7 @@ async def serve(
     (:data:`Listening`), then `task_status` the router."""
     # The admin listener, and every TLS one, are hypercorn's (llmgw[server]).
     extras.require("llmgw.serve (the admin and TLS listeners)", "server")
-    from llmgw.http.hyper import ReloadableTls, TlsFiles, serve_hypercorn
+    from llmgw.http.hyper import ReloadableTls, TlsFiles
 
     config = gateway.config
     listening: Listening = {
@@ -133,6 +133,8 @@ async def _start_listeners(
 ) -> None:
     """The client port (llmgw's own server, or the workers) and the admin listeners
     (hypercorn), each returning once `stop` is set and its streams have drained."""
+    from llmgw.http.hyper import serve_hypercorn  # llmgw[server], checked by serve
+
     config, pool = gateway.config, gateway.pool
 
     async def trigger() -> None:
