@@ -130,7 +130,9 @@ def band(name: str, **numbers: object) -> dict[str, object]:
     return base
 
 
-def snapshot(saturation: float, depth: int, oldest: float | None, open_: bool) -> dict[str, object]:
+def snapshot(
+    saturation: float, depth: int, oldest: float | None, open_: bool, state: str = "ready"
+) -> dict[str, object]:
     return {
         "enabled": True,
         "default_band": "gold",
@@ -144,6 +146,7 @@ def snapshot(saturation: float, depth: int, oldest: float | None, open_: bool) -
                 "waiting": depth,
                 "admitting": ["gold"] if open_ else [],
                 "bands": [band("gold", depth=depth, open=open_, oldest_wait_seconds=oldest)],
+                "state": state,
             }
         ],
     }
@@ -161,6 +164,12 @@ def test_admission_views_add_queues_and_keep_the_fullest_saturation() -> None:
     assert gold["priority"] == 1 and gold["saturation_ceiling"] == 0.5  # not added up
     assert pool["admitting"] == ["gold"]
     assert merge.admission([]) is None
+    # A model one worker has requests waiting for is waking, whatever the others see.
+    at_zero = snapshot(1.0, 0, None, open_=False, state="scaled_to_zero")
+    waking = snapshot(1.0, 1, 0.5, open_=False, state="waking")
+    for order in ([at_zero, waking], [waking, at_zero]):
+        merged = merge.admission(order)
+        assert merged is not None and merged["pools"][0]["state"] == "waking"
 
 
 async def test_frames_carry_each_message_and_refuse_an_oversized_one() -> None:

@@ -36,10 +36,11 @@ async def healthz(app: AdminContext) -> Response:
 
 
 async def readyz(app: AdminContext) -> Response:
-    """Ready when the router can serve: at least one endpoint has been scraped."""
-    serving = [s for s in app.router.endpoints.all() if s.sample is not None]
-    ok = app.ready() and bool(serving)
-    view = ReadyView("ready" if ok else "not ready", len(serving))
+    """Ready when the gateway can accept and hold requests (llmgw.router.readiness: an
+    engine scraped, or a model that starts on request) and its instance has settled."""
+    scraped = sum(1 for s in app.router.endpoints.all() if s.sample is not None)
+    ok = app.ready() and app.router.readiness.gateway()
+    view = ReadyView("ready" if ok else "not ready", scraped)
     return json_reply(200 if ok else 503, unstructure(view))
 
 

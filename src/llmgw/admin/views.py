@@ -39,7 +39,8 @@ class HealthView:
 
 @attrs.frozen
 class ReadyView:
-    """Ready when the router can serve: at least one endpoint has been scraped."""
+    """Ready when the gateway can accept and hold requests: an engine has been scraped,
+    or a model starts on request."""
 
     status: Literal["ready", "not ready"]
     endpoints_scraped: int
@@ -125,6 +126,9 @@ class PoolView:
     waiting: int
     admitting: tuple[str, ...]
     bands: tuple[BandQueueView, ...]
+    # Its model's (llmgw.router.readiness): at zero a pool's saturation is 1 because
+    # no replica exists, not because one is full.
+    state: Literal["ready", "waking", "scaled_to_zero", "unavailable"]
 
 
 @attrs.frozen

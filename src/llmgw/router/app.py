@@ -19,6 +19,7 @@ import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
 import attrs
 import trio
@@ -54,6 +55,7 @@ from llmgw.router.paths import (
     engine_names,
 )
 from llmgw.router.pipeline.account import Refusal
+from llmgw.router.pipeline.early import EarlyStream
 from llmgw.router.pipeline.request import KEY_ID, REQUEST_ID, Native, Progress, Request, engine_of
 from llmgw.router.refusal import HttpError
 from llmgw.router.responses import SCAN_BYTES, response_id_in
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
     from llmgw.domain.keys import KeyRecord
     from llmgw.router.endpoints import EndpointRegistry
     from llmgw.router.pipeline import Pipeline
+    from llmgw.router.readiness import ModelState, Readiness
     from llmgw.router.responses import ResponseHomes
     from llmgw.router.stored import StoredResponses
     from llmgw.router.tracing import Tracing
@@ -89,8 +92,15 @@ def request_id_of(given: bytes | None) -> bytes:
     return secrets.token_hex(16).encode()
 
 
-def _model_object(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
+def _model_object(name: str, state: ModelState) -> dict[str, Any]:
+    # Beside OpenAI's fields: whether a replica serves it now or it starts on request.
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "llmgw",
+        "llmgw": {"state": state},
+    }
 
 
 async def _send_error(send: Send, request_id: bytes, err: HttpError) -> None:
@@ -101,6 +111,15 @@ async def _send_error(send: Send, request_id: bytes, err: HttpError) -> None:
 async def _send_anthropic_error(send: Send, request_id: bytes, err: HttpError) -> None:
     body = anthropic.error_body(err.status, str(err))
     await json_response(send, err.status, body, [*err.headers, (b"x-request-id", request_id)])
+
+
+def _query_model(scope: Scope) -> str | None:
+    """The ``model`` query parameter's value, if given."""
+    query = bytes(scope.get("query_string") or b"")
+    for key, value in parse_qsl(query.decode("latin-1")):
+        if key == "model":
+            return value
+    return None
 
 
 class ClientGone(Exception):
@@ -116,6 +135,7 @@ class ClientApp:
         *,
         catalog: Callable[[], Catalog],
         endpoints: EndpointRegistry,
+        readiness: Readiness,
         responses: ResponseHomes,
         stored: StoredResponses,
         tracing: Tracing | None,
@@ -131,6 +151,7 @@ class ClientApp:
         self.account = pipeline.account
         self.catalog = catalog
         self.endpoints = endpoints
+        self.readiness = readiness
         self.responses = responses
         self.stored = stored
         self.tracing = tracing
@@ -183,10 +204,27 @@ class ClientApp:
         self.account.refused(err, before=before, code=code)
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Up and able to serve (an endpoint has been scraped); nothing more, no key."""
-        ready = any(s.sample is not None for s in self.endpoints.all())
-        body = b'{"status":"ok"}' if ready else b'{"status":"not ready"}'
-        await send_json(send, 200 if ready else 503, body, [(b"x-request-id", scope[REQUEST_ID])])
+        """Able to accept and hold requests (router.readiness); no key. With
+        ``?model=NAME``, whether a replica serves that model now (its state either way)."""
+        headers = [(b"x-request-id", scope[REQUEST_ID])]
+        model = _query_model(scope)
+        if model is None:
+            ready = self.readiness.gateway()
+            body = b'{"status":"ok"}' if ready else b'{"status":"not ready"}'
+            await send_json(send, 200 if ready else 503, body, headers)
+            return
+        found = self.catalog().resolve(model)
+        if found is None:
+            raise HttpError(404, f"the model {model!r} does not exist", code="model_not_found")
+        state = self.readiness.model(found)
+        body = json.dumps(
+            {
+                "status": "ok" if state == "ready" else "not ready",
+                "model": found.name,
+                "state": state,
+            }
+        ).encode()
+        await send_json(send, 200 if state == "ready" else 503, body, headers)
 
     async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = json.dumps({"version": __version__, "server": "llmgw"}).encode()
@@ -197,35 +235,34 @@ class ClientApp:
 
     async def _model(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``GET /v1/models/{id}``: one model or alias the key may use and a replica
-        serves; 404 in OpenAI's shape otherwise (what ``models.retrieve`` expects)."""
+        serves or a request starts; 404 in OpenAI's shape otherwise (what
+        ``models.retrieve`` expects)."""
         name = scope["path"].rstrip("/")[len(_MODEL_PREFIX) :]
         key = await self.authenticate.key(scope)
-        entry = next((m for m in self._listed(key) if m == name), None)
+        entry = next((m for m in self._listed(key) if m[0] == name), None)
         if entry is None:
             raise HttpError(
                 404, f"the model {name!r} does not exist", code="model_not_found", param="model"
             )
-        body = json.dumps(_model_object(name)).encode()
+        body = json.dumps(_model_object(*entry)).encode()
         await send_json(send, 200, body, [(b"x-request-id", scope[REQUEST_ID])])
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        names = self._listed(await self.authenticate.key(scope))
-        data = [_model_object(name) for name in names]
+        listed = self._listed(await self.authenticate.key(scope))
+        data = [_model_object(name, state) for name, state in listed]
         body = json.dumps({"object": "list", "data": data}).encode()
         await send_json(send, 200, body, [(b"x-request-id", scope[REQUEST_ID])])
 
-    def _listed(self, key: KeyRecord | None) -> list[str]:
-        """The names and aliases of the models a replica serves that `key` may use."""
-        served = self.endpoints.models()
+    def _listed(self, key: KeyRecord | None) -> list[tuple[str, ModelState]]:
+        """The names and aliases of the models a client may ask for now that `key` may
+        use, with each one's state."""
         names = []
-        for model in self.catalog().models:
-            if model.name not in served:
-                continue
-            permitted = None if key is None else key.models
+        permitted = None if key is None else key.models
+        for model, state in self.readiness.listed():
             for name in (model.name, *model.aliases):
                 # A key limited to some models sees those (by name or alias) only.
                 if permitted is None or model.name in permitted or name in permitted:
-                    names.append(name)
+                    names.append((name, state))
         return names
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
@@ -360,10 +397,17 @@ class ClientApp:
         progress = Progress(_caller_of(key))
         tracked = watch.track(send)
         session = header(scope, self.session_header)
+        # An OpenAI-shaped stream may begin before its replica answers (a cold start).
+        early = (
+            EarlyStream(tracked, [(b"x-request-id", scope[REQUEST_ID])])
+            if body.stream and route.streams and native is None
+            else None
+        )
+        relay = early.send if early is not None else tracked
         request = Request(
             scope,
             route,
-            self._id_tap(progress, tracked) if route.path == RESPONSES else tracked,
+            self._id_tap(progress, relay) if route.path == RESPONSES else relay,
             body,
             tuple(chain),
             started,
@@ -372,6 +416,7 @@ class ClientApp:
             progress,
             pinned=pinned,
             native=None if native is None else attrs.evolve(native, send=watch.track(native.send)),
+            early=early,
         )
         if self.tracing is not None:
             progress.span = self.tracing.request(
@@ -383,7 +428,10 @@ class ClientApp:
         finally:
             self.account.closed(request, refused, watch.gone)
         if refused is not None:
-            await refuse(refused)
+            if early is not None and early.begun:
+                await early.refuse(refused)
+            else:
+                await refuse(refused)
 
     async def _watched(
         self, request: Request, receive: Receive, watch: _DisconnectWatch

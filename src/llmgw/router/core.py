@@ -40,6 +40,7 @@ from llmgw.router.pipeline.attempt import Attempt
 from llmgw.router.pipeline.authenticate import Authenticate
 from llmgw.router.pipeline.schedule import Schedule
 from llmgw.router.proxy import Upstream
+from llmgw.router.readiness import Readiness
 from llmgw.router.responses import ResponseHomes
 from llmgw.router.scheduling import Candidate, Saturation, Scheduler
 from llmgw.router.scheduling import registry as plugins
@@ -159,6 +160,7 @@ class Router:
         self.sleep_idle = sleep_idle
         # Requests waiting for an autoscaled model's first replica.
         self.cold = ColdStarts(wakes)
+        self.readiness = Readiness(self.endpoints, self.cold, lambda: self.catalog)
         # Off (None) unless configured: then a request pays one `is None` check.
         self.tracing = Tracing(config.tracing) if config.tracing.endpoint else None
         self.metrics.watch_admission(self.admission.stats, self.pool_saturation)
@@ -175,6 +177,7 @@ class Router:
             self.pipeline,
             catalog=lambda: self.catalog,
             endpoints=self.endpoints,
+            readiness=self.readiness,
             responses=self.responses,
             stored=StoredResponses(
                 self.responses,
@@ -307,7 +310,13 @@ class Router:
     # -- views (llmgw.admin.context.Traffic) ---------------------------------------
 
     def admission_view(self) -> dict[str, Any]:
-        return self.admission.snapshot()
+        """The admission queues, each pool with its model's state (a pool at zero is
+        not full: it is waking, or waits for a request to wake it)."""
+        view = self.admission.snapshot()
+        for pool in view["pools"]:
+            model = self.catalog.resolve(pool["pool"])
+            pool["state"] = "unavailable" if model is None else self.readiness.model(model)
+        return view
 
     def cold_waiting(self, model: str) -> int:
         """Requests waiting for a first replica of `model` (wake on request)."""

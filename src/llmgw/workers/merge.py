@@ -130,6 +130,10 @@ def _declared(gauge: str) -> None:
     )
 
 
+#: A pool's model states (llmgw.router.readiness), the one that wins a merge first.
+_STATES = ("ready", "waking", "scaled_to_zero", "unavailable")
+
+
 def admission(snapshots: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """The workers' admission snapshots (AdmissionController.snapshot) as one; None
     when there is none yet."""
@@ -148,6 +152,8 @@ def admission(snapshots: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
                 }
                 continue
             into["saturation"] = max(into["saturation"], pool["saturation"])
+            # Workers see one fleet; a model one of them waits for is waking.
+            into["state"] = min(into["state"], pool["state"], key=_STATES.index)
             into["waiting"] += pool["waiting"]
             into["admitting"] = sorted(
                 set(into["admitting"]) | set(pool["admitting"]),

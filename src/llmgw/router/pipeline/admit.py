@@ -6,6 +6,8 @@ replica (wake on request, llmgw.router.coldstart)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -123,13 +125,7 @@ class Admit:
         try:
             with self.cold.wait(model.name) as wait:
                 with wait.scope:
-                    ticket = await self.admission.admit(
-                        model.name,
-                        band,
-                        progress.caller.tenant or "",
-                        request.expected_tokens,
-                        ttl=timeout,
-                    )
+                    ticket = await self._wait(request, band, model.name, timeout)
                 if wait.refused is not None:
                     outcome = "unplaceable"
                     raise HttpError(
@@ -153,6 +149,39 @@ class Admit:
         if progress.span is not None:
             progress.span.admitted(queued, queued + progress.queued, band.name, model.name)
         return ticket
+
+    async def _wait(self, request: Request, band: Band, model: str, ttl: float) -> Ticket:
+        """Queue for `model`'s first replica, for up to `ttl` seconds (admission's own
+        deadline: its refusal says why)."""
+        tenant = request.progress.caller.tenant or ""
+        cost = request.expected_tokens
+        return await _admitted_while_awake(
+            request, partial(self.admission.admit, model, band, tenant, cost, ttl=ttl)
+        )
+
+
+async def _admitted_while_awake(
+    request: Request, admitting: Callable[[], Awaitable[Ticket]]
+) -> Ticket:
+    """`admitting`'s ticket; meanwhile a stream's answer begins with SSE comments
+    (router/pipeline/early.py) so that nothing between client and llmgw times out."""
+    early = request.early
+    if early is None:
+        return await admitting()
+    ticket: Ticket | None = None
+    refused: AdmissionRejected | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(early.keep_alive, b"waking")
+        try:
+            ticket = await admitting()
+        except AdmissionRejected as exc:
+            refused = exc  # raised outside, so no exception group wraps it
+        finally:
+            nursery.cancel_scope.cancel()
+    if refused is not None:
+        raise refused
+    assert ticket is not None
+    return ticket
 
 
 def _cold_refusal(

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from llmgw.router.endpoints import EndpointState
     from llmgw.router.forms import FormBody
     from llmgw.router.paths import ApiPath
+    from llmgw.router.pipeline.early import EarlyStream
     from llmgw.router.tracing import RequestSpan
 
 __all__ = ["KEY_ID", "REQUEST_ID", "Native", "Progress", "Request", "engine_of"]
@@ -81,6 +82,8 @@ class Request:
     pinned: str | None = None
     # The client's own request, for replicas whose engine serves its API natively.
     native: Native | None = None
+    # A stream's answer, begun early while its model wakes (`send` goes through it).
+    early: EarlyStream | None = None
     request_id: str = attrs.field(init=False)
     # W3C trace context, passed to the engine unchanged (vLLM continues the trace).
     trace: list[tuple[bytes, bytes]] = attrs.field(init=False)
