@@ -103,6 +103,13 @@ async def test_what_it_is_given_as_a_usage_sink_the_traffic_page_reports() -> No
             "latency p50 400ms, p99 400ms · 60 tokens/s · "
             "0.20 errors/s: 2 of 6 requests (33.3%)"
         )
+        # A client's mistake is shown beside the errors, not among them.
+        sink.record(attrs.evolve(rec(404, latency=0.001), endpoint=None))
+        assert await headline() == (
+            "Last minute: 0.70 req/s · TTFT p50 50ms, p90 50ms, p99 50ms · "
+            "latency p50 400ms, p99 400ms · 60 tokens/s · "
+            "0.20 errors/s: 2 of 7 requests (28.6%) · 1 client errors (4xx)"
+        )
 
 
 @pytest.mark.parametrize(
@@ -134,7 +141,8 @@ def test_counts_rates_errors_and_tokens_of_a_slot() -> None:
     assert p.start == -6.0 and p.seconds == 5.0
     assert p.requests == 4
     assert p.requests_per_second == pytest.approx(4 / 5)
-    assert p.errors_per_second == pytest.approx(2 / 5)
+    assert p.errors_per_second == pytest.approx(1 / 5)  # the 503
+    assert p.client_errors_per_second == pytest.approx(1 / 5)  # the 404: the client's
     assert p.client_gone_per_second == pytest.approx(1 / 5)
     assert p.tokens_per_second == pytest.approx(25 / 5)
     assert p.completion_tokens_per_second == pytest.approx(8 / 5)
@@ -414,8 +422,9 @@ def test_run_samples_once_per_slot_with_a_mock_clock() -> None:
 
 
 def test_errors_and_refusals_are_counted_per_model() -> None:
-    """A refusal llmgw answered itself (no endpoint: a 429, 503, 403, 504) is an error of
-    its model like an engine's 5xx; a client that went away is not."""
+    """A refusal llmgw answered itself for want of capacity (no endpoint: a 429, 504) is
+    an error of its model like an engine's 5xx; a client's mistake (403) and a client
+    that went away are not."""
     clock = Clock(0.0)
     r = ring(clock)
     clock.t = 1.0
@@ -427,12 +436,13 @@ def test_errors_and_refusals_are_counted_per_model() -> None:
     clock.t = 6.0
     (p,) = r.series().points
     assert r.series().models == ("a", "b")
-    assert p.errors_per_second == pytest.approx(5 / 5)
-    assert p.errors_per_second_by_model == {"a": pytest.approx(5 / 5), "b": 0.0}
+    assert p.errors_per_second == pytest.approx(4 / 5)
+    assert p.client_errors_per_second == pytest.approx(1 / 5)
+    assert p.errors_per_second_by_model == {"a": pytest.approx(4 / 5), "b": 0.0}
     assert p.requests_per_second_by_model == {"a": pytest.approx(8 / 5), "b": pytest.approx(1 / 5)}
     s = r.summary(60.0)
-    assert s.errors == 5 and s.requests == 9
-    assert s.errors_by_model == {"a": 5, "b": 0}
+    assert s.errors == 4 and s.client_errors == 1 and s.requests == 9
+    assert s.errors_by_model == {"a": 4, "b": 0}
     assert s.requests_by_model == {"a": 8, "b": 1}
 
 

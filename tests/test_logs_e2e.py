@@ -118,6 +118,10 @@ def test_the_json_access_log_has_a_line_per_request_matching_what_the_client_got
     assert one["prompt_tokens"] == unary.usage.prompt_tokens
     assert one["completion_tokens"] == unary.usage.completion_tokens == 5
     assert one["retries"] == 0 and one["error"] is None and one["key_id"] is None
+    assert one["key_name"] is None
+    # Who asked, and for what: the name sent, no fallback, the client's address.
+    assert (one["asked"], one["fallback"]) == ("m", False)
+    assert one["client"].startswith("127.0.0.1:"), one["client"]
     assert one["band"] is not None and one["queue_wait"] >= 0
     assert one["ttft"] is None  # an answer in one piece has no first token of its own
     assert one["duration"] > 0

@@ -38,8 +38,11 @@ Decisions the dashboard relies on:
   counted too: without that no prediction can be weighed, and the chart says so.
   With workers, every worker's records come to the one ring (llmgw.workers.pool), so
   these series merge like the rest: by counting them in one place.
-* Errors are statuses >= 400 except 499, which the router uses for a client that went
-  away: that is counted as ``client_gone``, not as an error of the service. The
+* Errors are what the service failed to do: statuses >= 500, and 429 (a queue full, a
+  key's limit reached: capacity the operator may want to see). Other 4xx are the
+  client's mistakes (a bad body, key or model name) and count as ``client_errors``,
+  beside the errors, not among them; 499, which the router uses for a client that went
+  away, is counted as ``client_gone``. The
   end-to-end latency histogram takes successful requests only (a fast 4xx or a client
   that left would distort it); TTFT takes every request that got a first token.
 """
@@ -163,6 +166,7 @@ class _Slot:
     requests: int = 0
     errors: int = 0
     client_gone: int = 0
+    client_errors: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     ttft: _Histogram = attrs.field(factory=_Histogram)
@@ -184,7 +188,7 @@ class _Slot:
 
     def reset(self, n: int) -> None:
         self.n = n
-        self.requests = self.errors = self.client_gone = 0
+        self.requests = self.errors = self.client_gone = self.client_errors = 0
         self.prompt_tokens = self.completion_tokens = 0
         self.ttft = _Histogram()
         self.latency = _Histogram()
@@ -214,6 +218,7 @@ class TrafficPoint:
     requests_per_second: float
     errors_per_second: float
     client_gone_per_second: float
+    client_errors_per_second: float
     tokens_per_second: float  # prompt + completion
     completion_tokens_per_second: float
     ttft_p50: float | None
@@ -271,6 +276,7 @@ class TrafficSummary:
     requests: int
     errors: int
     client_gone: int
+    client_errors: int
     prompt_tokens: int
     completion_tokens: int
     requests_per_second: float
@@ -365,6 +371,8 @@ class TrafficRing:
         status = record.status
         if status == CLIENT_GONE:
             slot.client_gone += 1
+        elif 400 <= status < 500 and status != 429:
+            slot.client_errors += 1
         elif status >= 400:
             slot.errors += 1
             slot.model_errors[model] = slot.model_errors.get(model, 0) + 1
@@ -475,6 +483,7 @@ class TrafficRing:
                     requests_per_second=_rate(s.requests, seconds),
                     errors_per_second=_rate(s.errors, seconds),
                     client_gone_per_second=_rate(s.client_gone, seconds),
+                    client_errors_per_second=_rate(s.client_errors, seconds),
                     tokens_per_second=_rate(s.prompt_tokens + s.completion_tokens, seconds),
                     completion_tokens_per_second=_rate(s.completion_tokens, seconds),
                     ttft_p50=ttft[0],
@@ -557,6 +566,7 @@ class TrafficRing:
             requests=requests,
             errors=errors,
             client_gone=sum(s.client_gone for s in slots),
+            client_errors=sum(s.client_errors for s in slots),
             prompt_tokens=prompt,
             completion_tokens=completion,
             requests_per_second=_rate(requests, seconds),

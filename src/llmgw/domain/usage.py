@@ -82,6 +82,13 @@ class UsageRecord:
     # that sent it away from its home (llmgw_affinity_spills_total's labels); () when
     # none did, None where the recorder does not count them. Not stored: the dashboard's.
     spills: tuple[tuple[str, str], ...] | None = None
+    # For the access log (not stored): the model name the client sent (an alias, or
+    # the model a fallback stood in for), the client's address, the key's name.
+    asked: str | None = None
+    client: str | None = None
+    key_name: str | None = None
+    # Served by a fallback of the model asked for (None: refused, or not known).
+    fallback: bool | None = None
 
 
 class UsageSink(Protocol):

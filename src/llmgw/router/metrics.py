@@ -67,8 +67,9 @@ class RouterMetrics:
         ).labels(__version__, platform.python_version()).set(1)
         self.requests = Counter(
             "llmgw_requests_total",
-            "Client requests completed, by served model, endpoint and HTTP status.",
-            ["model", "endpoint", "status"],
+            "Client requests completed, by served model, endpoint, HTTP status and API "
+            "operation (chat, text_completion, embeddings, ...).",
+            ["model", "endpoint", "status", "route"],
             registry=r,
         )
         self.rejected = Counter(
@@ -91,15 +92,16 @@ class RouterMetrics:
         )
         self.duration = Histogram(
             "llmgw_request_duration_seconds",
-            "End-to-end latency of client requests.",
-            ["model"],
+            "End-to-end latency of client requests, by model, API operation and whether "
+            "it streamed (a chat stream and an embedding are not one distribution).",
+            ["model", "route", "stream"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.ttft = Histogram(
             "llmgw_time_to_first_token_seconds",
             "Time from the client's request to the first streamed token event.",
-            ["model"],
+            ["model", "route"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )

@@ -98,7 +98,7 @@ class Account:
         model, ident = at.model.name, at.state.endpoint.id
         latency = now - request.started
         usage = delivery.usage
-        self._metrics(model, ident, status, latency, delivery)
+        self._metrics(request, model, ident, status, latency, delivery)
         done = Done(
             ident, picked.decision.endpoint_id, status, usage, delivery.ttft, latency, now, clean
         )
@@ -131,17 +131,27 @@ class Account:
                 queue_wait=progress.queued,
                 prediction=prediction,
                 spills=progress.spills,
+                fallback=at.model is not request.model,
+                asked=request.body.model,
+                client=_client(request),
+                key_name=request.key.name if request.key is not None else None,
             )
         )
 
     def _metrics(
-        self, model: str, ident: str, status: int, latency: float, delivery: Delivery
+        self,
+        request: Request,
+        model: str,
+        ident: str,
+        status: int,
+        latency: float,
+        delivery: Delivery,
     ) -> None:
-        m = self.metrics
-        m.requests.labels(model, ident, str(status)).inc()
-        m.duration.labels(model).observe(latency)
+        m, route = self.metrics, request.route.operation
+        m.requests.labels(model, ident, str(status), route).inc()
+        m.duration.labels(model, route, "true" if request.stream else "false").observe(latency)
         if delivery.ttft is not None:
-            m.ttft.labels(model).observe(delivery.ttft)
+            m.ttft.labels(model, route).observe(delivery.ttft)
         if delivery.itl:
             m.itl.observe_all(model, delivery.itl)
         usage = delivery.usage
@@ -153,9 +163,9 @@ class Account:
             if usage.estimated:
                 m.estimated_usage.labels(model).inc()
 
-    def unserved(self, model: str, status: int) -> None:
+    def unserved(self, request: Request, model: str, status: int) -> None:
         """Every replica tried failed before the client got anything (502 or 504)."""
-        self.metrics.requests.labels(model, "", str(status)).inc()
+        self.metrics.requests.labels(model, "", str(status), request.route.operation).inc()
 
     def refused(
         self,
@@ -199,6 +209,9 @@ class Account:
             queue_wait=progress.queued if progress is not None else None,
             error=code,
             spills=progress.spills if progress is not None else (),
+            asked=request.body.model if request is not None else None,
+            client=_client(request) if request is not None else None,
+            key_name=request.key.name if request is not None and request.key else None,
         )
         if request is not None:
             # A client-visible failure once the model was known (429, 503, 502/504
@@ -240,3 +253,9 @@ class Account:
             status=status,
             error=error,
         )
+
+
+def _client(request: Request) -> str | None:
+    """The client's address, as the access log gives it."""
+    client = request.scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else None

@@ -186,7 +186,7 @@ class Pipeline:
                 headers=[(b"retry-after", retry_after.encode())],
             )
         status = 504 if last is not None and last.outcome is Outcome.TIMEOUT else 502
-        self.account.unserved(attempted.name, status)
+        self.account.unserved(request, attempted.name, status)
         # Endpoints are named as clients see them (public_name): no addresses, no
         # leader's fencing token.
         return HttpError(
