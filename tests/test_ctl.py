@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import subprocess
 import threading
@@ -586,8 +587,10 @@ async def test_keys_create_prints_the_secret_once(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     async with live_admin(tmp_path) as admin:
-        argv = ["--admin", admin.url, "keys", "create", "--name", "ci", "--band", "silver",
-                "--models", "base,llama", "--rpm", "60", "--tpm", "5000", "--admin",
+        # --admin after the command is the admin API's URL, as before it (issue #33:
+        # the key's role is --role, no longer a second --admin).
+        argv = ["keys", "create", "--name", "ci", "--band", "silver", "--admin", admin.url,
+                "--models", "base,llama", "--rpm", "60", "--tpm", "5000", "--role", "admin",
                 "--expires-in", "30d"]  # fmt: skip
         code, out, err = await ctl_async(capsys, *argv)
         assert (code, err) == (0, "")
@@ -972,3 +975,20 @@ def test_bench_unreachable_target() -> None:
     assert done.returncode == 1
     assert done.stderr.startswith("llmgw-ctl: error: no request succeeded (3 x connect_error")
     assert json.loads(done.stdout)["summary"]["errors"] == {"connect_error": 3}
+
+
+async def test_output_cut_by_its_reader_ends_without_a_traceback(tmp_path: Path) -> None:
+    """`llmgw-ctl --json keys | head` (issue #33): the reader left before the output."""
+    read, write = os.pipe()
+    os.close(read)  # a pipe whose reader has gone: the first write fails
+    try:
+        async with live_admin(tmp_path) as admin:
+            done = await trio.run_process(
+                [str(BIN / "llmgw-ctl"), "--admin", admin.url, "--json", "keys"],
+                stdout=write,
+                capture_stderr=True,
+                check=False,
+            )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (1, b"")

@@ -455,12 +455,7 @@ def test_the_login_hint_is_a_command_llmgw_ctl_accepts(fleet: Fleet, page: Page)
     hint = page.locator("main p code", has_text="llmgw-ctl")
     expect(hint).to_have_count(1)
     args = ctl_args(hint.inner_text())
-    assert (args.command, args.action, args.name, args.admin_role) == (
-        "keys",
-        "create",
-        "ops",
-        True,
-    )
+    assert (args.command, args.action, args.name, args.role) == ("keys", "create", "ops", "admin")
 
 
 def test_models_show_the_routing_profile_that_applies(fleet: Fleet, page: Page) -> None:

@@ -63,3 +63,15 @@ def test_demo_serves_a_fleet_and_stops_its_engines(
         if any(f"--port {p} " in line + " " for p in range(base, base + 51))
     ]
     assert ours == []
+
+
+def test_the_demo_binds_loopback_unless_told_otherwise() -> None:
+    """Its client port has no keys: not on every interface by default (issue #33)."""
+    from llmgw_cli.server import build_parser, load_config
+
+    plain = load_config(build_parser().parse_args(["--demo"]), demo=True)
+    assert plain.listen == "127.0.0.1:8080"
+    chosen = build_parser().parse_args(["--demo", "--listen", "0.0.0.0:8080"])
+    assert load_config(chosen, demo=True).listen == "0.0.0.0:8080"
+    # Not the demo: the configured default stays.
+    assert load_config(build_parser().parse_args([])).listen == ":8080"

@@ -14,6 +14,7 @@ ctl_views.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -167,6 +168,19 @@ ACTIONS: dict[tuple[str, str | None], Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # here, not at exit: a reader that left is seen below
+    except BrokenPipeError:
+        # The reader left (`llmgw-ctl --json usage | head`): the output was cut as it
+        # asked, so no traceback; stdout goes nowhere, for the flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args)
     try:

@@ -27,22 +27,13 @@ def add_parser(k: argparse.ArgumentParser, common: argparse.ArgumentParser) -> N
         "exists, the client port requires one on every request."
     )
     actions = k.add_subparsers(dest="action", metavar="ACTION", parser_class=type(k))
-    # `keys create --admin` is the admin-key flag, so this parser cannot take the global
-    # `--admin URL` after it: give that before the subcommand.
-    json_only = type(k)(add_help=False)
-    json_only.add_argument(
-        "--json", action="store_true", default=argparse.SUPPRESS, help="as before the command"
-    )
-    json_only.add_argument(
-        "--admin-key", metavar="KEY", default=argparse.SUPPRESS, help="as before the command"
-    )
     c = actions.add_parser(
         "create",
-        parents=[json_only],
+        parents=[common],
         help="create a key and print its secret (shown only this once)",
         description="Create an API key (POST /api/v1/keys) and print its secret, which is "
-        "shown only this once: the store keeps only a hash. Give the global --admin URL "
-        "before 'keys' (here --admin makes an admin key).",
+        "shown only this once: the store keeps only a hash. --role admin makes an admin "
+        "key.",
     )
     c.add_argument("--name", required=True, help="who or what the key is for")
     c.add_argument("--band", metavar="BAND", help="admission band of its requests (gold, ...)")
@@ -54,11 +45,13 @@ def add_parser(k: argparse.ArgumentParser, common: argparse.ArgumentParser) -> N
     )
     c.add_argument("--rpm", type=int_in(1), metavar="N", help="requests per minute")
     c.add_argument("--tpm", type=int_in(1), metavar="N", help="tokens per minute")
+    # Not `--admin`: that is the admin API's URL, accepted after the command too.
     c.add_argument(
-        "--admin",
-        dest="admin_role",
-        action="store_true",
-        help="an admin key: may use the admin API (needed when it is not on loopback)",
+        "--role",
+        choices=("client", "admin"),
+        default="client",
+        help="admin: may use the admin API and the dashboard (needed when they are not "
+        "on loopback); default client",
     )
     c.add_argument(
         "--expires-in",
@@ -113,7 +106,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     ):
         if value is not None:
             body[field] = value
-    if args.admin_role:
+    if args.role == "admin":
         body["admin"] = True
     key = call(args, "POST", "keys", body=body)
     if not isinstance(key, dict) or not isinstance(key.get("secret"), str):

@@ -116,7 +116,8 @@ def load_config(
     if demo:
         overlay = overlay or DEMO_OVERLAY
         base = cfg.merge(
-            {**overlay, "agent_listen": "127.0.0.1:7443"},
+            # Loopback unless told otherwise: the demo's client port has no keys.
+            {**overlay, "listen": "127.0.0.1:8080", "agent_listen": "127.0.0.1:7443"},
             {**base, "models": [*overlay["models"], *base.get("models", [])]},
         )
     if endpoints:
