@@ -30,7 +30,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import trio
@@ -260,8 +260,7 @@ class Controller:
         are scaled down (those still starting first); replicas already drained stay
         gone. Raises UnknownNode. Applies now; the store write is queued: await
         :meth:`persisted` with what this returns to know it is stored."""
-        self.inventory.cordon(node_id, on, drain=drain)
-        self.poke()
+        self._changed(self.inventory.cordon(node_id, on, drain=drain))
         return self.cordons.queue(node_id, drain if on else None)
 
     def forget_node(self, node_id: str) -> CordonChange:
@@ -276,8 +275,7 @@ class Controller:
         refusal = self.forget_refusal(node_id)
         if refusal is not None:
             raise NodeInUse(refusal)
-        self.inventory.remove(node_id)
-        self.poke()
+        self._changed(self.inventory.remove(node_id))
         return self.cordons.queue(node_id, None)
 
     def forget_refusal(self, node_id: str) -> str | None:
@@ -334,6 +332,12 @@ class Controller:
     def poke(self) -> None:
         """Reconcile soon (an event happened)."""
         self._wake.set()
+
+    def _changed(self, events: Sequence[Event]) -> None:
+        """The inventory changed (`events` say how): all they are for is waking the
+        loop, since every pass re-derives from the inventory itself."""
+        if events:
+            self.poke()
 
     # -- cold starts (llmgw.domain.wakes) ----------------------------------------------
 
@@ -462,8 +466,7 @@ class Controller:
             events = self.inventory.expire(self.clock())
             for event in events:
                 _log_expired(event)
-            if any(isinstance(e, NodeLost | NodeRemoved) for e in events):
-                self.poke()
+            self._changed(events)
 
     def reconcile(self) -> None:
         """One reconciler pass with the current inventory; carries out its actions."""
@@ -586,10 +589,8 @@ class Controller:
                     continue
             self._apply(self.reconciler.shard_reported(node_id, status, now))
         if whole:
-            lost = self.reconciler.node_reported(node_id, statuses, now)
-            self._apply(lost)
-            if lost.commands or lost.router:
-                self.poke()  # place the lost replicas again now, not at the next interval
+            # The registration itself wakes the loop, which places the lost ones again.
+            self._apply(self.reconciler.node_reported(node_id, statuses, now))
 
     # -- agents --------------------------------------------------------------------
 
@@ -615,7 +616,9 @@ class Controller:
         try:
             if (found := limits.problem(first)) is not None:
                 raise InvalidRegistration(f"over the agent protocol's bounds: {found}")
-            self.inventory.register(first, now, identity=conn.peer_identity, peer=conn.peer_address)
+            registered = self.inventory.register(
+                first, now, identity=conn.peer_identity, peer=conn.peer_address
+            )
         except InventoryError as exc:
             shown = node_id[:MAX_NAME]  # it may be over the bounds
             log.warning("refused registration of %r: %s", shown, exc)
@@ -646,7 +649,7 @@ class Controller:
                 outbox.send_nowait(Registered(self.heartbeat_interval, self.epoch, self.token))
                 if self._settled:
                     self._report_shards(node_id, first.shards, now, whole=True)
-                self.poke()
+                self._changed(registered)
                 try:
                     while True:
                         message = await conn.receive()
@@ -660,23 +663,24 @@ class Controller:
         finally:
             if self._outboxes.get(node_id) is outbox:
                 del self._outboxes[node_id]
-                self.inventory.disconnected(node_id, self.clock(), session=session)
+                self._changed(self.inventory.disconnected(node_id, self.clock(), session=session))
 
     def _on_message(self, node_id: str, session: int | None, message: Any) -> None:
         if (found := limits.problem(message)) is not None:
             raise ProtocolViolation(f"a message over the agent protocol's bounds: {found}")
         now = self.clock()
         if isinstance(message, Heartbeat):
-            self.inventory.heartbeat(node_id, message, now, session=session)
+            events = self.inventory.heartbeat(node_id, message, now, session=session)
             if self._settled:
                 self._report_shards(node_id, message.shards, now)
+            self._changed(events)
         elif isinstance(message, ShardStatus):
             if message.state is ShardState.FAILED:
                 _log_failed(node_id, message)
-            self.inventory.shard_status(node_id, message, now, session=session)
+            events = self.inventory.shard_status(node_id, message, now, session=session)
             if self._settled:
                 self._report_shards(node_id, (message,), now)
-                self.poke()
+            self._changed(events)
         elif isinstance(message, CommandResult):
             if not message.ok:
                 log.warning(
