@@ -54,7 +54,7 @@ from llmgw.control.inventory import (
 )
 from llmgw.control.leadership import Leadership, epoch_floor
 from llmgw.control.placement import NodeCapacity
-from llmgw.control.reconciler import Actions, NodeView, Publish, Reconciler, Unpublish
+from llmgw.control.reconciler import Actions, NodeView, Published, Reconciler
 from llmgw.control.scaler import DemandFeed, Scaler
 from llmgw.domain.catalog import ModelConfig
 from llmgw.domain.endpoints import Endpoint, EndpointSink
@@ -231,6 +231,10 @@ class Controller:
         self._accepting = leadership is None
         self._term_connections: set[trio.CancelScope] = set()
         self._outboxes: dict[str, trio.MemorySendChannel[ServerMessage]] = {}
+        # What the sink was last given (_route): the replicas serving, and those
+        # drained there that have not gone yet.
+        self._routed: dict[str, Published] = {}
+        self._drained: set[str] = set()
         self._wake = trio.Event()
         self._settled = False
         self.started_at: float | None = None
@@ -396,6 +400,8 @@ class Controller:
             self.control, first_epoch=max(int(time.time() * 1000), epoch_floor(token))
         )
         self._unknown_since = {}
+        # The term's sink starts from nothing too (llmgw.control.instances).
+        self._routed, self._drained = {}, set()
         self._settled = False
         self.epoch = secrets.token_hex(4)
         if self.store is not None:
@@ -438,6 +444,7 @@ class Controller:
                 await self._wake.wait()
                 self._wake = trio.Event()
                 self._adopt_reported(quiet=True)
+                self._route()
         self._adopt_reported()
         self._catch_up()
         self._settled = True
@@ -474,6 +481,7 @@ class Controller:
         views = [self._view(record) for record in self.inventory.nodes()]
         models = self.deployable()
         self._apply(self.reconciler.step(now, models, views, self._scale(models, now)))
+        self._route()
         self.passes += 1
         if self.cold is not None:
             self.cold.check(self.unplaceable)
@@ -689,33 +697,46 @@ class Controller:
         else:
             raise ProtocolViolation(f"unexpected {type(message).__name__} from {node_id}")
 
+    def _leading(self) -> bool:
+        """Whether anything may leave: without the lease another instance may lead
+        now, and the next leader decides anew from what agents report."""
+        return self.leadership is None or self.leadership.leading()
+
+    def _route(self) -> None:
+        """Bring the sink to what the replicas say now (Reconciler.routes), applying
+        only the difference from what was last applied: after a pass that changed
+        nothing, nothing reaches the router."""
+        if not self._leading():
+            return
+        routes = self.reconciler.routes()
+        for replica_id, p in routes.serving.items():
+            if self._routed.get(replica_id) == p:
+                continue
+            if replica_id not in self._routed:
+                log.info("replica %s of %s ready at %s", replica_id, p.model, p.url)
+            endpoint = Endpoint(
+                replica_id,
+                p.url,
+                (p.model,),
+                capacity=p.capacity,
+                headers=p.headers,
+                sleep_after=p.sleep_after,
+            )
+            self.sink.upsert(endpoint)
+        applied = self._routed.keys() | self._drained
+        for replica_id in sorted(applied - routes.serving.keys()):
+            if replica_id not in routes.draining:
+                self.sink.remove(replica_id)
+            elif replica_id not in self._drained:
+                self.sink.drain(replica_id)  # requests in flight finish
+        self._routed = dict(routes.serving)
+        self._drained = set(routes.draining & applied)
+
     def _apply(self, actions: Actions) -> None:
-        if self.leadership is not None and not self.leadership.leading():
-            # The lease may have expired: another instance may lead now. Nothing
-            # leaves; the next leader decides anew from what agents report.
-            if actions.commands or actions.router:
+        if not self._leading():
+            if actions.commands:
                 log.warning("not leading any more: %d commands not sent", len(actions.commands))
             return
-        for change in actions.router:
-            if isinstance(change, Publish):
-                log.info(
-                    "replica %s of %s ready at %s", change.replica_id, change.model, change.url
-                )
-                self.sink.upsert(
-                    Endpoint(
-                        change.replica_id,
-                        change.url,
-                        (change.model,),
-                        capacity=change.capacity,
-                        headers=change.headers,
-                        sleep_after=change.sleep_after,
-                    )
-                )
-            elif isinstance(change, Unpublish):
-                if change.drain:
-                    self.sink.drain(change.replica_id)
-                else:
-                    self.sink.remove(change.replica_id)
         for command in actions.commands:
             self.commands[_COMMAND_KIND[type(command.message)]] += 1
             outbox = self._outboxes.get(command.node_id)

@@ -3,8 +3,11 @@ ones, and what to do.
 
 Level-triggered and free of I/O: the controller calls :meth:`Reconciler.step` every
 `control.interval` and after every event, and :meth:`Reconciler.shard_reported`
-for each shard status, passing `now`. Each returns :class:`Actions` — commands for
-agents and changes for the router — which the controller carries out.
+for each shard status, passing `now`. Each returns :class:`Actions` (commands for
+agents), which the controller sends. What the router should hold is derived, not
+announced: :meth:`Reconciler.routes` says it from the replicas as they are (the
+ready ones serve, the drained ones that served drain), and after every pass the
+controller applies the difference from what it last applied.
 
 Replica lifecycle::
 
@@ -94,8 +97,8 @@ RESEND_AFTER = 1.0
 
 
 @attrs.frozen
-class Publish:
-    """A replica became ready: the router may send it requests."""
+class Published:
+    """A ready replica as the router is to hold it: it may send it requests."""
 
     replica_id: str
     model: str
@@ -110,14 +113,16 @@ class Publish:
 
 
 @attrs.frozen
-class Unpublish:
-    """Stop routing to a replica; `drain` keeps requests in flight running."""
+class Routes:
+    """What the router is to hold now (:meth:`Reconciler.routes`): the replicas that
+    serve, by id, and those that served and drain (no new requests; those in flight
+    finish). Any other replica it holds is to go."""
 
-    replica_id: str
-    drain: bool
+    serving: Mapping[str, Published]
+    draining: frozenset[str]
 
-
-RouterChange = Publish | Unpublish
+    def __contains__(self, replica_id: object) -> bool:
+        return replica_id in self.serving or replica_id in self.draining
 
 
 @attrs.frozen
@@ -129,10 +134,9 @@ class Command:
 @attrs.frozen
 class Actions:
     commands: tuple[Command, ...] = ()
-    router: tuple[RouterChange, ...] = ()
 
     def __add__(self, other: Actions) -> Actions:
-        return Actions(self.commands + other.commands, self.router + other.router)
+        return Actions(self.commands + other.commands)
 
 
 class _Placed:
@@ -164,7 +168,9 @@ class Replica(_Placed):
     address: str | None = None
     # What the router sends the engine with each request (its profile's API key).
     headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), repr=False)
-    sleep_after: float | None = None  # see Publish
+    sleep_after: float | None = None  # see Published
+    # Sequences the head's engine runs at once, as its agent said when it was ready.
+    capacity: int | None = None
     # What each rank was last told (StartShard, DrainShard or StopShard) and when: sent
     # again while its agent's reports disagree (level-triggered, see _resend).
     told: dict[int, tuple[ServerMessage, float]] = attrs.field(factory=dict, repr=False)
@@ -250,6 +256,23 @@ class Reconciler:
             )
             for r in self.replicas.values()
         )
+
+    def routes(self) -> Routes:
+        """What the router is to hold now, derived from the replicas (see Routes): a
+        replica has a URL from the moment it is ready, so a draining one with a URL is
+        one that served."""
+        serving: dict[str, Published] = {}
+        draining: set[str] = set()
+        for r in self.replicas.values():
+            if r.url is None:
+                continue
+            if r.state is ReplicaState.READY:
+                serving[r.replica_id] = Published(
+                    r.replica_id, r.model, r.url, r.capacity, r.headers, r.sleep_after
+                )
+            elif r.state is ReplicaState.DRAINING:
+                draining.add(r.replica_id)
+        return Routes(serving, frozenset(draining))
 
     def active(self, model: str) -> list[Replica]:
         """Replicas that count towards the model's desired number."""
@@ -557,12 +580,11 @@ class Reconciler:
             )
             for s in p.shards
         )
-        router = (Unpublish(p.replica_id, drain=True),) if was_ready else ()
         replica.told = {s.rank: (c.message, now) for s, c in zip(p.shards, commands, strict=True)}
-        return Actions(commands, router)
+        return Actions(commands)
 
     def _drop(self, replica: Replica, why: str, *, failed: bool, now: float) -> Actions:
-        """Forget a replica: unroute it, stop whatever of it still runs."""
+        """Forget a replica (so it is routed no more): stop whatever of it still runs."""
         p = replica.placement
         del self.replicas[p.replica_id]
         if failed:
@@ -576,7 +598,7 @@ class Reconciler:
             if replica.shards.get(s.rank) is None
             or replica.shards[s.rank].state not in (ShardState.STOPPED, ShardState.FAILED)
         )
-        return Actions(commands, (Unpublish(p.replica_id, drain=False),))
+        return Actions(commands)
 
     def _count_failure(self, replica: Replica, status: ShardStatus) -> None:
         """A shard of `replica` failed: a failed start while the replica starts, else an
@@ -664,17 +686,9 @@ class Reconciler:
             replica.state = ReplicaState.READY
             replica.since = now
             replica.url = url
+            replica.capacity = head.capacity if head else None
             self._backoff.pop(replica.model, None)
-            capacity = head.capacity if head else None
-            publish = Publish(
-                replica.replica_id,
-                replica.model,
-                url,
-                capacity,
-                replica.headers,
-                replica.sleep_after,
-            )
-            return Actions(router=(publish,))
+            return Actions()
         if (
             replica.state is ReplicaState.DRAINING
             and states
@@ -685,7 +699,7 @@ class Reconciler:
             and len(replica.shards) >= len(ranks)
         ):
             del self.replicas[replica.replica_id]
-            return Actions(router=(Unpublish(replica.replica_id, drain=False),))
+            return Actions()
         return Actions()
 
     def node_reported(self, node_id: str, shards: Iterable[ShardStatus], now: float) -> Actions:
