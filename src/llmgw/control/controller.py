@@ -38,7 +38,6 @@ import trio
 from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig
 from llmgw.control.activity import ActivityTracker
-from llmgw.control.adoption import ShardReport, placement_from_reports
 from llmgw.control.autoscale import ReplicaSample, initial
 from llmgw.control.cordons import CordonChange, Cordons, CordonStore
 from llmgw.control.inventory import (
@@ -48,7 +47,6 @@ from llmgw.control.inventory import (
     InventoryError,
     NodeBecameUnreachable,
     NodeLost,
-    NodeRecord,
     NodeRemoved,
     UnknownNode,
 )
@@ -142,9 +140,6 @@ def _log_failed(node_id: str, status: ShardStatus) -> None:
 
 
 OUTBOX_SIZE = 1024
-#: Unknown multi-node replicas whose first report is remembered (_report_shards) before
-#: those that waited their settle period out are dropped.
-MAX_UNKNOWN = 4096
 # Between two event-driven passes: at least this long, and this many times the
 # previous pass's duration (so passes use at most ~1/(1+PASS_SPACING) of the loop).
 MIN_PASS_GAP = 0.02
@@ -221,8 +216,10 @@ class Controller:
         self.scaler = Scaler()
         # Epochs start from the wall clock, so a restarted server's new placements can
         # never be mistaken for its predecessor's (agents may report those late).
-        self.reconciler = reconciler or Reconciler(control, first_epoch=int(time.time() * 1000))
-        self._unknown_since: dict[tuple[str, int], float] = {}
+        # An earlier run's multi-node replica waits as long for its ranks to be adopted.
+        self.reconciler = reconciler or Reconciler(
+            control, first_epoch=int(time.time() * 1000), adopt_wait=self.settle
+        )
         self.epoch = secrets.token_hex(4)  # tells agents the server restarted
         self.leadership = leadership
         # This term's fencing token (0: one server, no terms) and whether agents are
@@ -397,9 +394,10 @@ class Controller:
         self.inventory = Inventory(self.control)
         self.scaler = Scaler()
         self.reconciler = Reconciler(
-            self.control, first_epoch=max(int(time.time() * 1000), epoch_floor(token))
+            self.control,
+            first_epoch=max(int(time.time() * 1000), epoch_floor(token)),
+            adopt_wait=self.settle,
         )
-        self._unknown_since = {}
         # The term's sink starts from nothing too (llmgw.control.instances).
         self._routed, self._drained = {}, set()
         self._settled = False
@@ -443,9 +441,9 @@ class Controller:
             while True:  # adopt as agents arrive (the views show them), place nothing yet
                 await self._wake.wait()
                 self._wake = trio.Event()
-                self._adopt_reported(quiet=True)
+                self._adopt()
                 self._route()
-        self._adopt_reported()
+        self._adopt(quiet=False)
         self._catch_up()
         self._settled = True
         if self.leadership is not None:
@@ -478,9 +476,8 @@ class Controller:
     def reconcile(self) -> None:
         """One reconciler pass with the current inventory; carries out its actions."""
         now = self.clock()
-        views = [self._view(record) for record in self.inventory.nodes()]
         models = self.deployable()
-        self._apply(self.reconciler.step(now, models, views, self._scale(models, now)))
+        self._apply(self.reconciler.step(now, models, self._views(), self._scale(models, now)))
         self._route()
         self.passes += 1
         if self.cold is not None:
@@ -500,55 +497,29 @@ class Controller:
             replicas=replicas,
         )
 
-    def _view(self, record: NodeRecord) -> NodeView:
-        capacity = NodeCapacity.from_info(
-            record.info,
-            record.state,
-            since=record.since,
-            cordoned=record.cordoned,
-        )
-        return NodeView(record.node_id, record.state, capacity, drain=record.draining)
-
-    def _adopt_reported(self, *, quiet: bool = False) -> None:
-        """Rebuild placements from the shards agents report and adopt the whole ones
-        of an earlier server run that the reconciler does not know (after a restart, or
-        agents back late). Shards of this run's epochs that it no longer holds are
-        superseded (e.g. a lost node's, placed again meanwhile): never adopted, the
-        reconciler stops them."""
-        known = self.reconciler.replicas
-        reports = [
-            ShardReport(
-                node_id=record.node_id,
-                status=status,
-                profile=status.profile,
-                node_count=status.node_count or 1,
-                gpu_indices=status.gpu_indices,
-                port=status.port or 0,
-                dist_port=status.dist_port,
+    def _views(self) -> list[NodeView]:
+        """The inventory's nodes as the reconciler reads them."""
+        return [
+            NodeView(
+                record.node_id,
+                record.state,
+                NodeCapacity.from_info(
+                    record.info, record.state, since=record.since, cordoned=record.cordoned
+                ),
+                drain=record.draining,
+                address=record.info.address,
+                shards=record.shards,
             )
             for record in self.inventory.nodes()
-            if record.state is not NodeState.LOST
-            for status in record.shards
-            if status.state in (ShardState.STARTING, ShardState.READY)
-            and status.replica_id not in known
-            and not self.reconciler.minted(status.epoch)
         ]
-        if not reports:
-            return
-        rebuilt = placement_from_reports(reports)
+
+    def _adopt(self, *, quiet: bool = True) -> None:
+        """Adopt what agents run of an earlier server run (Reconciler.adopt_reported),
+        as the settle period does before any pass."""
         now = self.clock()
-        wanted = {m.name for m in self.deployable()}
-        for placement in rebuilt.placements:
-            if placement.model not in wanted:
-                continue
-            shards = [r.status for r in reports if r.status.replica_id == placement.replica_id]
-            log.info("adopting replica %s (epoch %d)", placement.replica_id, placement.epoch)
-            head = self.inventory.get(placement.head.node_id)
-            address = head.info.address if head is not None else None
-            self._apply(self.reconciler.adopt(placement, shards, now, address=address))
-        if not quiet:
-            for refused in rebuilt.refused:
-                log.warning("not adopting %s: %s", refused.replica_id, refused.reason)
+        self._apply(
+            self.reconciler.adopt_reported(now, self.deployable(), self._views(), quiet=quiet)
+        )
 
     def _catch_up(self) -> None:
         """At the end of the settle period: what agents reported meanwhile about the
@@ -566,36 +537,17 @@ class Controller:
     def _report_shards(
         self, node_id: str, statuses: Iterable[ShardStatus], now: float, *, whole: bool = False
     ) -> None:
-        """Hand shard reports to the reconciler, after adopting whole replicas it does not
-        know. A shard of an unknown multi-node replica whose other ranks have not
-        reported yet gets `settle` to be completed (its agents may come back one by one
-        after an outage) before the reconciler stops it as stale. `whole`: the node's
-        every shard (a registration; a heartbeat's summary need not be whole), so a
-        shard the reconciler has heard run there that is missing is lost
+        """Hand shard reports to the reconciler, but those of an earlier run's replicas
+        it does not hold: the pass adopts or stops them, from the inventory. `whole`:
+        the node's every shard (a registration; a heartbeat's summary need not be
+        whole), so a shard the reconciler has heard run there that is missing is lost
         (Reconciler.node_reported)."""
         statuses = list(statuses)
-        if any(s.replica_id not in self.reconciler.replicas for s in statuses):
-            self._adopt_reported(quiet=True)
         for status in statuses:
-            if (
-                status.replica_id not in self.reconciler.replicas
-                and (status.node_count or 1) > 1
-                and not self.reconciler.minted(status.epoch)
+            if status.replica_id in self.reconciler.replicas or self.reconciler.minted(
+                status.epoch
             ):
-                key = (status.replica_id, status.epoch)
-                if key not in self._unknown_since and len(self._unknown_since) >= MAX_UNKNOWN:
-                    # Reports name any replica ids: those past their wait go, and while
-                    # it is still full a new one waits for nothing (bounded memory).
-                    self._unknown_since = {
-                        k: t for k, t in self._unknown_since.items() if now - t < self.settle
-                    }
-                    if len(self._unknown_since) >= MAX_UNKNOWN:
-                        self._apply(self.reconciler.shard_reported(node_id, status, now))
-                        continue
-                first = self._unknown_since.setdefault(key, now)
-                if now - first < self.settle:
-                    continue
-            self._apply(self.reconciler.shard_reported(node_id, status, now))
+                self._apply(self.reconciler.shard_reported(node_id, status, now))
         if whole:
             # The registration itself wakes the loop, which places the lost ones again.
             self._apply(self.reconciler.node_reported(node_id, statuses, now))

@@ -53,7 +53,7 @@ import attrs
 
 from llmgw.config import ControlConfig
 from llmgw.control.addresses import engine_url, same_url
-from llmgw.control.adoption import LIVE_SHARD_STATES
+from llmgw.control.adoption import LIVE_SHARD_STATES, Strays, placement_from_reports, unheld
 from llmgw.control.durations import Durations
 from llmgw.control.placement import (
     HintCode,
@@ -202,6 +202,9 @@ class NodeView:
     # When cordoned: move its replicas elsewhere (a drain); False keeps them (a plain
     # cordon only keeps new shards off).
     drain: bool = True
+    address: str | None = None  # as registered: where an adopted replica is published
+    # Every shard it reports, as the inventory holds them: what adoption reads.
+    shards: tuple[ShardStatus, ...] = ()
 
 
 @attrs.define
@@ -217,7 +220,10 @@ class Reconciler:
         *,
         mgmt_interface: str | None = None,
         first_epoch: int = 1,
+        adopt_wait: float = 0.0,
     ) -> None:
+        """`adopt_wait`: how long a reported shard of an earlier run's multi-node
+        replica waits for its other ranks to be reported before it is stopped."""
         self.control = control
         self.mgmt_interface = mgmt_interface or control.mgmt_interface
         self.replicas: dict[str, Replica] = {}
@@ -239,6 +245,7 @@ class Reconciler:
         self.resent = 0  # commands sent again since this reconciler started
         self.refused_urls = 0  # ready reports refused for naming another engine URL
         self.first_epoch = first_epoch
+        self._strays = Strays(adopt_wait, max(RESEND_AFTER, control.interval))
         self._epochs = itertools.count(first_epoch)
         self._commands = itertools.count(1)
 
@@ -308,7 +315,8 @@ class Reconciler:
     ) -> Actions:
         """One pass. A model's desired count is its `replicas`, or its entry in
         `desired` (the autoscaler's decision, for models that have one)."""
-        actions = Actions()
+        # What nodes run that this reconciler does not hold: adopted, else stopped below.
+        actions = self.adopt_reported(now, models, nodes)
         desired = desired or {}
         by_node = {n.node_id: n for n in nodes}
         # Replicas on lost nodes are gone: unroute them and place them again.
@@ -415,7 +423,67 @@ class Reconciler:
                 if r in self.replicas and self.replicas[r].model not in unplaced
             }
             self._make_room(result, wanted, now)
-        return actions + self._resend(now, by_node)
+        return actions + self._stop_strays(now, nodes) + self._resend(now, by_node)
+
+    # -- adoption (llmgw.control.adoption) ------------------------------------------------
+
+    def adopt_reported(
+        self,
+        now: float,
+        models: Sequence[ModelConfig],
+        nodes: Sequence[NodeView],
+        *,
+        quiet: bool = True,
+    ) -> Actions:
+        """Adopt the whole replicas of an earlier server run (after a restart, or agents
+        back late) that `nodes` report and this reconciler does not hold, of the models
+        in `models`; `quiet=False` logs why the others are not. Every pass does it
+        first; the controller also does it alone while it settles."""
+        reports = [
+            r
+            for r in unheld(self._reported(nodes), self.replicas, self.minted)
+            if r.status.state in (ShardState.STARTING, ShardState.READY)
+        ]
+        if not reports:
+            return Actions()
+        rebuilt = placement_from_reports(reports)
+        wanted = {m.name for m in models if m.profiles}
+        addresses = {n.node_id: n.address for n in nodes}
+        actions = Actions()
+        for placement in rebuilt.placements:
+            if placement.model not in wanted:
+                continue
+            shards = [r.status for r in reports if r.status.replica_id == placement.replica_id]
+            log.info("adopting replica %s (epoch %d)", placement.replica_id, placement.epoch)
+            address = addresses.get(placement.head.node_id)
+            actions += self.adopt(placement, shards, now, address=address)
+        if not quiet:
+            for refused in rebuilt.refused:
+                log.warning("not adopting %s: %s", refused.replica_id, refused.reason)
+        return actions
+
+    def _stop_strays(self, now: float, nodes: Sequence[NodeView]) -> Actions:
+        """Stop what adoption left of an earlier run's replicas (adoption.Strays)."""
+        left = unheld(self._reported(nodes), self.replicas, self.minted)
+        return Actions(
+            tuple(
+                Command(
+                    r.node_id,
+                    StopShard(
+                        f"c{next(self._commands)}",
+                        r.status.replica_id,
+                        r.status.rank,
+                        r.status.epoch,
+                    ),
+                )
+                for r in self._strays.due(now, left)
+            )
+        )
+
+    @staticmethod
+    def _reported(nodes: Sequence[NodeView]) -> list[tuple[str, tuple[ShardStatus, ...]]]:
+        """What the nodes that are not lost report (a lost node's shards are gone)."""
+        return [(n.node_id, n.shards) for n in nodes if n.state is not NodeState.LOST]
 
     def _capacity(self, node: NodeView, now: float) -> NodeCapacity:
         """The node's capacity with the ports it refused lately held."""
