@@ -9,7 +9,8 @@ from typing import Any
 from llmgw.config import ControlConfig, DeploymentProfile, ModelConfig, Seconds
 from llmgw.control.adoption import ShardReport, Strays
 from llmgw.control.placement import NodeCapacity
-from llmgw.control.reconciler import NodeView, Published, Reconciler
+from llmgw.control.reconciler import Reconciler
+from llmgw.control.replicas import NodeView, Published
 from llmgw.domain.fleet import NodeInfo, NodeState, Placement, ShardAssignment, ShardState
 from llmgw.transport.messages import ShardStatus, StopShard
 

@@ -36,7 +36,8 @@ from llmgw.control.inventory import (
     StaleConnection,
     UnknownNode,
 )
-from llmgw.control.reconciler import Published, Reconciler
+from llmgw.control.reconciler import Reconciler
+from llmgw.control.replicas import Published
 from llmgw.domain.fleet import Gpu, NodeInfo, NodeState, Placement, ShardAssignment, ShardState
 from llmgw.transport.limits import MAX_SHARDS
 from llmgw.transport.messages import Heartbeat, Register, ShardStatus, StopShard

@@ -7,13 +7,8 @@ import pytest
 
 from llmgw.config import ControlConfig, DeploymentProfile, ModelConfig
 from llmgw.control.placement import NodeCapacity
-from llmgw.control.reconciler import (
-    REFUSED_PORT_TTL,
-    Actions,
-    NodeView,
-    Published,
-    Reconciler,
-)
+from llmgw.control.reconciler import REFUSED_PORT_TTL, Reconciler
+from llmgw.control.replicas import Actions, NodeView, Published
 from llmgw.domain.fleet import (
     EngineExit,
     EngineInfo,

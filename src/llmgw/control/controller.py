@@ -52,7 +52,8 @@ from llmgw.control.inventory import (
 )
 from llmgw.control.leadership import Leadership, epoch_floor
 from llmgw.control.placement import NodeCapacity
-from llmgw.control.reconciler import Actions, NodeView, Published, Reconciler
+from llmgw.control.reconciler import Reconciler
+from llmgw.control.replicas import Actions, NodeView, Published
 from llmgw.control.scaler import DemandFeed, Scaler
 from llmgw.domain.catalog import ModelConfig
 from llmgw.domain.endpoints import Endpoint, EndpointSink
