@@ -7,7 +7,18 @@ for each shard status, passing `now`. Each returns :class:`Actions` (commands fo
 agents), which the controller sends. What the router should hold is derived, not
 announced: :meth:`Reconciler.routes` says it from the replicas as they are (the
 ready ones serve, the drained ones that served drain), and after every pass the
-controller applies the difference from what it last applied.
+controller applies the difference from what it last applied. Each pass first adopts
+the whole replicas of an earlier run that nodes report (:meth:`Reconciler.adopt_reported`,
+reading the inventory's shards through :class:`~llmgw.control.replicas.NodeView`).
+
+Shard state is still kept twice (issue #35): the inventory's record of what each node
+reports is what adoption reads, while a replica's own ranks are judged from the
+reports handed to :meth:`Reconciler.shard_reported` and :meth:`Reconciler.node_reported`
+and kept in ``Replica.shards``. That record is also the memory the transitions need
+(a failure counted once, a rank heard running that a registration no longer
+lists); reading ranks from the views instead means re-deriving those in the pass,
+and stopping mis-fenced shards at most once per interval, as
+:class:`~llmgw.control.adoption.Strays` does for an earlier run's.
 
 Replica lifecycle::
 
