@@ -392,10 +392,40 @@ async def test_crash_at_start_reported_with_the_engines_error(
             await server.send(start_sim(reserve(), args=("--no-such-flag",)))
             assert (await server.result("c1")).ok  # accepted: the engine itself refuses it
             failed = await server.status(ShardState.FAILED)
-            # Delivered, so forgotten.
+            # Forgotten once a heartbeat has carried the end too.
             await wait_until(lambda: agent.supervisor.shards == {}, "the failed shard forgotten")
     assert failed.exit_code == 2
     assert any("unrecognized arguments: --no-such-flag" in line for line in failed.output_tail)
+
+
+async def test_an_end_whose_report_is_lost_is_carried_by_the_next_heartbeat(
+    tmp_path: Path, reserve: Callable[[], int]
+) -> None:
+    # The server re-derives from heartbeats: had the agent forgotten the shard when its
+    # last ShardStatus was sent, a lost one would leave the server waiting forever for
+    # the end of a drain (tests/test_lossy_fleet.py).
+    with trio.fail_after(30):
+        async with running_agent(tmp_path) as (network, server, agent):
+            await server.wait_for(Register)
+            await server.send(start_sim(reserve()))
+            await server.status(ShardState.READY)
+            network.drop = lambda _node, m: ended(m)
+            await server.send(StopShard("c2", "m-r1", 0, 1, grace=5))
+            beat = await server.wait_for(
+                Heartbeat, lambda h: any(s.state is ShardState.STOPPED for s in h.shards)
+            )
+            assert [(s.replica_id, s.epoch) for s in beat.shards] == [("m-r1", 1)]
+            await wait_until(lambda: agent.supervisor.shards == {}, "the stopped shard forgotten")
+    assert network.stats.dropped == 1  # the STOPPED status itself never arrived
+    assert not any(ended(m) for _, m in server.received)
+
+
+def ended(message: object) -> bool:
+    """A ShardStatus of a shard that ended (what the test above loses)."""
+    return isinstance(message, ShardStatus) and message.state in (
+        ShardState.STOPPED,
+        ShardState.FAILED,
+    )
 
 
 async def test_reconnect_reregisters_running_shard_with_the_same_engine(

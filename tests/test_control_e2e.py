@@ -11,7 +11,6 @@ import trio.testing
 
 from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig, DeploymentProfile, ModelConfig, Seconds
-from llmgw.control import controller as controller_module
 from llmgw.control.controller import Controller
 from llmgw.domain.fleet import EngineInfo, Gpu, NodeInfo, NodeState, ReplicaState, ShardState
 from llmgw.router.endpoints import Endpoint
@@ -402,27 +401,6 @@ async def test_a_message_over_the_bounds_ends_the_connection_and_changes_nothing
         record = f.controller.inventory.get("n-1")
         assert record is not None and record.gpus == (gpu,) and record.seq is None
     assert "a message over the agent protocol's bounds: Heartbeat.gpus: 1000 entries" in caplog.text
-
-
-def test_unknown_replicas_remembered_from_reports_are_bounded(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A shard of an unknown multi-node replica waits `settle` for its other ranks; the
-    waits remembered are bounded, since reports may name any replica ids."""
-    monkeypatch.setattr(controller_module, "MAX_UNKNOWN", 3)
-    controller = Controller(ControlConfig(), Catalog(()), Routes(), settle=10.0)
-
-    def unknown(i: int) -> ShardStatus:
-        return ShardStatus(f"x-{i}", 1, 1, ShardState.READY, node_count=2)
-
-    controller._report_shards("a", [unknown(i) for i in range(3)], 0.0)
-    assert len(controller._unknown_since) == 3 and controller.commands["stop"] == 0
-    # Full: a new one waits for nothing (stopped as stale at once).
-    controller._report_shards("a", [unknown(3)], 1.0)
-    assert len(controller._unknown_since) == 3 and controller.commands["stop"] == 1
-    # Once the first ones waited their settle out, they make room.
-    controller._report_shards("a", [unknown(4)], 11.0)
-    assert list(controller._unknown_since) == [("x-4", 1)]
 
 
 @VIRTUAL_TIME

@@ -36,7 +36,8 @@ from llmgw.control.inventory import (
     StaleConnection,
     UnknownNode,
 )
-from llmgw.control.reconciler import Publish, Reconciler
+from llmgw.control.reconciler import Reconciler
+from llmgw.control.replicas import Published
 from llmgw.domain.fleet import Gpu, NodeInfo, NodeState, Placement, ShardAssignment, ShardState
 from llmgw.transport.limits import MAX_SHARDS
 from llmgw.transport.messages import Heartbeat, Register, ShardStatus, StopShard
@@ -568,9 +569,10 @@ def test_placement_from_reports_rebuilds_a_two_node_replica() -> None:
     # and the reconciler adopts what both agents run: published, nothing stopped
     (placement,) = rebuilt.placements
     head = shard("r1", 0, 3, endpoint_url="http://gpu-1:20000")
-    actions = restarted().adopt(placement, [head, shard("r1", 1, 3)], 5.0, address="gpu-1")
+    reconciler = restarted()
+    actions = reconciler.adopt(placement, [head, shard("r1", 1, 3)], 5.0, address="gpu-1")
     assert actions.commands == ()
-    assert actions.router == (Publish("r1", "llama", "http://gpu-1:20000"),)
+    assert reconciler.routes().serving == {"r1": Published("r1", "llama", "http://gpu-1:20000")}
 
 
 def test_placement_from_reports_refuses_a_partial_replica() -> None:
@@ -580,11 +582,12 @@ def test_placement_from_reports_refuses_a_partial_replica() -> None:
     assert (refused.replica_id, refused.epoch) == ("r1", 3)
     assert "rank 1 of 2 not reported" in refused.reason
     # so nothing is adopted, and the reconciler stops the running rank
-    actions = restarted().shard_reported("gpu-1", shard("r1", 0, 3), 5.0)
+    reconciler = restarted()
+    actions = reconciler.shard_reported("gpu-1", shard("r1", 0, 3), 5.0)
     (stop,) = actions.commands
     assert stop.node_id == "gpu-1" and isinstance(stop.message, StopShard)
     assert (stop.message.replica_id, stop.message.rank, stop.message.epoch) == ("r1", 0, 3)
-    assert actions.router == ()
+    assert "r1" not in reconciler.routes()
 
 
 @pytest.mark.parametrize(

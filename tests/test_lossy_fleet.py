@@ -2,7 +2,8 @@
 commands). A router, the controller and two real agents (llmgw.testing.fleet) on the
 stub transport, which loses half of the commands to agents and half of the agents'
 shard reports: every count the catalog asks for is reached anyway, by commands sent
-again while the agents' reports disagree, and by the reports heartbeats carry.
+again while the agents' reports disagree, and by the reports heartbeats carry (the end
+of a shard too, whose own report may be the one lost).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import trio
 
 from llmgw.catalog import Catalog
 from llmgw.config import DeploymentProfile, ModelConfig
-from llmgw.domain.fleet import ReplicaState
+from llmgw.domain.fleet import ReplicaState, ShardState
 from llmgw.testing import SIM_PROFILE, Fleet, fleet, until
 from llmgw.transport.messages import DrainShard, ShardStatus, StartShard, StopShard
 
@@ -47,5 +48,28 @@ async def test_the_fleet_converges_when_half_the_commands_and_reports_are_lost()
         assert f.network.stats.dropped > 0
         assert f.controller.reconciler.resent > 0  # what was lost was sent again
         # The agents run exactly the replicas the controller holds, no stray engine.
+        running = {s.command.replica_id for a in f.agents for s in a.supervisor.live()}
+        assert running == set(f.controller.reconciler.replicas)
+
+
+async def test_a_drained_replica_ends_when_every_report_of_an_end_is_lost() -> None:
+    # Once the server has heard a shard drain, only a report of its end settles it: no
+    # command is sent again while the agent agrees it drains. The agent's heartbeats
+    # carry that end too, so losing the ShardStatus costs an interval, not the drain.
+    def ended(_node: str, message: object) -> bool:
+        return isinstance(message, ShardStatus) and message.state in (
+            ShardState.STOPPED,
+            ShardState.FAILED,
+        )
+
+    profile = DeploymentProfile(**SIM_PROFILE)
+    async with fleet([{"name": "m", "replicas": 2, "profiles": [SIM_PROFILE]}], nodes=1) as f:
+        with trio.fail_after(30):
+            await converged(f, 2)
+        f.network.drop = ended
+        f.set_catalog(Catalog((ModelConfig(name="m", replicas=1, profiles=(profile,)),)))
+        with trio.fail_after(30):
+            await converged(f, 1)
+        assert f.network.stats.dropped > 0
         running = {s.command.replica_id for a in f.agents for s in a.supervisor.live()}
         assert running == set(f.controller.reconciler.replicas)

@@ -7,14 +7,8 @@ import pytest
 
 from llmgw.config import ControlConfig, DeploymentProfile, ModelConfig
 from llmgw.control.placement import NodeCapacity
-from llmgw.control.reconciler import (
-    REFUSED_PORT_TTL,
-    Actions,
-    NodeView,
-    Publish,
-    Reconciler,
-    Unpublish,
-)
+from llmgw.control.reconciler import REFUSED_PORT_TTL, Reconciler
+from llmgw.control.replicas import Actions, NodeView, Published
 from llmgw.domain.fleet import (
     EngineExit,
     EngineInfo,
@@ -92,13 +86,13 @@ def test_places_starts_and_publishes_when_every_shard_is_ready() -> None:
     # Level-triggered: a second pass changes nothing while they start.
     assert r.step(1.0, [model(2)], [node("a", 1), node("b", 1)]) == Actions()
     node_id, cmd = started[0]
-    out = r.shard_reported(node_id, ready(cmd), 2.0)
-    assert out.router == (Publish(cmd.replica_id, "m", url_of(cmd)),)
+    assert r.shard_reported(node_id, ready(cmd), 2.0) == Actions()
+    assert r.routes().serving == {cmd.replica_id: Published(cmd.replica_id, "m", url_of(cmd))}
     assert r.replicas[cmd.replica_id].state is ReplicaState.READY
     # The capacity its agent launched it with goes to the router with it.
     node_id, cmd = started[1]
-    out = r.shard_reported(node_id, ready(cmd, capacity=48), 2.0)
-    assert out.router == (Publish(cmd.replica_id, "m", url_of(cmd), 48),)
+    r.shard_reported(node_id, ready(cmd, capacity=48), 2.0)
+    assert r.routes().serving[cmd.replica_id] == Published(cmd.replica_id, "m", url_of(cmd), 48)
 
 
 def test_multi_node_shards_agree_on_master_and_ranks() -> None:
@@ -115,9 +109,11 @@ def test_multi_node_shards_agree_on_master_and_ranks() -> None:
     assert cmds[0].master_address == f"10.0.0.{len(head)}"
     assert cmds[0].master_port is not None
     # Published only when both shards are ready.
-    assert r.shard_reported(head, ready(cmds[0]), 1.0).router == ()
+    r.shard_reported(head, ready(cmds[0]), 1.0)
+    assert cmds[0].replica_id not in r.routes()
     other = next(n for n, c in started if c.rank == 1)
-    assert r.shard_reported(other, ready(cmds[1]), 1.0).router != ()
+    r.shard_reported(other, ready(cmds[1]), 1.0)
+    assert cmds[0].replica_id in r.routes().serving
 
 
 def test_a_failed_start_backs_the_model_off_doubling() -> None:
@@ -128,8 +124,8 @@ def test_a_failed_start_backs_the_model_off_doubling() -> None:
     for _ in range(4):
         ((node_id, cmd),) = starts(r.step(now, [model()], nodes))
         failed = ShardStatus(cmd.replica_id, 0, cmd.epoch, ShardState.FAILED, message="boom")
-        out = r.shard_reported(node_id, failed, now)
-        assert Unpublish(cmd.replica_id, drain=False) in out.router
+        r.shard_reported(node_id, failed, now)
+        assert cmd.replica_id not in r.routes() and cmd.replica_id not in r.replicas
         until = r.backoff_until("m")
         assert until is not None
         delays.append(until - now)
@@ -162,7 +158,7 @@ def test_the_url_published_is_the_servers_and_a_report_naming_another_is_refused
         f"https://10.0.0.1:{cmd.port}",
     ):
         out = r.shard_reported(n, ready(cmd, url=url), 1.0)
-        assert out.router == (Unpublish(cmd.replica_id, drain=False),), url
+        assert cmd.replica_id not in r.routes(), url
         assert stops(out) == [(n, cmd.replica_id, 0, cmd.epoch)]
         assert cmd.replica_id not in r.replicas
         assert "not the URL it was assigned" in caplog.text and url in caplog.text
@@ -171,13 +167,13 @@ def test_the_url_published_is_the_servers_and_a_report_naming_another_is_refused
         ((n, cmd),) = starts(r.step(r.backoff_until("m") or 0.0, [model()], [node("a", 1)]))
     assert r.refused_urls == 4
     # The same URL spelled otherwise, or none reported: the server's URL is published.
-    out = r.shard_reported(n, ready(cmd, url=f"HTTP://10.0.0.1:{cmd.port}/"), 100.0)
-    assert out.router == (Publish(cmd.replica_id, "m", url_of(cmd)),)
+    r.shard_reported(n, ready(cmd, url=f"HTTP://10.0.0.1:{cmd.port}/"), 100.0)
+    assert r.routes().serving == {cmd.replica_id: Published(cmd.replica_id, "m", url_of(cmd))}
     # An adopted replica is published at its head's address as the controller knows it.
     adopter = Reconciler(CONTROL, first_epoch=cmd.epoch + 1)
     placement = r.replicas[cmd.replica_id].placement
-    out = adopter.adopt(placement, [ready(cmd)], 101.0, address="10.0.0.1")
-    assert out.router == (Publish(cmd.replica_id, "m", url_of(cmd)),)
+    adopter.adopt(placement, [ready(cmd)], 101.0, address="10.0.0.1")
+    assert adopter.routes().serving == {cmd.replica_id: Published(cmd.replica_id, "m", url_of(cmd))}
 
 
 def test_surplus_replicas_drain_then_stop() -> None:
@@ -189,13 +185,14 @@ def test_surplus_replicas_drain_then_stop() -> None:
     out = r.step(2.0, [model(1)], nodes)
     (drain,) = [c.message for c in out.commands]
     assert isinstance(drain, DrainShard)
-    assert out.router == (Unpublish(drain.replica_id, drain=True),)
+    assert r.routes().draining == {drain.replica_id}  # no new requests; in flight finish
+    assert drain.replica_id not in r.routes().serving
     assert r.replicas[drain.replica_id].state is ReplicaState.DRAINING
     # Draining does not count: no replacement is placed meanwhile.
     assert starts(r.step(3.0, [model(1)], nodes)) == []
     stopped = ShardStatus(drain.replica_id, 0, drain.epoch, ShardState.STOPPED)
-    assert r.shard_reported("a", stopped, 4.0).router == (Unpublish(drain.replica_id, drain=False),)
-    assert drain.replica_id not in r.replicas
+    r.shard_reported("a", stopped, 4.0)
+    assert drain.replica_id not in r.replicas and drain.replica_id not in r.routes()
 
 
 def test_a_removed_model_is_drained() -> None:
@@ -229,9 +226,10 @@ def test_a_lost_node_loses_its_replica_which_is_placed_again() -> None:
     # Unreachable: nothing happens, the replica keeps serving.
     views = [node(n, 1, NodeState.UNREACHABLE), node(other, 1)]
     assert r.step(20.0, [model()], views) == Actions()
+    assert cmd.replica_id in r.routes().serving
     views = [node(n, 1, NodeState.LOST), node(other, 1)]
     out = r.step(70.0, [model()], views)
-    assert Unpublish(cmd.replica_id, drain=False) in out.router
+    assert cmd.replica_id not in r.routes()
     ((placed_on, new),) = starts(out)
     assert placed_on == other and new.epoch > cmd.epoch
 
@@ -250,8 +248,9 @@ def test_a_shard_its_node_no_longer_reports_is_lost_and_placed_again_at_once() -
     # report of this shard's.
     assert r.node_reported("b", [], 2.0) == Actions()
     other_epoch = attrs.evolve(ready(cmd), epoch=cmd.epoch + 1)
+    assert cmd.replica_id in r.routes().serving
     out = r.node_reported(n, [other_epoch], 3.0)
-    assert out.router == (Unpublish(cmd.replica_id, drain=False),)
+    assert cmd.replica_id not in r.routes()
     # The stop tells the agent to make sure (it answers that nothing runs).
     assert stops(out) == [(n, cmd.replica_id, 0, cmd.epoch)]
     assert cmd.replica_id not in r.replicas
@@ -270,7 +269,8 @@ def test_a_shard_never_heard_of_or_already_ended_is_not_lost_by_its_absence() ->
     assert r.replicas[cmd.replica_id].state is ReplicaState.STARTING
     # Starting, then missing: lost like a ready one.
     r.shard_reported(n, attrs.evolve(ready(cmd), state=ShardState.STARTING), 2.0)
-    assert r.node_reported(n, [], 3.0).router == (Unpublish(cmd.replica_id, drain=False),)
+    assert stops(r.node_reported(n, [], 3.0)) == [(n, cmd.replica_id, 0, cmd.epoch)]
+    assert cmd.replica_id not in r.replicas and cmd.replica_id not in r.routes()
 
 
 def test_a_multi_node_replica_missing_one_rank_is_lost_whole() -> None:
@@ -280,8 +280,7 @@ def test_a_multi_node_replica_missing_one_rank_is_lost_whole() -> None:
     # gpu-1 still runs rank 0; gpu-2 came back without rank 1.
     assert r.node_reported("gpu-1", [status("r1", 0, 3)], 2.0) == Actions()
     out = r.node_reported("gpu-2", [], 2.0)
-    assert "r1" not in r.replicas
-    assert out.router == (Unpublish("r1", drain=False),)
+    assert "r1" not in r.replicas and "r1" not in r.routes()
     # Rank 0, which still runs, is stopped; rank 1 is asked to stop too, in case.
     assert sorted(stops(out)) == [("gpu-1", "r1", 0, 3), ("gpu-2", "r1", 1, 3)]
 
@@ -292,7 +291,8 @@ def test_a_replica_that_never_starts_times_out() -> None:
     r.shard_reported("a", ShardStatus(cmd.replica_id, 0, cmd.epoch, ShardState.STARTING), 1.0)
     assert r.step(599.0, [model()], [node("a", 1)]) == Actions()
     out = r.step(601.0, [model()], [node("a", 1)])
-    assert Unpublish(cmd.replica_id, drain=False) in out.router
+    assert stops(out) == [("a", cmd.replica_id, 0, cmd.epoch)]
+    assert cmd.replica_id not in r.replicas and cmd.replica_id not in r.routes()
     assert r.backoff_until("m") == 611.0
 
 
@@ -364,8 +364,8 @@ def test_adopted_replicas_are_kept_and_new_epochs_are_higher() -> None:
     # A restarted server (its epochs start later, as the controller's wall clock ones
     # do) adopts what the agent still runs.
     second = Reconciler(CONTROL, first_epoch=1000)
-    out = second.adopt(placement, [ready(cmd)], 5.0, address="10.0.0.1")
-    assert out.router == (Publish(cmd.replica_id, "m", url_of(cmd)),)
+    assert second.adopt(placement, [ready(cmd)], 5.0, address="10.0.0.1") == Actions()
+    assert second.routes().serving == {cmd.replica_id: Published(cmd.replica_id, "m", url_of(cmd))}
     assert starts(second.step(6.0, [model()], [node("a", 1), node("b", 1)])) == []
     more = starts(second.step(7.0, [model(2)], [node("a", 1), node("b", 1)]))
     assert len(more) == 1 and more[0][1].epoch > placement.epoch
@@ -385,7 +385,7 @@ def test_a_lost_nodes_replica_is_stopped_not_taken_back_when_the_node_returns() 
     assert r.minted(old.epoch) and old.replica_id not in r.replicas
     out = r.shard_reported(n, ready(old), 80.0)
     assert stops(out) == [(n, old.replica_id, 0, old.epoch)]
-    assert out.router == ()
+    assert list(r.routes().serving) == [new.replica_id]
     # The replacement serves on alone: no second replica, nothing drained.
     assert r.step(81.0, [model()], [node(n, 1), node(other, 1)]) == Actions()
     assert list(r.replicas) == [new.replica_id]
@@ -420,7 +420,7 @@ def test_fencing_keeps_the_exact_epoch_and_stops_an_older_one_and_an_unknown_rep
     for stale in (status("r1", 0, 2), status("r9", 0, 1)):
         out = r.shard_reported("gpu-1", stale, 1.0)
         assert stops(out) == [("gpu-1", stale.replica_id, 0, stale.epoch)]
-        assert out.router == ()
+        assert not r.routes().serving
     assert r.replicas["r1"].shards == {0: same}
 
 
@@ -447,8 +447,7 @@ def test_fencing_ignores_exited_stale_shards_and_takes_a_failed_current_one() ->
     # The current epoch's failure is this replica's: it fails, and its rank that still
     # runs is stopped (the failed one has nothing left to stop).
     out = r.shard_reported("gpu-1", status("r1", 0, 3, ShardState.FAILED), 2.0)
-    assert "r1" not in r.replicas
-    assert out.router == (Unpublish("r1", drain=False),)
+    assert "r1" not in r.replicas and "r1" not in r.routes()
     assert stops(out) == [("gpu-2", "r1", 1, 3)]
     assert r.backoff_until("llama") is not None
 
@@ -472,7 +471,7 @@ def test_a_cordoned_node_is_emptied_make_before_break() -> None:
     r.shard_reported(new_node, ready(new), 3.0)
     out = r.step(4.0, [model()], views)
     assert [(c.node_id, type(c.message)) for c in out.commands] == [(old_node, DrainShard)]
-    assert Unpublish(old.replica_id, drain=True) in out.router
+    assert old.replica_id in r.routes().draining
 
 
 def test_a_plain_cordon_keeps_the_replicas_where_they_are() -> None:
@@ -517,7 +516,7 @@ def test_a_desired_count_given_for_a_model_replaces_its_replicas() -> None:
     (drain,) = [c.message for c in out.commands]
     assert isinstance(drain, DrainShard)
     assert r.replicas[drain.replica_id].model == "scaled"
-    assert out.router == (Unpublish(drain.replica_id, drain=True),)
+    assert r.routes().draining == {drain.replica_id}
     # Down to zero: every replica of it drains; without an entry, `replicas` again.
     out = r.step(3.0, [static, scaled], nodes, {"scaled": 0})
     assert len([c for c in out.commands if isinstance(c.message, DrainShard)]) == 2

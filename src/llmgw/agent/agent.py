@@ -10,12 +10,16 @@ One connection at a time, reconnecting forever:
 
 * **Register** first, with the whole inventory (GPUs freshly discovered, engines
   found installed, labels, fabrics) and every shard it knows: live ones with the
-  launch fields a restarted server needs to adopt them, and ended ones whose final
-  status no server has received yet.
+  launch fields a restarted server needs to adopt them, and ended ones whose end no
+  registration or heartbeat has carried yet.
 * **Registered** sets the heartbeat interval. From then on a **Heartbeat** goes out
   every interval with the GPUs rediscovered (memory used, utilisation, ECC; bounded
   by half an interval, the last known inventory otherwise) and a summary of every
   shard (without output tails), and every shard transition is sent as it happens.
+  A shard that ended is forgotten only once a heartbeat (or registration) has carried
+  its end, not when the transition was sent: the server re-derives from those
+  summaries, so a lost final ShardStatus costs one interval instead of leaving the
+  server waiting for an end nothing would report again.
 * **Commands**: each StartShard is checked by its engine's adapter and against
   this node (GPUs and ports not taken by another shard, ports free, network
   interface present) and either rejected at once (CommandResult failed, FAILED with
@@ -383,7 +387,9 @@ class Agent:
             )
 
     def _report(self, status: ShardStatus) -> None:
-        self._queue(status, (status,))
+        # Carries nothing to forget: an ended shard stays in the summaries until a
+        # heartbeat has carried its end too (module docstring).
+        self._queue(status)
 
     def _result(self, command_id: str, ok: bool, message: str = "") -> None:
         self._queue(CommandResult(command_id, ok, message))

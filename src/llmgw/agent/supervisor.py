@@ -252,15 +252,15 @@ class Supervisor:
 
     def statuses(self) -> list[ShardStatus]:
         """The latest status of every shard still known (live, or ended but not yet
-        delivered to a server)."""
+        carried by a registration or heartbeat)."""
         return [s.status for s in self.shards.values()]
 
     def live(self) -> list[Shard]:
         return [s for s in self.shards.values() if s.live]
 
     def delivered(self, statuses: Iterable[ShardStatus]) -> None:
-        """A server has received these: forget the ended shards among them (the
-        ones whose latest status this still is)."""
+        """A registration or heartbeat carried these: forget the ended shards among
+        them (the ones whose latest status this still is)."""
         for status in statuses:
             key = (status.replica_id, status.rank)
             shard = self.shards.get(key)

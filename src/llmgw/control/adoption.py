@@ -14,11 +14,16 @@ with jittered backoff, so the caller must wait for them to settle (e.g. one
 `unreachable_after` after start) before rebuilding; a replica whose rank 1 has not
 re-registered yet is partial. Rebuilding needs what the agent was told when the shard
 started (profile, node count, GPU indices, ports), carried by :class:`ShardReport`.
+
+The reconciler's pass does it (:meth:`~llmgw.control.reconciler.Reconciler.adopt_reported`),
+from the shards the inventory holds for each node (:func:`unheld`); what is left
+(refused, of a model no longer wanted, or ranks missing) is stopped, :class:`Strays`
+saying when.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Container, Iterable
 
 import attrs
 
@@ -30,7 +35,9 @@ __all__ = [
     "Rebuilt",
     "RefusedReplica",
     "ShardReport",
+    "Strays",
     "placement_from_reports",
+    "unheld",
 ]
 
 #: Shard states with a running process (something to stop).
@@ -127,3 +134,65 @@ def _rebuild(replica_id: str, epoch: int, reports: list[ShardReport]) -> Placeme
         for rank, r in sorted(ranks.items())
     )
     return Placement(replica_id, first.status.model, first.profile, epoch, shards)
+
+
+def unheld(
+    nodes: Iterable[tuple[str, Iterable[ShardStatus]]],
+    held: Container[str],
+    minted: Callable[[int], bool],
+) -> list[ShardReport]:
+    """The live shards `nodes` report (node id, its shards) of replicas not `held`, at
+    epochs of an earlier run (not `minted`): what is adopted, or else stopped. Those
+    of this run's epochs were superseded: the reconciler's fencing stops them."""
+    return [
+        ShardReport(
+            node_id,
+            s,
+            s.profile,
+            s.node_count or 1,
+            s.gpu_indices,
+            s.port or 0,
+            s.dist_port,
+        )
+        for node_id, shards in nodes
+        for s in shards
+        if s.state in LIVE_SHARD_STATES and s.replica_id not in held and not minted(s.epoch)
+    ]
+
+
+class Strays:
+    """When to stop the shards adoption left: at once, and again every `every` seconds
+    while they are reported (a stop may be lost too); a shard of a multi-node replica
+    only after `wait` seconds from its first report, for its other ranks (agents come
+    back one by one after an outage). What it remembers is what was reported last, so
+    it holds no more than the inventory does (reports may name any replica ids)."""
+
+    def __init__(self, wait: float, every: float) -> None:
+        self.wait = wait
+        self.every = every
+        self._first: dict[tuple[str, int], float] = {}  # (replica id, epoch) -> seen
+        self._stopped: dict[tuple[str, str, int, int], float] = {}  # shard -> stop sent
+
+    def due(self, now: float, left: Iterable[ShardReport]) -> list[ShardReport]:
+        """Of the shards `left` unadopted now, those to stop now."""
+        first: dict[tuple[str, int], float] = {}
+        stopped: dict[tuple[str, str, int, int], float] = {}
+        due: list[ShardReport] = []
+        for r in left:
+            s = r.status
+            seen = first[s.replica_id, s.epoch] = self._first.get((s.replica_id, s.epoch), now)
+            if r.node_count > 1 and now - seen < self.wait:
+                continue
+            key = (r.node_id, s.replica_id, s.rank, s.epoch)
+            last = self._stopped.get(key)
+            if last is not None and now - last < self.every:
+                stopped[key] = last
+                continue
+            stopped[key] = now
+            due.append(r)
+        self._first, self._stopped = first, stopped
+        return due
+
+    def __len__(self) -> int:
+        """Replicas remembered (waiting for their other ranks, or stopped)."""
+        return len(self._first)

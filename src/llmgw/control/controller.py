@@ -30,7 +30,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import trio
@@ -38,7 +38,6 @@ import trio
 from llmgw.catalog import Catalog
 from llmgw.config import ControlConfig
 from llmgw.control.activity import ActivityTracker
-from llmgw.control.adoption import ShardReport, placement_from_reports
 from llmgw.control.autoscale import ReplicaSample, initial
 from llmgw.control.cordons import CordonChange, Cordons, CordonStore
 from llmgw.control.inventory import (
@@ -48,13 +47,13 @@ from llmgw.control.inventory import (
     InventoryError,
     NodeBecameUnreachable,
     NodeLost,
-    NodeRecord,
     NodeRemoved,
     UnknownNode,
 )
 from llmgw.control.leadership import Leadership, epoch_floor
 from llmgw.control.placement import NodeCapacity
-from llmgw.control.reconciler import Actions, NodeView, Publish, Reconciler, Unpublish
+from llmgw.control.reconciler import Reconciler
+from llmgw.control.replicas import Actions, NodeView, Published
 from llmgw.control.scaler import DemandFeed, Scaler
 from llmgw.domain.catalog import ModelConfig
 from llmgw.domain.endpoints import Endpoint, EndpointSink
@@ -142,9 +141,6 @@ def _log_failed(node_id: str, status: ShardStatus) -> None:
 
 
 OUTBOX_SIZE = 1024
-#: Unknown multi-node replicas whose first report is remembered (_report_shards) before
-#: those that waited their settle period out are dropped.
-MAX_UNKNOWN = 4096
 # Between two event-driven passes: at least this long, and this many times the
 # previous pass's duration (so passes use at most ~1/(1+PASS_SPACING) of the loop).
 MIN_PASS_GAP = 0.02
@@ -221,8 +217,10 @@ class Controller:
         self.scaler = Scaler()
         # Epochs start from the wall clock, so a restarted server's new placements can
         # never be mistaken for its predecessor's (agents may report those late).
-        self.reconciler = reconciler or Reconciler(control, first_epoch=int(time.time() * 1000))
-        self._unknown_since: dict[tuple[str, int], float] = {}
+        # An earlier run's multi-node replica waits as long for its ranks to be adopted.
+        self.reconciler = reconciler or Reconciler(
+            control, first_epoch=int(time.time() * 1000), adopt_wait=self.settle
+        )
         self.epoch = secrets.token_hex(4)  # tells agents the server restarted
         self.leadership = leadership
         # This term's fencing token (0: one server, no terms) and whether agents are
@@ -231,6 +229,10 @@ class Controller:
         self._accepting = leadership is None
         self._term_connections: set[trio.CancelScope] = set()
         self._outboxes: dict[str, trio.MemorySendChannel[ServerMessage]] = {}
+        # What the sink was last given (_route): the replicas serving, and those
+        # drained there that have not gone yet.
+        self._routed: dict[str, Published] = {}
+        self._drained: set[str] = set()
         self._wake = trio.Event()
         self._settled = False
         self.started_at: float | None = None
@@ -260,8 +262,7 @@ class Controller:
         are scaled down (those still starting first); replicas already drained stay
         gone. Raises UnknownNode. Applies now; the store write is queued: await
         :meth:`persisted` with what this returns to know it is stored."""
-        self.inventory.cordon(node_id, on, drain=drain)
-        self.poke()
+        self._changed(self.inventory.cordon(node_id, on, drain=drain))
         return self.cordons.queue(node_id, drain if on else None)
 
     def forget_node(self, node_id: str) -> CordonChange:
@@ -276,8 +277,7 @@ class Controller:
         refusal = self.forget_refusal(node_id)
         if refusal is not None:
             raise NodeInUse(refusal)
-        self.inventory.remove(node_id)
-        self.poke()
+        self._changed(self.inventory.remove(node_id))
         return self.cordons.queue(node_id, None)
 
     def forget_refusal(self, node_id: str) -> str | None:
@@ -335,6 +335,12 @@ class Controller:
         """Reconcile soon (an event happened)."""
         self._wake.set()
 
+    def _changed(self, events: Sequence[Event]) -> None:
+        """The inventory changed (`events` say how): all they are for is waking the
+        loop, since every pass re-derives from the inventory itself."""
+        if events:
+            self.poke()
+
     # -- cold starts (llmgw.domain.wakes) ----------------------------------------------
 
     def wake(self, model: str) -> None:
@@ -389,9 +395,12 @@ class Controller:
         self.inventory = Inventory(self.control)
         self.scaler = Scaler()
         self.reconciler = Reconciler(
-            self.control, first_epoch=max(int(time.time() * 1000), epoch_floor(token))
+            self.control,
+            first_epoch=max(int(time.time() * 1000), epoch_floor(token)),
+            adopt_wait=self.settle,
         )
-        self._unknown_since = {}
+        # The term's sink starts from nothing too (llmgw.control.instances).
+        self._routed, self._drained = {}, set()
         self._settled = False
         self.epoch = secrets.token_hex(4)
         if self.store is not None:
@@ -433,8 +442,9 @@ class Controller:
             while True:  # adopt as agents arrive (the views show them), place nothing yet
                 await self._wake.wait()
                 self._wake = trio.Event()
-                self._adopt_reported(quiet=True)
-        self._adopt_reported()
+                self._adopt()
+                self._route()
+        self._adopt(quiet=False)
         self._catch_up()
         self._settled = True
         if self.leadership is not None:
@@ -462,15 +472,14 @@ class Controller:
             events = self.inventory.expire(self.clock())
             for event in events:
                 _log_expired(event)
-            if any(isinstance(e, NodeLost | NodeRemoved) for e in events):
-                self.poke()
+            self._changed(events)
 
     def reconcile(self) -> None:
         """One reconciler pass with the current inventory; carries out its actions."""
         now = self.clock()
-        views = [self._view(record) for record in self.inventory.nodes()]
         models = self.deployable()
-        self._apply(self.reconciler.step(now, models, views, self._scale(models, now)))
+        self._apply(self.reconciler.step(now, models, self._views(), self._scale(models, now)))
+        self._route()
         self.passes += 1
         if self.cold is not None:
             self.cold.check(self.unplaceable)
@@ -489,55 +498,29 @@ class Controller:
             replicas=replicas,
         )
 
-    def _view(self, record: NodeRecord) -> NodeView:
-        capacity = NodeCapacity.from_info(
-            record.info,
-            record.state,
-            since=record.since,
-            cordoned=record.cordoned,
-        )
-        return NodeView(record.node_id, record.state, capacity, drain=record.draining)
-
-    def _adopt_reported(self, *, quiet: bool = False) -> None:
-        """Rebuild placements from the shards agents report and adopt the whole ones
-        of an earlier server run that the reconciler does not know (after a restart, or
-        agents back late). Shards of this run's epochs that it no longer holds are
-        superseded (e.g. a lost node's, placed again meanwhile): never adopted, the
-        reconciler stops them."""
-        known = self.reconciler.replicas
-        reports = [
-            ShardReport(
-                node_id=record.node_id,
-                status=status,
-                profile=status.profile,
-                node_count=status.node_count or 1,
-                gpu_indices=status.gpu_indices,
-                port=status.port or 0,
-                dist_port=status.dist_port,
+    def _views(self) -> list[NodeView]:
+        """The inventory's nodes as the reconciler reads them."""
+        return [
+            NodeView(
+                record.node_id,
+                record.state,
+                NodeCapacity.from_info(
+                    record.info, record.state, since=record.since, cordoned=record.cordoned
+                ),
+                drain=record.draining,
+                address=record.info.address,
+                shards=record.shards,
             )
             for record in self.inventory.nodes()
-            if record.state is not NodeState.LOST
-            for status in record.shards
-            if status.state in (ShardState.STARTING, ShardState.READY)
-            and status.replica_id not in known
-            and not self.reconciler.minted(status.epoch)
         ]
-        if not reports:
-            return
-        rebuilt = placement_from_reports(reports)
+
+    def _adopt(self, *, quiet: bool = True) -> None:
+        """Adopt what agents run of an earlier server run (Reconciler.adopt_reported),
+        as the settle period does before any pass."""
         now = self.clock()
-        wanted = {m.name for m in self.deployable()}
-        for placement in rebuilt.placements:
-            if placement.model not in wanted:
-                continue
-            shards = [r.status for r in reports if r.status.replica_id == placement.replica_id]
-            log.info("adopting replica %s (epoch %d)", placement.replica_id, placement.epoch)
-            head = self.inventory.get(placement.head.node_id)
-            address = head.info.address if head is not None else None
-            self._apply(self.reconciler.adopt(placement, shards, now, address=address))
-        if not quiet:
-            for refused in rebuilt.refused:
-                log.warning("not adopting %s: %s", refused.replica_id, refused.reason)
+        self._apply(
+            self.reconciler.adopt_reported(now, self.deployable(), self._views(), quiet=quiet)
+        )
 
     def _catch_up(self) -> None:
         """At the end of the settle period: what agents reported meanwhile about the
@@ -555,41 +538,20 @@ class Controller:
     def _report_shards(
         self, node_id: str, statuses: Iterable[ShardStatus], now: float, *, whole: bool = False
     ) -> None:
-        """Hand shard reports to the reconciler, after adopting whole replicas it does not
-        know. A shard of an unknown multi-node replica whose other ranks have not
-        reported yet gets `settle` to be completed (its agents may come back one by one
-        after an outage) before the reconciler stops it as stale. `whole`: the node's
-        every shard (a registration; a heartbeat's summary need not be whole), so a
-        shard the reconciler has heard run there that is missing is lost
+        """Hand shard reports to the reconciler, but those of an earlier run's replicas
+        it does not hold: the pass adopts or stops them, from the inventory. `whole`:
+        the node's every shard (a registration; a heartbeat's summary need not be
+        whole), so a shard the reconciler has heard run there that is missing is lost
         (Reconciler.node_reported)."""
         statuses = list(statuses)
-        if any(s.replica_id not in self.reconciler.replicas for s in statuses):
-            self._adopt_reported(quiet=True)
         for status in statuses:
-            if (
-                status.replica_id not in self.reconciler.replicas
-                and (status.node_count or 1) > 1
-                and not self.reconciler.minted(status.epoch)
+            if status.replica_id in self.reconciler.replicas or self.reconciler.minted(
+                status.epoch
             ):
-                key = (status.replica_id, status.epoch)
-                if key not in self._unknown_since and len(self._unknown_since) >= MAX_UNKNOWN:
-                    # Reports name any replica ids: those past their wait go, and while
-                    # it is still full a new one waits for nothing (bounded memory).
-                    self._unknown_since = {
-                        k: t for k, t in self._unknown_since.items() if now - t < self.settle
-                    }
-                    if len(self._unknown_since) >= MAX_UNKNOWN:
-                        self._apply(self.reconciler.shard_reported(node_id, status, now))
-                        continue
-                first = self._unknown_since.setdefault(key, now)
-                if now - first < self.settle:
-                    continue
-            self._apply(self.reconciler.shard_reported(node_id, status, now))
+                self._apply(self.reconciler.shard_reported(node_id, status, now))
         if whole:
-            lost = self.reconciler.node_reported(node_id, statuses, now)
-            self._apply(lost)
-            if lost.commands or lost.router:
-                self.poke()  # place the lost replicas again now, not at the next interval
+            # The registration itself wakes the loop, which places the lost ones again.
+            self._apply(self.reconciler.node_reported(node_id, statuses, now))
 
     # -- agents --------------------------------------------------------------------
 
@@ -615,7 +577,9 @@ class Controller:
         try:
             if (found := limits.problem(first)) is not None:
                 raise InvalidRegistration(f"over the agent protocol's bounds: {found}")
-            self.inventory.register(first, now, identity=conn.peer_identity, peer=conn.peer_address)
+            registered = self.inventory.register(
+                first, now, identity=conn.peer_identity, peer=conn.peer_address
+            )
         except InventoryError as exc:
             shown = node_id[:MAX_NAME]  # it may be over the bounds
             log.warning("refused registration of %r: %s", shown, exc)
@@ -646,7 +610,7 @@ class Controller:
                 outbox.send_nowait(Registered(self.heartbeat_interval, self.epoch, self.token))
                 if self._settled:
                     self._report_shards(node_id, first.shards, now, whole=True)
-                self.poke()
+                self._changed(registered)
                 try:
                     while True:
                         message = await conn.receive()
@@ -660,23 +624,24 @@ class Controller:
         finally:
             if self._outboxes.get(node_id) is outbox:
                 del self._outboxes[node_id]
-                self.inventory.disconnected(node_id, self.clock(), session=session)
+                self._changed(self.inventory.disconnected(node_id, self.clock(), session=session))
 
     def _on_message(self, node_id: str, session: int | None, message: Any) -> None:
         if (found := limits.problem(message)) is not None:
             raise ProtocolViolation(f"a message over the agent protocol's bounds: {found}")
         now = self.clock()
         if isinstance(message, Heartbeat):
-            self.inventory.heartbeat(node_id, message, now, session=session)
+            events = self.inventory.heartbeat(node_id, message, now, session=session)
             if self._settled:
                 self._report_shards(node_id, message.shards, now)
+            self._changed(events)
         elif isinstance(message, ShardStatus):
             if message.state is ShardState.FAILED:
                 _log_failed(node_id, message)
-            self.inventory.shard_status(node_id, message, now, session=session)
+            events = self.inventory.shard_status(node_id, message, now, session=session)
             if self._settled:
                 self._report_shards(node_id, (message,), now)
-                self.poke()
+            self._changed(events)
         elif isinstance(message, CommandResult):
             if not message.ok:
                 log.warning(
@@ -685,33 +650,46 @@ class Controller:
         else:
             raise ProtocolViolation(f"unexpected {type(message).__name__} from {node_id}")
 
+    def _leading(self) -> bool:
+        """Whether anything may leave: without the lease another instance may lead
+        now, and the next leader decides anew from what agents report."""
+        return self.leadership is None or self.leadership.leading()
+
+    def _route(self) -> None:
+        """Bring the sink to what the replicas say now (Reconciler.routes), applying
+        only the difference from what was last applied: after a pass that changed
+        nothing, nothing reaches the router."""
+        if not self._leading():
+            return
+        routes = self.reconciler.routes()
+        for replica_id, p in routes.serving.items():
+            if self._routed.get(replica_id) == p:
+                continue
+            if replica_id not in self._routed:
+                log.info("replica %s of %s ready at %s", replica_id, p.model, p.url)
+            endpoint = Endpoint(
+                replica_id,
+                p.url,
+                (p.model,),
+                capacity=p.capacity,
+                headers=p.headers,
+                sleep_after=p.sleep_after,
+            )
+            self.sink.upsert(endpoint)
+        applied = self._routed.keys() | self._drained
+        for replica_id in sorted(applied - routes.serving.keys()):
+            if replica_id not in routes.draining:
+                self.sink.remove(replica_id)
+            elif replica_id not in self._drained:
+                self.sink.drain(replica_id)  # requests in flight finish
+        self._routed = dict(routes.serving)
+        self._drained = set(routes.draining & applied)
+
     def _apply(self, actions: Actions) -> None:
-        if self.leadership is not None and not self.leadership.leading():
-            # The lease may have expired: another instance may lead now. Nothing
-            # leaves; the next leader decides anew from what agents report.
-            if actions.commands or actions.router:
+        if not self._leading():
+            if actions.commands:
                 log.warning("not leading any more: %d commands not sent", len(actions.commands))
             return
-        for change in actions.router:
-            if isinstance(change, Publish):
-                log.info(
-                    "replica %s of %s ready at %s", change.replica_id, change.model, change.url
-                )
-                self.sink.upsert(
-                    Endpoint(
-                        change.replica_id,
-                        change.url,
-                        (change.model,),
-                        capacity=change.capacity,
-                        headers=change.headers,
-                        sleep_after=change.sleep_after,
-                    )
-                )
-            elif isinstance(change, Unpublish):
-                if change.drain:
-                    self.sink.drain(change.replica_id)
-                else:
-                    self.sink.remove(change.replica_id)
         for command in actions.commands:
             self.commands[_COMMAND_KIND[type(command.message)]] += 1
             outbox = self._outboxes.get(command.node_id)

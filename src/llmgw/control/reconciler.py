@@ -3,8 +3,22 @@ ones, and what to do.
 
 Level-triggered and free of I/O: the controller calls :meth:`Reconciler.step` every
 `control.interval` and after every event, and :meth:`Reconciler.shard_reported`
-for each shard status, passing `now`. Each returns :class:`Actions` — commands for
-agents and changes for the router — which the controller carries out.
+for each shard status, passing `now`. Each returns :class:`Actions` (commands for
+agents), which the controller sends. What the router should hold is derived, not
+announced: :meth:`Reconciler.routes` says it from the replicas as they are (the
+ready ones serve, the drained ones that served drain), and after every pass the
+controller applies the difference from what it last applied. Each pass first adopts
+the whole replicas of an earlier run that nodes report (:meth:`Reconciler.adopt_reported`,
+reading the inventory's shards through :class:`~llmgw.control.replicas.NodeView`).
+
+Shard state is still kept twice (issue #35): the inventory's record of what each node
+reports is what adoption reads, while a replica's own ranks are judged from the
+reports handed to :meth:`Reconciler.shard_reported` and :meth:`Reconciler.node_reported`
+and kept in ``Replica.shards``. That record is also the memory the transitions need
+(a failure counted once, a rank heard running that a registration no longer
+lists); reading ranks from the views instead means re-deriving those in the pass,
+and stopping mis-fenced shards at most once per interval, as
+:class:`~llmgw.control.adoption.Strays` does for an earlier run's.
 
 Replica lifecycle::
 
@@ -50,7 +64,7 @@ import attrs
 
 from llmgw.config import ControlConfig
 from llmgw.control.addresses import engine_url, same_url
-from llmgw.control.adoption import LIVE_SHARD_STATES
+from llmgw.control.adoption import LIVE_SHARD_STATES, Strays, placement_from_reports, unheld
 from llmgw.control.durations import Durations
 from llmgw.control.placement import (
     HintCode,
@@ -59,6 +73,15 @@ from llmgw.control.placement import (
     PlanResult,
     Unplaceable,
     plan,
+)
+from llmgw.control.replicas import (
+    Actions,
+    Command,
+    NodeView,
+    Published,
+    Replica,
+    ReplicaInfo,
+    Routes,
 )
 from llmgw.domain.catalog import ModelConfig
 from llmgw.domain.engines import ENGINES
@@ -72,7 +95,6 @@ from llmgw.domain.fleet import (
 )
 from llmgw.transport.messages import (
     DrainShard,
-    ServerMessage,
     ShardStatus,
     StartShard,
     StopShard,
@@ -93,111 +115,6 @@ REFUSED_PORT_TTL = 600.0
 RESEND_AFTER = 1.0
 
 
-@attrs.frozen
-class Publish:
-    """A replica became ready: the router may send it requests."""
-
-    replica_id: str
-    model: str
-    url: str
-    # Sequences the engine runs at once, as its agent launched it (None: unknown).
-    capacity: int | None = None
-    # Sent with every request to it (its profile's API key).
-    headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), repr=False)
-    # Idle this long, the router puts it to sleep (its profile's sleep_after, for the
-    # engines the router sleeps: llmgw.domain.engines).
-    sleep_after: float | None = None
-
-
-@attrs.frozen
-class Unpublish:
-    """Stop routing to a replica; `drain` keeps requests in flight running."""
-
-    replica_id: str
-    drain: bool
-
-
-RouterChange = Publish | Unpublish
-
-
-@attrs.frozen
-class Command:
-    node_id: str
-    message: ServerMessage
-
-
-@attrs.frozen
-class Actions:
-    commands: tuple[Command, ...] = ()
-    router: tuple[RouterChange, ...] = ()
-
-    def __add__(self, other: Actions) -> Actions:
-        return Actions(self.commands + other.commands, self.router + other.router)
-
-
-class _Placed:
-    """A replica's model and id, as its placement says (both records below)."""
-
-    __slots__ = ()
-    placement: Placement
-
-    @property
-    def model(self) -> str:
-        return self.placement.model
-
-    @property
-    def replica_id(self) -> str:
-        return self.placement.replica_id
-
-
-@attrs.define
-class Replica(_Placed):
-    """The reconciler's record of one replica (mutable; owned by the Reconciler)."""
-
-    placement: Placement
-    state: ReplicaState
-    since: float
-    shards: dict[int, ShardStatus] = attrs.field(factory=dict)
-    url: str | None = None
-    # The head node's registered address when placed (or adopted): with the head's
-    # port, the URL the router is given (llmgw.control.addresses), never a reported one.
-    address: str | None = None
-    # What the router sends the engine with each request (its profile's API key).
-    headers: tuple[tuple[bytes, bytes], ...] = attrs.field(default=(), repr=False)
-    sleep_after: float | None = None  # see Publish
-    # What each rank was last told (StartShard, DrainShard or StopShard) and when: sent
-    # again while its agent's reports disagree (level-triggered, see _resend).
-    told: dict[int, tuple[ServerMessage, float]] = attrs.field(factory=dict, repr=False)
-
-
-@attrs.frozen
-class ReplicaInfo(_Placed):
-    """One replica as the reconciler last left it: a frozen copy for the views and the
-    fleet metrics, which never hold the reconciler's own records."""
-
-    placement: Placement
-    state: ReplicaState
-    since: float
-    url: str | None
-    # (rank, state) as each rank's agent last reported it; a rank not heard from is absent.
-    shard_states: tuple[tuple[int, ShardState], ...] = ()
-
-    def shard_state(self, rank: int) -> ShardState | None:
-        return next((state for r, state in self.shard_states if r == rank), None)
-
-
-@attrs.frozen
-class NodeView:
-    """What the reconciler needs to know of a node, from the inventory."""
-
-    node_id: str
-    state: NodeState
-    capacity: NodeCapacity
-    # When cordoned: move its replicas elsewhere (a drain); False keeps them (a plain
-    # cordon only keeps new shards off).
-    drain: bool = True
-
-
 @attrs.define
 class _Backoff:
     failures: int = 0
@@ -211,7 +128,10 @@ class Reconciler:
         *,
         mgmt_interface: str | None = None,
         first_epoch: int = 1,
+        adopt_wait: float = 0.0,
     ) -> None:
+        """`adopt_wait`: how long a reported shard of an earlier run's multi-node
+        replica waits for its other ranks to be reported before it is stopped."""
         self.control = control
         self.mgmt_interface = mgmt_interface or control.mgmt_interface
         self.replicas: dict[str, Replica] = {}
@@ -233,6 +153,7 @@ class Reconciler:
         self.resent = 0  # commands sent again since this reconciler started
         self.refused_urls = 0  # ready reports refused for naming another engine URL
         self.first_epoch = first_epoch
+        self._strays = Strays(adopt_wait, max(RESEND_AFTER, control.interval))
         self._epochs = itertools.count(first_epoch)
         self._commands = itertools.count(1)
 
@@ -250,6 +171,23 @@ class Reconciler:
             )
             for r in self.replicas.values()
         )
+
+    def routes(self) -> Routes:
+        """What the router is to hold now, derived from the replicas (see Routes): a
+        replica has a URL from the moment it is ready, so a draining one with a URL is
+        one that served."""
+        serving: dict[str, Published] = {}
+        draining: set[str] = set()
+        for r in self.replicas.values():
+            if r.url is None:
+                continue
+            if r.state is ReplicaState.READY:
+                serving[r.replica_id] = Published(
+                    r.replica_id, r.model, r.url, r.capacity, r.headers, r.sleep_after
+                )
+            elif r.state is ReplicaState.DRAINING:
+                draining.add(r.replica_id)
+        return Routes(serving, frozenset(draining))
 
     def active(self, model: str) -> list[Replica]:
         """Replicas that count towards the model's desired number."""
@@ -285,7 +223,8 @@ class Reconciler:
     ) -> Actions:
         """One pass. A model's desired count is its `replicas`, or its entry in
         `desired` (the autoscaler's decision, for models that have one)."""
-        actions = Actions()
+        # What nodes run that this reconciler does not hold: adopted, else stopped below.
+        actions = self.adopt_reported(now, models, nodes)
         desired = desired or {}
         by_node = {n.node_id: n for n in nodes}
         # Replicas on lost nodes are gone: unroute them and place them again.
@@ -392,7 +331,67 @@ class Reconciler:
                 if r in self.replicas and self.replicas[r].model not in unplaced
             }
             self._make_room(result, wanted, now)
-        return actions + self._resend(now, by_node)
+        return actions + self._stop_strays(now, nodes) + self._resend(now, by_node)
+
+    # -- adoption (llmgw.control.adoption) ------------------------------------------------
+
+    def adopt_reported(
+        self,
+        now: float,
+        models: Sequence[ModelConfig],
+        nodes: Sequence[NodeView],
+        *,
+        quiet: bool = True,
+    ) -> Actions:
+        """Adopt the whole replicas of an earlier server run (after a restart, or agents
+        back late) that `nodes` report and this reconciler does not hold, of the models
+        in `models`; `quiet=False` logs why the others are not. Every pass does it
+        first; the controller also does it alone while it settles."""
+        reports = [
+            r
+            for r in unheld(self._reported(nodes), self.replicas, self.minted)
+            if r.status.state in (ShardState.STARTING, ShardState.READY)
+        ]
+        if not reports:
+            return Actions()
+        rebuilt = placement_from_reports(reports)
+        wanted = {m.name for m in models if m.profiles}
+        addresses = {n.node_id: n.address for n in nodes}
+        actions = Actions()
+        for placement in rebuilt.placements:
+            if placement.model not in wanted:
+                continue
+            shards = [r.status for r in reports if r.status.replica_id == placement.replica_id]
+            log.info("adopting replica %s (epoch %d)", placement.replica_id, placement.epoch)
+            address = addresses.get(placement.head.node_id)
+            actions += self.adopt(placement, shards, now, address=address)
+        if not quiet:
+            for refused in rebuilt.refused:
+                log.warning("not adopting %s: %s", refused.replica_id, refused.reason)
+        return actions
+
+    def _stop_strays(self, now: float, nodes: Sequence[NodeView]) -> Actions:
+        """Stop what adoption left of an earlier run's replicas (adoption.Strays)."""
+        left = unheld(self._reported(nodes), self.replicas, self.minted)
+        return Actions(
+            tuple(
+                Command(
+                    r.node_id,
+                    StopShard(
+                        f"c{next(self._commands)}",
+                        r.status.replica_id,
+                        r.status.rank,
+                        r.status.epoch,
+                    ),
+                )
+                for r in self._strays.due(now, left)
+            )
+        )
+
+    @staticmethod
+    def _reported(nodes: Sequence[NodeView]) -> list[tuple[str, tuple[ShardStatus, ...]]]:
+        """What the nodes that are not lost report (a lost node's shards are gone)."""
+        return [(n.node_id, n.shards) for n in nodes if n.state is not NodeState.LOST]
 
     def _capacity(self, node: NodeView, now: float) -> NodeCapacity:
         """The node's capacity with the ports it refused lately held."""
@@ -557,12 +556,11 @@ class Reconciler:
             )
             for s in p.shards
         )
-        router = (Unpublish(p.replica_id, drain=True),) if was_ready else ()
         replica.told = {s.rank: (c.message, now) for s, c in zip(p.shards, commands, strict=True)}
-        return Actions(commands, router)
+        return Actions(commands)
 
     def _drop(self, replica: Replica, why: str, *, failed: bool, now: float) -> Actions:
-        """Forget a replica: unroute it, stop whatever of it still runs."""
+        """Forget a replica (so it is routed no more): stop whatever of it still runs."""
         p = replica.placement
         del self.replicas[p.replica_id]
         if failed:
@@ -576,7 +574,7 @@ class Reconciler:
             if replica.shards.get(s.rank) is None
             or replica.shards[s.rank].state not in (ShardState.STOPPED, ShardState.FAILED)
         )
-        return Actions(commands, (Unpublish(p.replica_id, drain=False),))
+        return Actions(commands)
 
     def _count_failure(self, replica: Replica, status: ShardStatus) -> None:
         """A shard of `replica` failed: a failed start while the replica starts, else an
@@ -664,17 +662,9 @@ class Reconciler:
             replica.state = ReplicaState.READY
             replica.since = now
             replica.url = url
+            replica.capacity = head.capacity if head else None
             self._backoff.pop(replica.model, None)
-            capacity = head.capacity if head else None
-            publish = Publish(
-                replica.replica_id,
-                replica.model,
-                url,
-                capacity,
-                replica.headers,
-                replica.sleep_after,
-            )
-            return Actions(router=(publish,))
+            return Actions()
         if (
             replica.state is ReplicaState.DRAINING
             and states
@@ -685,7 +675,7 @@ class Reconciler:
             and len(replica.shards) >= len(ranks)
         ):
             del self.replicas[replica.replica_id]
-            return Actions(router=(Unpublish(replica.replica_id, drain=False),))
+            return Actions()
         return Actions()
 
     def node_reported(self, node_id: str, shards: Iterable[ShardStatus], now: float) -> Actions:

@@ -45,7 +45,7 @@ import attrs
 
 from llmgw.control.inventory import NodeRecord
 from llmgw.control.placement import Hint, ProfileAttempt, Unplaceable
-from llmgw.control.reconciler import ReplicaInfo
+from llmgw.control.replicas import ReplicaInfo
 from llmgw.domain.fleet import NodeState, ReplicaState
 from llmgw.jsonviews import unstructure
 
