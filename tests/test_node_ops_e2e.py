@@ -198,3 +198,38 @@ def test_a_drain_survives_a_server_restart(store_url: str) -> None:
         r = post(srv2, f"/api/v1/nodes/{held}/uncordon")
         assert r.status_code == 200 and r.json()["schedulable"] is True, r.text
         assert cordons(store_url) == []
+
+
+def test_a_drain_with_nowhere_to_go_says_so_everywhere(tmp_path: Any) -> None:
+    """Issue #33: draining the only node cannot proceed; the CLI, the node, placement
+    and the replicas it keeps serving all say why, instead of "moving elsewhere"."""
+    import subprocess
+
+    from tests.procs import BIN
+
+    url = f"sqlite:///{tmp_path}/llmgw.db"
+    with ExitStack() as stack:
+        srv = stack.enter_context(
+            fleet_server(control_config([model("m")], extra=f'[store]\nurl = "{url}"\n'))
+        )
+        a1 = stack.enter_context(agent(srv.agent_address, "n1", address="127.0.0.73"))
+        srv.wait(lambda: srv.ready_replicas("m", 1), "m ready", logs=logs(a1))
+        done = subprocess.run(
+            [str(BIN / "llmgw-ctl"), "--admin", srv.admin, "drain", "n1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "cannot move its 1 replica now: its replicas keep serving here" in done.stdout
+        assert "m: " in done.stdout and "moving" not in done.stdout, done.stdout
+        node = srv.nodes()["n1"]
+        assert node["draining"] and node["drain_blocked"].startswith("its replicas keep"), node
+        (placement,) = [m for m in srv.get("/api/v1/placement")["models"] if m["model"] == "m"]
+        assert placement["active"] == 0 and placement["unplaced"] == 1, placement
+        assert "1 on draining nodes keep serving" in placement["summary"], placement
+        # It keeps serving meanwhile: nothing was drained for want of a replacement.
+        assert srv.ready_replicas("m", 1)
+        # Undone, the drain's explanation goes with it.
+        assert post(srv, "/api/v1/nodes/n1/uncordon").status_code == 200
+        assert srv.nodes()["n1"]["drain_blocked"] is None

@@ -411,7 +411,12 @@ def node_change(verb: str, node: dict[str, Any]) -> str:
     n = len(running)
     lines = [_node_line(node) if verb != "forget" else f"forgot node {node_id}"]
     if verb == "drain":
-        if running:
+        blocked = node.get("drain_blocked")
+        if running and blocked:
+            lines.append(f"cannot move its {n} replica{'s' if n != 1 else ''} now: {blocked}")
+            lines += _replica_lines(running)
+            lines.append("the drain goes on by itself once replacements fit elsewhere")
+        elif running:
             lines.append(
                 f"moving {n} replica{'s' if n != 1 else ''} elsewhere, each drained once its "
                 "replacement is ready:"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import trio
 from quart import Response
 
 from llmgw.admin.contract import ApiError, json_reply
@@ -52,6 +53,11 @@ async def placement(app: AdminContext) -> Response:
     return json_reply(200, views.placement_json(_controller(app)))
 
 
+#: Seconds a drain request waits for the reconciler's next pass (none runs while the
+#: controller settles after a start: then the answer says only that the drain began).
+DRAIN_VIEW_WAIT = 5.0
+
+
 async def drain_node(app: AdminContext, id: str) -> Response:
     """Cordon the node and move its replicas elsewhere, make before break."""
     controller = _controller(app)
@@ -59,6 +65,10 @@ async def drain_node(app: AdminContext, id: str) -> Response:
     if controller.inventory.get(node_id) is None:
         raise ApiError(404, f"no node {node_id!r}", "node_not_found")
     controller.drain_node(node_id)
+    # Answered after the pass that tries to place the replacements, bounded: the view
+    # then says whether the drain can proceed (drain_blocked), not only that it began.
+    with trio.move_on_after(DRAIN_VIEW_WAIT):
+        await controller.next_pass()
     return json_reply(202, views.node_json(controller, node_id))
 
 

@@ -240,6 +240,7 @@ class Controller:
         # run, and commands issued by kind (counted whether or not they could be sent).
         # Counts that stay put over passes and heartbeats say it chose to do nothing.
         self.passes = 0
+        self._passed = trio.Event()  # set at the end of each pass, then replaced
         self.commands: dict[str, int] = dict.fromkeys(COMMAND_KINDS, 0)
 
     # -- the catalog ---------------------------------------------------------------
@@ -334,6 +335,11 @@ class Controller:
     def poke(self) -> None:
         """Reconcile soon (an event happened)."""
         self._wake.set()
+
+    async def next_pass(self) -> None:
+        """Wait for the end of a pass that starts after this call (a pass runs without
+        a checkpoint: one that ends after the call began after it)."""
+        await self._passed.wait()
 
     def _changed(self, events: Sequence[Event]) -> None:
         """The inventory changed (`events` say how): all they are for is waking the
@@ -481,6 +487,8 @@ class Controller:
         self._apply(self.reconciler.step(now, models, self._views(), self._scale(models, now)))
         self._route()
         self.passes += 1
+        self._passed.set()
+        self._passed = trio.Event()
         if self.cold is not None:
             self.cold.check(self.unplaceable)
 

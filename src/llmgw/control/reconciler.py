@@ -58,7 +58,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -214,6 +214,12 @@ class Reconciler:
 
     # -- the pass -------------------------------------------------------------------
 
+    def leaving(self, placement: Placement, draining: Collection[str]) -> bool:
+        """Whether the replica placed as `placement` is being moved (evicted, or on a
+        node in `draining`): it serves until its replacement is ready, but no longer
+        counts."""
+        return placement.replica_id in self.evicting or any(n in draining for n in placement.nodes)
+
     def step(
         self,
         now: float,
@@ -270,10 +276,7 @@ class Reconciler:
             active: list[Replica] = []
             moving: list[Replica] = []
             for replica in active_by_model.get(model.name, ()):
-                leaving = replica.replica_id in self.evicting or any(
-                    n in cordoned for n in replica.placement.nodes
-                )
-                (moving if leaving else active).append(replica)
+                (moving if self.leaving(replica.placement, cordoned) else active).append(replica)
             ready_elsewhere = sum(r.state is ReplicaState.READY for r in active)
             surplus_moving = len(moving) if ready_elsewhere >= count else 0
             for replica in moving[:surplus_moving]:

@@ -121,6 +121,9 @@ class ModelCounts:
     # Starts that failed since a replica was last ready: a crash-looping model is one
     # between attempts (backing off) and during them (starting) alike.
     failed_starts: int = 0
+    # Starting or ready replicas being moved (on a draining node, evicted): they serve
+    # until their replacements are ready, but do not count towards `desired`.
+    moving: int = 0
     # Traffic as the router saw it (decayed rates): a model holding GPUs that nobody
     # asks for shows here. idle_seconds is None before its first request.
     idle_seconds: float | None = None
@@ -129,8 +132,11 @@ class ModelCounts:
 
     @property
     def active(self) -> int:
-        """Replicas that count towards `desired`."""
-        return self.starting + self.ready
+        """Replicas that count towards `desired` (those being moved do not)."""
+        return self.starting + self.ready - self.moving
+
+
+_SERVING = (ReplicaState.STARTING, ReplicaState.READY)
 
 
 def model_counts(controller: Controller, now: float) -> list[ModelCounts]:
@@ -139,14 +145,20 @@ def model_counts(controller: Controller, now: float) -> list[ModelCounts]:
     reconciler = controller.reconciler
     desired = {m.name: controller.desired(m) for m in controller.deployable()}
     states: dict[str, dict[ReplicaState, int]] = {name: {} for name in desired}
+    draining = {r.info.node_id for r in controller.inventory.nodes() if r.draining}
+    moving: dict[str, int] = {}
     for replica in reconciler.snapshot():
         per = states.setdefault(replica.model, {})
         per[replica.state] = per.get(replica.state, 0) + 1
+        if replica.state in _SERVING and reconciler.leaving(replica.placement, draining):
+            moving[replica.model] = moving.get(replica.model, 0) + 1
     out = []
     for name in sorted(states):
         per = states[name]
         want = desired.get(name, 0)
-        active = per.get(ReplicaState.STARTING, 0) + per.get(ReplicaState.READY, 0)
+        active = (
+            per.get(ReplicaState.STARTING, 0) + per.get(ReplicaState.READY, 0) - moving.get(name, 0)
+        )
         # The reconciler refreshes a model's unplaced list only when it tries to place
         # it: never report more unplaced replicas than are actually missing.
         unplaced = min(len(reconciler.unplaced.get(name, ())), max(0, want - active))
@@ -163,6 +175,7 @@ def model_counts(controller: Controller, now: float) -> list[ModelCounts]:
                 unplaced=unplaced,
                 backoff_seconds=backoff,
                 failed_starts=reconciler.failed_starts(name),
+                moving=moving.get(name, 0),
                 idle_seconds=activity.idle_seconds,
                 requests_per_second=activity.requests_per_second,
                 tokens_per_second=activity.tokens_per_second,
@@ -224,6 +237,9 @@ class NodeDetail:
     connected: bool
     cordoned: bool
     draining: bool  # cordoned and its replicas moving elsewhere (a drain)
+    # Why a drain does not proceed (its replicas' replacements cannot be placed); None
+    # when it is not draining or nothing stands in its way.
+    drain_blocked: str | None
     schedulable: bool
     labels: dict[str, str]
     fabrics: tuple[str, ...]
@@ -236,7 +252,11 @@ class NodeDetail:
 
 
 def node_detail(
-    record: NodeRecord, held: Mapping[int, GpuHolder], now: float, wall: float
+    record: NodeRecord,
+    held: Mapping[int, GpuHolder],
+    now: float,
+    wall: float,
+    drain_blocked: str | None = None,
 ) -> NodeDetail:
     info = record.info
     gpus = tuple(
@@ -284,6 +304,7 @@ def node_detail(
         connected=record.connected,
         cordoned=record.cordoned,
         draining=record.draining,
+        drain_blocked=drain_blocked,
         schedulable=record.schedulable,
         labels=dict(info.labels),
         fabrics=info.fabrics,
@@ -308,7 +329,8 @@ def nodes_json(
     now, wall = _clocks(controller, now, wall)
     held = gpu_holders(controller.reconciler.snapshot())
     nodes = [
-        node_detail(r, held.get(r.node_id, {}), now, wall) for r in controller.inventory.nodes()
+        node_detail(r, held.get(r.node_id, {}), now, wall, _drain_blocked(controller, r))
+        for r in controller.inventory.nodes()
     ]
     return {"nodes": unstructure(nodes)}
 
@@ -322,8 +344,36 @@ def node_json(
         return None
     now, wall = _clocks(controller, now, wall)
     held = gpu_holders(controller.reconciler.snapshot())
-    result: dict[str, Any] = unstructure(node_detail(record, held.get(node_id, {}), now, wall))
+    blocked = _drain_blocked(controller, record)
+    detail = node_detail(record, held.get(node_id, {}), now, wall, blocked)
+    result: dict[str, Any] = unstructure(detail)
     return result
+
+
+def _drain_blocked(controller: Controller, record: NodeRecord) -> str | None:
+    """Why a draining node's replicas stay: the models whose replacements the last pass
+    could not place, each with its first reason."""
+    if not record.draining:
+        return None
+    node_id = record.info.node_id
+    reconciler = controller.reconciler
+    models = sorted(
+        {
+            r.model
+            for r in reconciler.snapshot()
+            if r.state in _SERVING and node_id in r.placement.nodes
+        }
+    )
+    reasons = []
+    for model in models:
+        explanations = _explanations(reconciler.unplaced.get(model, ())[:1])
+        if explanations:
+            reasons.append(f"{model}: {explanations[0].summary}")
+    if not reasons:
+        return None
+    return (
+        "its replicas keep serving here: no replacement can be placed (" + "; ".join(reasons) + ")"
+    )
 
 
 # -- replicas ------------------------------------------------------------------------
@@ -445,6 +495,8 @@ def _starts(n: int) -> str:
 def _model_summary(counts: ModelCounts, explanations: tuple[ExplanationView, ...]) -> str:
     missing = max(0, counts.desired - counts.active)
     parts = [f"{counts.model}: {counts.active} of {counts.desired} replicas placed"]
+    if counts.moving:
+        parts.append(f"{counts.moving} on draining nodes keep serving until replacements are ready")
     if counts.unplaced:
         parts.append(f"{counts.unplaced} cannot be placed")
     if counts.backoff_seconds is not None:
