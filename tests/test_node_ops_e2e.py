@@ -228,6 +228,8 @@ def test_a_drain_with_nowhere_to_go_says_so_everywhere(tmp_path: Any) -> None:
         (placement,) = [m for m in srv.get("/api/v1/placement")["models"] if m["model"] == "m"]
         assert placement["active"] == 0 and placement["unplaced"] == 1, placement
         assert "1 on draining nodes keep serving" in placement["summary"], placement
+        page = httpx.get(f"{srv.admin}/fleet", timeout=10).text
+        assert "drain waiting: its replicas keep serving here" in page
         # It keeps serving meanwhile: nothing was drained for want of a replacement.
         assert srv.ready_replicas("m", 1)
         # Undone, the drain's explanation goes with it.
