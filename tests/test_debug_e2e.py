@@ -177,6 +177,18 @@ def test_task_tree_and_thread_stacks(gw: Gateway) -> None:
 
     assert all(re.search(r"\.py:\d+ in \S+$", w) for w in suspended(tree["root"]))
 
+    # Where each waits, past trio's own frames (its trap is the same for every task):
+    # the scrape loop waits in llmgw's scraper, not in trio/_core.
+    def waits(task: dict[str, Any]) -> list[tuple[str, str | None]]:
+        found = [(task["name"], task["waits_at"])]
+        return found + [w for c in task["children"] for w in waits(c)]
+
+    every = waits(tree["root"])
+    trio_own = os.path.dirname(trio.__file__) + os.sep
+    assert not [w for _, w in every if w is not None and w.startswith(trio_own)], every
+    scraper = [w for n, w in every if n.endswith("Scraper.run")]
+    assert scraper and all(w is not None and "llmgw/router/scraper.py" in w for w in scraper)
+
     threads = gw.get("/api/v1/debug/threads").json()["threads"]
     main = threads[0]
     assert main["name"] == "MainThread" and main["daemon"] is False

@@ -93,8 +93,9 @@ def add_parser(d: argparse.ArgumentParser, common: argparse.ArgumentParser) -> N
 
 
 def _tree(task: dict[str, Any], depth: int, lines: list[str]) -> None:
-    where = task.get("where") or []
-    at = f"  @ {where[-1]}" if where else ""
+    # Where it waits: its innermost frame outside trio (trio's trap is every task's).
+    waits = task.get("waits_at") or (task.get("where") or [None])[-1]
+    at = f"  @ {waits}" if waits else ""
     lines.append(f"{'  ' * depth}{task.get('name', '?')}{at}")
     for child in task.get("children", []):
         _tree(child, depth + 1, lines)

@@ -26,6 +26,7 @@ stacks, source lines and allocation sites show what the process holds and does.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -121,6 +122,13 @@ class TaskView:
         metadata={"description": "the frames it is suspended in, outermost first"}
     )
     children: tuple[TaskView, ...]
+    waits_at: str | None = attrs.field(
+        default=None,
+        metadata={
+            "description": "the innermost of its frames outside trio's own code: where it "
+            "waits (trio's trap frame is the same for every task)"
+        },
+    )
 
 
 @attrs.frozen
@@ -240,8 +248,17 @@ def _task_view(task: trio.lowlevel.Task) -> tuple[TaskView, int]:
             view, n = _task_view(child)
             children.append(view)
             count += n
-    where = tuple(_where(frame, lineno) for frame, lineno in task.iter_await_frames())
-    return TaskView(task.name, where, tuple(children)), count
+    frames = list(task.iter_await_frames())
+    where = tuple(_where(frame, lineno) for frame, lineno in frames)
+    ours = [_where(f, n) for f, n in frames if not _in_trio(f)]
+    return TaskView(task.name, where, tuple(children), ours[-1] if ours else None), count
+
+
+_TRIO = os.path.dirname(trio.__file__) + os.sep
+
+
+def _in_trio(frame: types.FrameType) -> bool:
+    return frame.f_code.co_filename.startswith(_TRIO)
 
 
 async def tasks(app: AdminContext) -> Response:
