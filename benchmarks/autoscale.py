@@ -104,7 +104,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import log, machine, print_table, revision
 
-from llmgw.catalog import Catalog
+from llmgw.catalog.rules import Catalog
 from llmgw.config import (
     AdmissionConfig,
     AutoscaleConfig,

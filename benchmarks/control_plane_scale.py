@@ -70,7 +70,7 @@ from typing import Any
 import attrs
 import trio
 
-from llmgw.catalog import Catalog
+from llmgw.catalog.rules import Catalog
 from llmgw.config import Bytes, ControlConfig, DeploymentProfile, ModelConfig, Seconds
 from llmgw.control.controller import Controller
 from llmgw.control.reconciler import Reconciler

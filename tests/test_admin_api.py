@@ -25,12 +25,12 @@ import trio.testing
 from llmgw import extras
 from llmgw.admin.api import AdminApp
 from llmgw.admin.contract import ApiError
+from llmgw.catalog.live import ModelRegistry
 from llmgw.config import Config, load
 from llmgw.control.controller import Controller
 from llmgw.domain.catalog import ModelConfig
 from llmgw.domain.engine_metrics import EngineSample
 from llmgw.domain.usage import Usage, UsageRecord
-from llmgw.models import ModelRegistry
 from llmgw.router.core import Router
 from llmgw.store import Store, open_store
 from llmgw.store.keys import hash_secret

@@ -29,12 +29,12 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from llmgw.admin import keys
 from llmgw.admin.api import AdminApp
 from llmgw.admin.usage import UsageReport
+from llmgw.catalog.live import ModelRegistry
 from llmgw.config import ModelConfig, load
 from llmgw.control import views
 from llmgw.domain.engine_metrics import EngineSample
 from llmgw.domain.usage import Usage, UsageRecord
 from llmgw.http.server import HttpServerConfig, serve_listeners
-from llmgw.models import ModelRegistry
 from llmgw.router.core import Router
 from llmgw.store import open_store
 from tests.test_fleet_metrics import MODELS, scenario

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llmgw import config as cfg
-from llmgw.catalog import MAX_REPLICAS
+from llmgw.catalog.rules import MAX_REPLICAS
 from llmgw.domain.catalog import DeploymentProfile, gpu_name_pattern
 
 
@@ -45,7 +45,7 @@ def test_a_configuration_file_names_models_by_the_same_rule_as_the_admin_api() -
     """One rule (catalog.name_problem) for names and aliases wherever they come from:
     no control characters (a raw CR reached a /metrics label), bounded lengths and
     alias counts."""
-    from llmgw.catalog import MAX_ALIASES, MAX_NAME_CHARS
+    from llmgw.catalog.rules import MAX_ALIASES, MAX_NAME_CHARS
 
     cases = [
         ({"name": "m\r"}, "models[0].name: must not contain control characters"),

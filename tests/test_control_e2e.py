@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from llmgw.catalog import Catalog
+from llmgw.catalog.rules import Catalog
 from llmgw.config import ControlConfig, DeploymentProfile, ModelConfig, Seconds
 from llmgw.control.controller import Controller
 from llmgw.domain.fleet import EngineInfo, Gpu, NodeInfo, NodeState, ReplicaState, ShardState

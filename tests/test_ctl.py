@@ -35,13 +35,13 @@ import trio
 from rich.console import Console, RenderableType
 
 from llmgw.admin.api import AdminApp
+from llmgw.catalog.live import ModelRegistry
 from llmgw.config import load
 from llmgw.control import views as control_views
 from llmgw.control.controller import Controller
 from llmgw.domain.usage import Usage, UsageRecord
 from llmgw.http.asgi import Receive, Scope, Send
 from llmgw.http.server import HttpServerConfig, serve_listeners
-from llmgw.models import ModelRegistry
 from llmgw.router.core import Router
 from llmgw.store import Store, open_store
 from llmgw.store.base import StoreError

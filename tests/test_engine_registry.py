@@ -1,5 +1,5 @@
-"""The engine registry (llmgw.domain.engines) is the one list of engines: each entry's
-adapter is the agent's adapter for it, and every reader agrees with it."""
+"""The engine registry (llmgw.domain.engines) is the one list of engines: the agent has
+an adapter for each entry and for nothing else, and every reader agrees with it."""
 
 from __future__ import annotations
 
@@ -7,15 +7,17 @@ import json
 import subprocess
 import sys
 
-from llmgw.agent.adapters import BaseAdapter, default_adapters
+from llmgw.agent.adapters import ADAPTERS, BaseAdapter, default_adapters
 from llmgw.control.placement import CPU_ENGINES
 from llmgw.domain.engine_metrics import parse_metrics
 from llmgw.domain.engines import DIALECTS, ENGINES, cpu_engines
 
 
-def test_each_entry_names_its_adapter() -> None:
-    for name, engine in ENGINES.items():
-        adapter = engine.adapter_class()
+def test_every_engine_has_an_adapter_and_every_adapter_an_engine() -> None:
+    # The registry names no adapter (it sits below the agent): the agent's table is an
+    # engine's other half, and the two must list the same engines.
+    assert sorted(ADAPTERS) == sorted(ENGINES)
+    for name, adapter in ADAPTERS.items():
         assert issubclass(adapter, BaseAdapter) and adapter.name == name
     assert list(default_adapters()) == list(ENGINES)
 

@@ -10,7 +10,7 @@ import attrs
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmgw.catalog import Catalog
+from llmgw.catalog.rules import Catalog
 from llmgw.config import ControlConfig, DeploymentProfile, ModelConfig, Seconds
 from llmgw.control.controller import Controller
 from llmgw.control.fleet_metrics import FleetCollector, register_fleet_metrics

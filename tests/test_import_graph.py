@@ -2,18 +2,23 @@
 at the top, under `if TYPE_CHECKING:` or inside a function, since a cycle hidden in a
 function is still two modules that cannot be understood (or moved) one without the
 other. So do imports by a name in a string: `importlib.import_module("llmgw.x")` with
-a literal name, and a package's lazy public-name table `_HOMES` (PEP 562, as
-llmgw/__init__.py's: name -> (module, attribute)). Shared values live below their
-users, in llmgw.domain."""
+a literal name, a package's lazy public-name table `_HOMES` (PEP 562, as
+llmgw/__init__.py's: name -> (module, attribute)), and a "module:attribute" reference
+(an entry point's spelling, resolved later by whoever reads it). Shared values live
+below their users, in llmgw.domain, which imports nothing above it and names no module
+at run time."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Collection
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 PACKAGES = ("llmgw", "llmgw_cli")
+# "pkg.module:attribute", the whole of a string.
+_REFERENCE = re.compile(r"([A-Za-z_][\w.]*):([A-Za-z_]\w*)")
 
 
 def _modules() -> dict[str, Path]:
@@ -62,10 +67,16 @@ def _homes(table: ast.expr, modules: Collection[str]) -> set[str]:
 def _imports(name: str, is_package: bool, source: str, modules: Collection[str]) -> set[str]:
     """The modules of ours that module `name` imports: `from pkg import x` counts as
     pkg.x when x is a submodule, else as pkg (whose __init__ must hold x). A string
-    import counts: `importlib.import_module` with a literal name, and the module names
-    in a table assigned to `_HOMES` (a pair (pkg, x) as `from pkg import x`)."""
+    import counts: `importlib.import_module` with a literal name, the module names in a
+    table assigned to `_HOMES` (a pair (pkg, x) as `from pkg import x`), and a string
+    "pkg.module:x" naming a module of ours (as `from pkg.module import x`)."""
     targets: set[str] = set()
     for node in ast.walk(ast.parse(source)):
+        text = _string(node) if isinstance(node, ast.expr) else None
+        reference = _REFERENCE.fullmatch(text) if text is not None else None
+        if reference is not None and reference[1] in modules:
+            sub = f"{reference[1]}.{reference[2]}"
+            targets.add(sub if sub in modules else reference[1])
         if isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
             literal = _string(node.args[0])
             if literal is not None and not literal.startswith("."):
@@ -159,6 +170,11 @@ def test_the_resolver_follows_string_imports() -> None:
     # The table's pairs as `from p.a import A`, `from p import sub`, `from q import Q`;
     # literal names of ours; a name only known at run time, or relative, is not seen.
     assert _imports("p", True, source, modules) == {"p.a", "p.sub", "q", "p.b", "p.c"}
+    # A "module:attribute" string naming one of ours is an import of it, wherever it
+    # stands (how llmgw.domain.engines once named the agent's adapters); other strings
+    # with a colon are not.
+    source = "ADAPTER = 'p.sub.e:Adapter'\nHOOK = dict(at='p:sub')\nURL = 'http://q:80'\n"
+    assert _imports("p.c", False, source, modules | {"p.sub.e"}) == {"p.sub.e", "p.sub"}
     # A cycle that only a string import closes is a cycle.
     graph = {
         "p": _imports("p", True, "_HOMES = {'A': ('p.a', 'A')}\n", modules),
@@ -171,6 +187,30 @@ def test_the_resolver_follows_string_imports() -> None:
 def test_llmgw_has_no_import_cycle() -> None:
     cycle = _a_cycle(_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_domain_layer_imports_nothing_above_it() -> None:
+    # llmgw.domain is below every other part (docs/DESIGN.md): it imports only itself
+    # and modules that import nothing of ours, and resolves no module by a name made at
+    # run time, which this graph could not see.
+    graph = _graph()
+    leaves = {n for n, targets in graph.items() if not targets}
+    domain = {n for n in graph if n == "llmgw.domain" or n.startswith("llmgw.domain.")}
+    above = {n: sorted(graph[n] - domain - leaves) for n in sorted(domain)}
+    assert {n: targets for n, targets in above.items() if targets} == {}
+    dynamic = [n for n in sorted(domain) if "importlib" in _top_level_imports(_modules()[n])]
+    assert dynamic == []
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The top-level names of the modules `path` imports (absolute imports only)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
 
 
 def test_no_module_of_llmgw_imports_the_package_root() -> None:

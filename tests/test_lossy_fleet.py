@@ -12,7 +12,7 @@ import random
 
 import trio
 
-from llmgw.catalog import Catalog
+from llmgw.catalog.rules import Catalog
 from llmgw.config import DeploymentProfile, ModelConfig
 from llmgw.domain.fleet import ReplicaState, ShardState
 from llmgw.testing import SIM_PROFILE, Fleet, fleet, until

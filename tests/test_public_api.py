@@ -16,7 +16,7 @@ DOCUMENTED = {
     "AgentConnection": "llmgw.transport.base",
     "AgentConnector": "llmgw.transport.base",
     "AgentListener": "llmgw.transport.base",
-    "Catalog": "llmgw.catalog",
+    "Catalog": "llmgw.catalog.rules",
     "Config": "llmgw.config",
     "Controller": "llmgw.control.controller",
     "Endpoint": "llmgw.router.endpoints",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-from llmgw.catalog import Catalog
+from llmgw.catalog.rules import Catalog
 from llmgw.config import AutoscaleConfig, ControlConfig, DeploymentProfile, ModelConfig, Seconds
 from llmgw.control.autoscale import ReplicaSample, Sample
 from llmgw.control.controller import Controller

@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from llmgw import catalog
+from llmgw.catalog import rules as catalog
 from llmgw.config import DeploymentProfile, ModelConfig
 from llmgw.domain.usage import Usage, UsageRecord
 from llmgw.store import (

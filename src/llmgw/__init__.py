@@ -14,7 +14,7 @@ from llmgw.version import __version__
 
 if TYPE_CHECKING:
     from llmgw.assembly import Gateway, assemble
-    from llmgw.catalog import Catalog
+    from llmgw.catalog.rules import Catalog
     from llmgw.config import Config, ConfigError
     from llmgw.config import load as load_config
     from llmgw.control.controller import Controller
@@ -36,7 +36,7 @@ _HOMES = {
     "AgentConnector": ("llmgw.transport.base", "AgentConnector"),
     "AgentListener": ("llmgw.transport.base", "AgentListener"),
     "Candidate": ("llmgw.router.scheduling", "Candidate"),
-    "Catalog": ("llmgw.catalog", "Catalog"),
+    "Catalog": ("llmgw.catalog.rules", "Catalog"),
     "Config": ("llmgw.config", "Config"),
     "ConfigError": ("llmgw.config", "ConfigError"),
     "Controller": ("llmgw.control.controller", "Controller"),

@@ -32,6 +32,7 @@ import attrs
 import trio
 
 from llmgw import extras, units
+from llmgw.catalog.live import ModelRegistry
 from llmgw.config import Config, ConfigError, ControlConfig
 from llmgw.control.activity import ActivityTracker
 from llmgw.control.controller import Controller
@@ -42,7 +43,6 @@ from llmgw.control.scaler import router_demand
 from llmgw.domain.usage import UsageSink
 from llmgw.domain.wakes import Wakes
 from llmgw.http.asgi import App, split, under
-from llmgw.models import ModelRegistry
 from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router, catalog_for
 from llmgw.router.limits import SharedLimits

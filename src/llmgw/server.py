@@ -18,8 +18,8 @@ import trio
 
 from llmgw import extras, units
 from llmgw.assembly import Gateway
+from llmgw.catalog.live import ModelRegistry
 from llmgw.http.server import serve_listeners
-from llmgw.models import ModelRegistry
 from llmgw.router.core import Router
 from llmgw.router.listener import client_listener_config, hypercorn_listener_config
 from llmgw.store.base import StoreError

@@ -64,7 +64,7 @@ from llmgw.admin.views import (
     ReplicaList,
 )
 from llmgw.admin.web import TRUSTED, asgi, build_app
-from llmgw.catalog import Catalog
+from llmgw.catalog.rules import Catalog
 from llmgw.control import views
 from llmgw.domain.catalog import ModelConfig
 from llmgw.http.asgi import Receive, Scope, Send
@@ -72,8 +72,8 @@ from llmgw.router.core import Router
 from llmgw.store.base import Store
 
 if TYPE_CHECKING:
+    from llmgw.catalog.live import ModelRegistry
     from llmgw.control.controller import Controller
-    from llmgw.models import ModelRegistry
 
 __all__ = ["API_PREFIX", "ROUTER_ONLY", "AdminApp"]
 

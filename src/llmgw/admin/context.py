@@ -15,9 +15,9 @@ if TYPE_CHECKING:
     from quart import Blueprint
 
     from llmgw.admin.contract import Route
-    from llmgw.catalog import Catalog
+    from llmgw.catalog.live import ModelRegistry
+    from llmgw.catalog.rules import Catalog
     from llmgw.control.controller import Controller
-    from llmgw.models import ModelRegistry
     from llmgw.router.core import Router
     from llmgw.store.base import Store
 

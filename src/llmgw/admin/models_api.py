@@ -8,7 +8,7 @@ plane runs (`status`: desired against starting, ready, draining, unplaced), and
 who serves it now (`routing`: the endpoints taking its requests, and how many of
 them their breakers let requests through to).
 
-Changes go through :class:`llmgw.models.ModelRegistry`: validated against the whole
+Changes go through :class:`llmgw.catalog.live.ModelRegistry`: validated against the whole
 catalog by the catalog's rules, persisted in the store, then swapped in. Without a
 store they are refused (409), as are changes to models the configuration file
 defines (409: edit the file) and, in router-only mode (no control plane), models with
@@ -27,16 +27,16 @@ from quart import Response
 from llmgw.admin.contract import ApiError, json_reply
 from llmgw.admin.inputs import json_object
 from llmgw.admin.views import unstructure
-from llmgw.catalog import replica_bound
+from llmgw.catalog.live import ModelChangeError, parse_model
+from llmgw.catalog.rules import replica_bound
 from llmgw.config import JSON_WORDING, ConfigError, hide_profile_keys, shape_problems
 from llmgw.control import views
 from llmgw.domain.catalog import ModelConfig
-from llmgw.models import ModelChangeError, parse_model
 from llmgw.store.base import model_to_dict
 
 if TYPE_CHECKING:
     from llmgw.admin.context import AdminContext
-    from llmgw.models import ModelRegistry
+    from llmgw.catalog.live import ModelRegistry
 
 __all__ = ["ModelLive", "RoutingView"]
 

@@ -22,7 +22,7 @@ from llmgw.admin.contract import API_PREFIX, ErrorBody, Out, Route
 from llmgw.admin.keys import KeyCreate
 from llmgw.admin.models_api import ModelLive
 from llmgw.admin.schema import SchemaBuilder
-from llmgw.catalog import MAX_REPLICAS
+from llmgw.catalog.rules import MAX_REPLICAS
 from llmgw.domain.catalog import AutoscaleConfig, DeploymentProfile, ModelConfig
 from llmgw.domain.engines import ENGINES
 from llmgw.version import __version__

@@ -5,7 +5,7 @@ docs/operations.md is generated from), and the rules about their values.
 Each class states the rules about its own fields in its ``problems(key)`` method, and a
 rule across tables in the class that holds both; :func:`llmgw.config.rules.check`
 asks every one of them. The catalog's values (models, deployment profiles) are the
-domain's, and their rules the catalog's (:func:`llmgw.catalog.check_models`, asked by
+domain's, and their rules the catalog's (:func:`llmgw.catalog.rules.check_models`, asked by
 :class:`Config`).
 """
 
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import attrs
 
-from llmgw import catalog, extras, units
+from llmgw import extras, units
+from llmgw.catalog import rules as catalog
 from llmgw.config.rules import at, between, positive
 
 # The catalog's values are the domain's; the schema holds them.

@@ -35,7 +35,7 @@ from typing import Any
 
 import trio
 
-from llmgw.catalog import Catalog
+from llmgw.catalog.rules import Catalog
 from llmgw.config import ControlConfig
 from llmgw.control.activity import ActivityTracker
 from llmgw.control.autoscale import ReplicaSample, initial

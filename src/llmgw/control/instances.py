@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import msgspec
 import trio
 
-from llmgw.catalog import Catalog
+from llmgw.catalog.rules import Catalog
 from llmgw.control.autoscale import Sample
 from llmgw.control.leadership import LEASE, Leadership
 from llmgw.control.scaler import DemandFeed

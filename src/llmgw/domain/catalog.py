@@ -3,7 +3,7 @@ bounds, with the GPU arithmetic every user of them shares.
 
 They are written in the configuration's shape (llmgw.config re-exports them and
 structures them from TOML; the admin API from JSON); the rules over a whole catalog
-are llmgw.catalog's.
+are in llmgw.catalog.rules.
 """
 
 from __future__ import annotations

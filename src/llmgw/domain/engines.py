@@ -4,16 +4,17 @@ one dialect entry when it speaks a ``/metrics`` dialect of its own.
 
 Readers: the catalog's rules (known engines, who takes an API key, who sleeps),
 placement (which may run on a node without GPUs), the reconciler (where an engine's
-API key goes, who puts it to sleep) and the agent (its adapters,
-:func:`llmgw.agent.adapters.default_adapters`); of the dialect entries, the metrics
-parser (:mod:`llmgw.domain.engine_metrics`: the router's scrapes and the agent's
-drain), the router's paths (:mod:`llmgw.router.paths`: what each engine serves) and
-its scraper (where an engine says its capacity).
+API key goes, who puts it to sleep) and the agent, which keeps each engine's adapter
+under the engine's name (:data:`llmgw.agent.adapters.ADAPTERS`: that mapping is the
+agent's, so this bottom-layer module names nothing above it; tests/test_engine_registry.py
+checks that every entry has an adapter and every adapter an entry); of the dialect
+entries, the metrics parser (:mod:`llmgw.domain.engine_metrics`: the router's scrapes
+and the agent's drain), the router's paths (:mod:`llmgw.router.paths`: what each engine
+serves) and its scraper (where an engine says its capacity).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Literal
 
 import attrs
@@ -56,14 +57,6 @@ class Engine:
     api_key_env: str | None
     # Who puts it to sleep; None: it does not sleep under llmgw.
     sleeps: Sleeper | None
-    # Its agent adapter class, "module:Class": resolved only by the agent, so this
-    # package imports nothing above it.
-    adapter: str
-
-    def adapter_class(self) -> Any:
-        """The adapter class (typed Any: its Protocol lives in llmgw.agent, above)."""
-        module, _, name = self.adapter.partition(":")
-        return getattr(importlib.import_module(module), name)
 
 
 #: Every engine by name, in the order errors and documents list them.
@@ -77,7 +70,6 @@ ENGINES: dict[str, Engine] = {
             metrics="vllm",
             api_key_env="VLLM_API_KEY",
             sleeps="router",
-            adapter="llmgw.agent.adapters.vllm:VllmAdapter",
         ),
         # SGLang's memory release is not used yet.
         Engine(
@@ -86,7 +78,6 @@ ENGINES: dict[str, Engine] = {
             metrics="sglang",
             api_key_env=None,
             sleeps=None,
-            adapter="llmgw.agent.adapters.sglang:SglangAdapter",
         ),
         # llmgw-sim imitates vLLM, its sleep API too.
         Engine(
@@ -95,7 +86,6 @@ ENGINES: dict[str, Engine] = {
             metrics="vllm",
             api_key_env="LLMGW_SIM_API_KEY",
             sleeps="router",
-            adapter="llmgw.agent.adapters.sim:SimAdapter",
         ),
         # llama-server: a CPU build; it sleeps on its own (--sleep-idle-seconds).
         Engine(
@@ -104,7 +94,6 @@ ENGINES: dict[str, Engine] = {
             metrics="llamacpp",
             api_key_env="LLAMA_API_KEY",
             sleeps="engine",
-            adapter="llmgw.agent.adapters.llamacpp:LlamaCppAdapter",
         ),
     )
 }

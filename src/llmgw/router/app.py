@@ -63,7 +63,7 @@ from llmgw.router.stored import PREFIX as _RESPONSE_PREFIX
 from llmgw.version import __version__
 
 if TYPE_CHECKING:
-    from llmgw.catalog import Catalog
+    from llmgw.catalog.rules import Catalog
     from llmgw.domain.catalog import ModelConfig
     from llmgw.domain.keys import KeyRecord
     from llmgw.router.endpoints import EndpointRegistry

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 from prometheus_client import generate_latest
 
-from llmgw.catalog import Catalog
+from llmgw.catalog.rules import Catalog
 from llmgw.config import Config, EndpointConfig
 from llmgw.domain.catalog import ModelConfig
 from llmgw.domain.endpoints import Endpoint

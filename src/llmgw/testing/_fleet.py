@@ -21,7 +21,7 @@ from llmgw.agent.adapters import SimAdapter
 from llmgw.agent.agent import Agent, NodeSettings
 from llmgw.agent.discovery import fake_gpus
 from llmgw.assembly import Timings, assemble
-from llmgw.catalog import Catalog
+from llmgw.catalog.rules import Catalog
 from llmgw.control.controller import Controller
 from llmgw.domain.fleet import Gpu
 from llmgw.router.core import Router

@@ -14,6 +14,16 @@ in one of the two. A worker's gauge in neither is merged as a level, with a warn
 once per name: the highest of counts only undercounts, while a sum of levels is
 nonsense (four workers' 1 for "up" would read as 4).
 
+Not prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, mmap files),
+by measurement (benchmarks/metrics_merge.py; docs/operations.md, "Every core", has the
+numbers): a scrape's CPU is of the same order in that mode, but every update on the
+request path costs 2-3x as much (a counter's ``inc``, a histogram's ``observe``), and
+it carries no custom collector, so the workers' families computed at scrape time
+(breaker states, admission queues, inter-token gaps) would be lost. What it does
+better, keeping a dead worker's counts in the sums (here they leave with it: a counter
+reset to Prometheus) and sparing a worker its collection at each scrape, is not worth
+that.
+
 Admission: each worker queues its own requests, so queue depths, tenants and in-flight
 counts add up, a pool's saturation is the highest any worker saw, and a band admits
 while any worker's does.

@@ -26,7 +26,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from llmgw import config as cfg
-from llmgw.catalog import Catalog
+from llmgw.catalog.rules import Catalog
 from llmgw.config import Config
 from llmgw.control.autoscale import Sample
 from llmgw.domain.endpoints import Endpoint

@@ -29,7 +29,7 @@ import trio
 
 from llmgw import config as cfg
 from llmgw import logs
-from llmgw.catalog import Catalog
+from llmgw.catalog.rules import Catalog
 from llmgw.domain.catalog import ModelConfig
 from llmgw.domain.usage import UsageRecord
 from llmgw.http.asgi import App, split, under

@@ -13,6 +13,7 @@ from llmgw.agent.adapters.vllm import VllmAdapter
 from llmgw.domain.engines import ENGINES
 
 __all__ = [
+    "ADAPTERS",
     "BaseAdapter",
     "EngineAdapter",
     "LaunchSpec",
@@ -23,9 +24,17 @@ __all__ = [
     "default_adapters",
 ]
 
+#: Each engine's adapter class under the engine's name in the registry
+#: (llmgw.domain.engines), which names no adapter: the registry sits below the agent.
+#: A new engine is an entry there and its adapter here.
+ADAPTERS: dict[str, type[BaseAdapter]] = {
+    a.name: a for a in (VllmAdapter, SglangAdapter, SimAdapter, LlamaCppAdapter)
+}
+
 
 def default_adapters() -> dict[str, EngineAdapter]:
     """One of each engine, found the default way (``vllm`` on PATH, SGLang in the
     agent's interpreter, ``llama-server`` from ``$LLAMA_SERVER_BIN``, the build cache
     or PATH, the simulator always), in the registry's order."""
-    return {name: cast(EngineAdapter, e.adapter_class()()) for name, e in ENGINES.items()}
+    # BaseAdapter leaves `available` and `command` to each engine's class.
+    return {name: cast(EngineAdapter, ADAPTERS[name]()) for name in ENGINES}

@@ -2,7 +2,7 @@
 
 Runtime models (admin API) are validated by the catalog's one set of rules against
 the whole catalog, persisted in the store, and only then swapped in: the router and
-the controller see a new :class:`~llmgw.catalog.Catalog` value at once, never half a
+the controller see a new :class:`~llmgw.catalog.rules.Catalog` value at once, never half a
 change. Without a store, changes are refused instead of vanishing on restart.
 """
 
@@ -13,11 +13,12 @@ import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from llmgw import catalog as cat
+from llmgw.catalog import rules as cat
 from llmgw.config import JSON_WORDING, ConfigError, structure_as
 from llmgw.domain.catalog import ModelConfig
 from llmgw.store.base import Store, model_from_dict, model_to_dict
 
+# The log topic, as the other loggers' (not the module): kept for operators' filters.
 log = logging.getLogger("llmgw.models")
 
 
