@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-from llmgw.catalog import Catalog
+from llmgw.catalog.rules import Catalog
 from llmgw.config import ControlConfig, DeploymentProfile, ModelConfig
 from llmgw.control.controller import Controller
 from llmgw.domain.endpoints import Endpoint

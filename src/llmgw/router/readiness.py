@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from llmgw.catalog import Catalog
+    from llmgw.catalog.rules import Catalog
     from llmgw.domain.catalog import ModelConfig
     from llmgw.router.coldstart import ColdStarts
     from llmgw.router.endpoints import EndpointRegistry
