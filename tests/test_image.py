@@ -44,8 +44,13 @@ def _containers_conf(folder: Path) -> Path:
     and rlimits it can set without CAP_SYS_RESOURCE (its defaults, 1048576 open files
     and processes, are above the hard limits here: nofile this process's hard limit,
     nproc below the 32768 podman itself runs with)."""
-    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    nproc = min(resource.getrlimit(resource.RLIMIT_NPROC)[1], 4096)
+
+    def hard(limit: int, most: int) -> int:
+        value = resource.getrlimit(limit)[1]
+        return most if value == resource.RLIM_INFINITY else min(value, most)
+
+    nofile = hard(resource.RLIMIT_NOFILE, 1048576)
+    nproc = hard(resource.RLIMIT_NPROC, 4096)
     runtime = '[engine]\nruntime = "runc"\n' if shutil.which("runc") else ""
     conf = folder / "containers.conf"
     conf.write_text(
