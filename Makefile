@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 BUF_VERSION ?= 1.75.0
 BUF := $(VENV)/buf/node_modules/.bin/buf
 
-.PHONY: demo test test-unit fuzz lint install buf docs clean
+.PHONY: demo test test-unit fuzz lint install buf docs image clean
 
 $(BIN)/llmgw-server: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,26 @@ lint: install $(BUF)
 # (tests/test_config_reference.py fails when it is stale).
 docs: install
 	$(BIN)/python -m llmgw.config_reference --write docs/operations.md
+
+# llmgw-server's image (Containerfile) with podman: on IMAGE_BASE, by default a Debian
+# bookworm with Debian's python3 that scripts/image_base.sh makes with debootstrap
+# (as root) when it is missing; `make image IMAGE_BASE=docker.io/library/python:3.11-slim`
+# builds on a registry's image instead. --format docker keeps the HEALTHCHECK; the
+# build reaches the package index through the host's network and trusts the host's
+# CAs (IMAGE_CA, mounted over the build's bundle; empty: the base's own).
+PODMAN ?= podman
+IMAGE ?= localhost/llmgw:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE_BASE ?= localhost/llmgw-base:bookworm
+IMAGE_CA ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
+IMAGE_BUILD_FLAGS ?=
+
+image:
+	@if [ "$(IMAGE_BASE)" = localhost/llmgw-base:bookworm ] && ! $(PODMAN) image exists $(IMAGE_BASE); then \
+	  PODMAN="$(PODMAN)" scripts/image_base.sh $(IMAGE_BASE); \
+	fi
+	$(PODMAN) build --format docker --network=host --build-arg BASE=$(IMAGE_BASE) \
+	  $(if $(IMAGE_CA),--volume $(IMAGE_CA):/etc/ssl/certs/ca-certificates.crt:ro) \
+	  $(IMAGE_BUILD_FLAGS) --tag $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

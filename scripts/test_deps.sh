@@ -9,6 +9,9 @@
 #   llama.cpp's llama-server      tests/test_llamacpp_fleet.py (scripts/llama_server.sh
 #                                 builds it once, ~10 minutes on 2 cores, and caches it)
 #   systemd-analyze               tests/test_systemd_units.py verifies deploy/systemd
+#   podman, runc, debootstrap     tests/test_image.py builds the image (`make image`: a
+#                                 Debian base made with debootstrap, ~2 minutes once per
+#                                 machine) and runs llmgw-server in it
 #
 # Debian's packages are installed with apt-get when running as root (as CI does);
 # otherwise what is missing is named with the command that installs it, and the tests
@@ -24,6 +27,9 @@ fi
 command -v chromium >/dev/null 2>&1 || packages+=(chromium)
 command -v systemd-analyze >/dev/null 2>&1 || packages+=(systemd)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || packages+=(prometheus)
+for tool in podman runc debootstrap; do
+  command -v "$tool" >/dev/null 2>&1 || packages+=("$tool")
+done
 
 if [[ ${#packages[@]} -gt 0 ]]; then
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then

@@ -151,7 +151,7 @@ def _llamacpp_demo_weights() -> Path:
             fail(
                 PROG,
                 f"--engine llamacpp writes its model with gguf and numpy ({exc}): "
-                "pip install -e '.[dev]'",
+                "pip install gguf numpy",
                 EXIT_RUNTIME,
             )
         raise

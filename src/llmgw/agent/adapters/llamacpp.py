@@ -56,7 +56,10 @@ MIN_SLOT_CONTEXT = 128
 # Not LLMGW_-prefixed: every LLMGW_ variable is a server configuration key, and
 # llmgw-server refuses unknown ones (a shared environment would stop it starting).
 ENV_BINARY = "LLAMA_SERVER_BIN"
-BUILD_HINT = "build it with scripts/llama_server.sh (about 10 minutes, once per machine)"
+BUILD_HINT = (
+    f"put llama.cpp's llama-server on PATH or name it in ${ENV_BINARY}"
+    " (in a checkout of llmgw, scripts/llama_server.sh builds one: about 10 minutes)"
+)
 #: llama-server's own idle sleep (a profile's sleep_after); builds before it lack the flag.
 SLEEP_FLAG = "--sleep-idle-seconds"
 
