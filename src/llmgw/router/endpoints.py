@@ -51,7 +51,7 @@ class EndpointState:
         #: Its name as clients see it (x-llmgw-endpoint), made once: the id's stays.
         self.public = public_name(endpoint.id)
         self.sample: EngineSample | None = None
-        # Its engine answered 404 to a client API sent natively (router.call.Native):
+        # Its engine answered 404 to a client API sent natively (router.pipeline.request.Native):
         # it gets the translation from then on.
         self.lacks_native = False
         self.last_scrape: float | None = None  # time of the last successful scrape
