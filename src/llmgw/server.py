@@ -18,6 +18,8 @@ import trio
 
 from llmgw import extras, units
 from llmgw.assembly import Gateway
+from llmgw.config import Config
+from llmgw.endpoint_sources import EndpointSources
 from llmgw.http.server import serve_listeners
 from llmgw.models import ModelRegistry
 from llmgw.router.core import Router
@@ -107,6 +109,12 @@ async def _start_background(
     await background.start(gateway.traffic.run, (pool or router).admission_view)
     if gateway.batcher is not None:
         await background.start(gateway.batcher.run)
+    await background.start(gateway.endpoints.run)
+    if gateway.discovery is not None:
+        await background.start(gateway.discovery.run)
+    if gateway.store is not None and _postgres(gateway.config):
+        # Instances on one PostgreSQL: what another added or removed reaches this one.
+        background.start_soon(_refresh_endpoints, gateway.endpoints)
     if control is None:
         return
     await background.start(control.controller.run, control.agents)
@@ -207,6 +215,24 @@ async def _refresh_models(registry: ModelRegistry) -> None:
 
 #: Seconds between reads of the runtime models when instances share a store.
 MODELS_EVERY = 2.0
+
+
+async def _refresh_endpoints(sources: EndpointSources) -> None:
+    """Runtime endpoints changed through another instance: read every ENDPOINTS_EVERY."""
+    while True:
+        await trio.sleep(ENDPOINTS_EVERY)
+        try:
+            await sources.refresh()
+        except StoreError as exc:
+            log.warning("runtime endpoints not read again: %s", exc)
+
+
+#: Seconds between reads of the runtime endpoints when instances share a PostgreSQL.
+ENDPOINTS_EVERY = 2.0
+
+
+def _postgres(config: Config) -> bool:
+    return config.store.url.startswith(("postgres://", "postgresql://"))
 
 
 def background_dir(nursery: trio.Nursery) -> str:
