@@ -12,13 +12,14 @@ import ssl
 import tempfile
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
+from llmgw import config as cfg
 from llmgw import extras, units
 from llmgw.assembly import Gateway
-from llmgw.config import Config
+from llmgw.config import Config, ConfigError
 from llmgw.endpoint_sources import EndpointSources
 from llmgw.http.server import serve_listeners
 from llmgw.models import ModelRegistry
@@ -48,10 +49,15 @@ async def serve(
     on_listening: Callable[[Listening], None] | None = None,
     shutdown: trio.Event | None = None,
     handle_signals: bool = True,
+    reload_config: Callable[[], Config] | None = None,
     task_status: trio.TaskStatus[Router] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `gateway` (:func:`llmgw.assembly.assemble`) until SIGINT/SIGTERM (or
     `shutdown`); in-flight streams get `router.drain_timeout` to finish.
+
+    SIGHUP reads the listeners' TLS files again and, with `reload_config` (what reads
+    the configuration the gateway was made from, again), applies its [[endpoints]]
+    and logs the other keys that changed, which take a restart.
 
     Once every listener is bound, `on_listening` gets their addresses
     (:data:`Listening`), then `task_status` the router."""
@@ -82,7 +88,9 @@ async def serve(
                 # Even with nothing to reload: SIGHUP's default action would end the
                 # process, and service managers send it to reload (systemd's ExecReload
                 # in deploy/systemd).
-                background.start_soon(_reload_on_sighup, tls, gateway.pool)
+                background.start_soon(
+                    _reload_on_sighup, tls, gateway.pool, partial(_reload, gateway, reload_config)
+                )
             await _start_listeners(gateway, listeners, background, stop, tls, listening)
             log.info("client API listening on %s", ", ".join(listening["listen"]))
             log.info(
@@ -260,18 +268,63 @@ async def _unix_listener(path: str) -> trio.SocketListener:
     return trio.SocketListener(sock)
 
 
+def _reload(gateway: Gateway, read: Callable[[], Config] | None) -> None:
+    """The configuration read again: its [[endpoints]] applied (llmgw.endpoint_sources),
+    the other keys that changed since the start logged as taking a restart. A
+    configuration that does not load changes nothing, logged."""
+    if read is None:
+        log.info("SIGHUP: no configuration file to read again (a library caller's gateway)")
+        return
+    try:
+        config = read()
+    except ConfigError as exc:
+        log.error(
+            "SIGHUP: the configuration not reloaded, nothing changed: %s", "; ".join(exc.problems)
+        )
+        return
+    gateway.endpoints.set_configured(config.endpoints)
+    log.info(
+        "SIGHUP: [[endpoints]] reloaded (%s)",
+        ", ".join(e.id for e in config.endpoints) or "none",
+    )
+    changed = changed_keys(gateway.config, config) - {"endpoints"}
+    if changed:
+        log.warning(
+            "SIGHUP: these changed keys take a restart to apply: %s", ", ".join(sorted(changed))
+        )
+
+
+def changed_keys(old: Config, new: Config) -> set[str]:
+    """The dotted keys whose values differ between two configurations (a list, such as
+    [[endpoints]] or [[models]], counts as one key)."""
+    return set(_differ(cfg.converter.unstructure(old), cfg.converter.unstructure(new), ""))
+
+
+def _differ(old: Any, new: Any, key: str) -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            found
+            for name in sorted(set(old) | set(new))
+            for found in _differ(old.get(name), new.get(name), f"{key}.{name}" if key else name)
+        ]
+    return [] if old == new else [key]
+
+
 async def _reload_on_sighup(
-    contexts: dict[str, ReloadableTls], pool: WorkerPool | None = None
+    contexts: dict[str, ReloadableTls],
+    pool: WorkerPool | None = None,
+    reload: Callable[[], None] = lambda: None,
 ) -> None:
     """SIGHUP: read every listener's certificate and key again (renewed certificates
     without a restart); a file that does not load keeps the old one, logged. Workers
-    are told to do the same."""
+    are told to do the same. Then `reload` (the configuration's endpoints)."""
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
         async for _ in signals:
+            reload()
             if pool is not None:
                 pool.reload()
             if not contexts:
-                log.info("SIGHUP: no TLS listener, nothing to reload")
+                log.info("SIGHUP: no TLS listener to reload")
             for name, tls in contexts.items():
                 try:
                     tls.reload()

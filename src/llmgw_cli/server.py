@@ -228,7 +228,10 @@ async def _serve(config: cfg.Config, args: argparse.Namespace) -> None:
         ) as gateway,
     ):
         await server.serve(
-            gateway, on_listening=partial(write_ready_file, ready) if ready else None
+            gateway,
+            on_listening=partial(write_ready_file, ready) if ready else None,
+            # SIGHUP: the same files and flags read again (their [[endpoints]] applied).
+            reload_config=partial(load_config, args),
         )
 
 
