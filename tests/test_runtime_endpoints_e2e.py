@@ -227,15 +227,16 @@ def test_runtime_endpoints_are_kept_across_a_restart(tmp_path: Path) -> None:
 
 
 def test_worker_processes_serve_runtime_endpoints(tmp_path: Path) -> None:
-    # `workers` is a top-level key: before any table.
-    config = "workers = 2\n" + store_config(tmp_path / "llmgw.db")
+    config = store_config(tmp_path / "llmgw.db")
     with (
         sim(model="m") as (_, a),
         sim(model="m") as (_, b),
         sim(model="w") as (_, w),
-        server("--endpoint", f"a={a}=m", config=config) as srv,
+        # The flag: tests/conftest.py sets LLMGW_WORKERS=1, over the file's key.
+        server("--endpoint", f"a={a}=m", "--workers", "2", config=config) as srv,
     ):
         srv.wait_scraped()
+        assert srv.metric("llmgw_workers") == 2
         assert post(srv, {"id": "w", "url": w, "models": ["w"]}).status_code == 201
         # Each request on a connection of its own: the kernel spreads them over both
         # workers (SO_REUSEPORT); every one must know the new endpoint and its model.
