@@ -832,8 +832,10 @@ async def test_existing_views_pass_through_their_view_classes(tmp_path: Path) ->
         r = await a.client.get("/api/v1/endpoints")
         assert r.status_code == 200
         raw = a.router.endpoint_views()
-        assert [set(e) for e in r.json()["endpoints"]] == [set(e) for e in raw]
+        # The API adds where each endpoint comes from (llmgw.endpoint_sources).
+        assert [set(e) for e in r.json()["endpoints"]] == [set(e) | {"source"} for e in raw]
         assert r.json()["endpoints"][0]["engine"] == "vllm"
+        assert r.json()["endpoints"][0]["source"] == "config"
         r = await a.client.get("/api/v1/admission")
         assert json.loads(json.dumps(a.router.admission_view())) == r.json()
         r = await a.client.get("/readyz")

@@ -30,10 +30,11 @@ from llmgw.admin import keys
 from llmgw.admin.api import AdminApp
 from llmgw.admin.usage import UsageReport
 from llmgw.catalog.live import ModelRegistry
-from llmgw.config import ModelConfig, load
+from llmgw.config import EndpointConfig, ModelConfig, load
 from llmgw.control import views
 from llmgw.domain.engine_metrics import EngineSample
 from llmgw.domain.usage import Usage, UsageRecord
+from llmgw.endpoint_sources import EndpointSources
 from llmgw.http.server import HttpServerConfig, serve_listeners
 from llmgw.router.core import Router
 from llmgw.store import open_store
@@ -117,6 +118,7 @@ async def test_the_document_lists_every_route_and_only_those() -> None:
         "/readyz",
         "/api/v1/openapi.json",
         "/api/v1/endpoints",
+        "/api/v1/endpoints/{id}",
         "/api/v1/admission",
         "/api/v1/nodes",
         "/api/v1/nodes/{id}",
@@ -207,6 +209,8 @@ async def _serve_admin(
         _, secret = await store.create_key("fuzz-admin", admin=True)
         user, _ = await store.create_key("fuzz-user", band="silver", models=("base",))
         await registry.put(ModelConfig("rt", fallbacks=("base",), replicas=0), create=True)
+        sources = EndpointSources(config.endpoints, router, router.endpoints, store=store)
+        await sources.add(EndpointConfig("rt-e", "http://127.0.0.1:9", ("rt",)))
         await store.record_usage(
             [
                 (1_700_000_000.0 + i * 600, UsageRecord("base", "e1", 200, Usage(10, i), 0.5))
@@ -219,6 +223,7 @@ async def _serve_admin(
             controller=s.controller,
             store=store,
             models=registry,
+            endpoint_sources=sources,
             admin_auth=True,
             max_profile_seconds=1,
         )
@@ -269,6 +274,7 @@ def admin_server(
             "/api/v1/nodes/{id}/uncordon": {"id": "gpu-2"},
             "/api/v1/keys/{id}": {"id": info["user_id"]},
             "/api/v1/models/{name}": {"name": "rt"},
+            "/api/v1/endpoints/{id}": {"id": "rt-e"},
         },
     )
     yield server
@@ -346,7 +352,7 @@ def test_schemathesis_finds_no_server_error_or_schema_violation(
                 assert mode is negative  # nothing to negate: an operation without inputs
             except Exception as exc:  # every operation is tried; all failures are shown
                 failures.append(f"{operation.label} ({label}): {exc}")
-    assert len(operations) == 29  # POST, GET and DELETE of debug/heap among them
+    assert len(operations) == 31  # POST, GET and DELETE of debug/heap among them
     assert not failures, "\n\n".join(failures)
     # The fuzzing got through auth to every operation, and some requests succeeded.
     for operation in operations:

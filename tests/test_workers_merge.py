@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw import config as cfg
 from llmgw.domain.usage import Usage, UsageRecord
+from llmgw.router.core import endpoint_from_config
 from llmgw.router.endpoints import Endpoint
 from llmgw.workers import merge, wire
 from llmgw.workers.worker import Worker
@@ -83,7 +84,8 @@ async def test_every_gauge_a_worker_sends_says_how_it_merges() -> None:
         worker=0,
         config=cfg.converter.unstructure(conf),
         models=[],
-        endpoints=[],
+        # The control process's set (a worker keeps only what its hello lists).
+        endpoints=[endpoint_from_config(e) for e in conf.endpoints],
         draining=[],
         client=[],
         dashboard=None,

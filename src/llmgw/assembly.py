@@ -10,7 +10,8 @@ The order has no cycle because what the two planes exchange is made before eithe
 3. the data plane: the :class:`~llmgw.router.core.Router`, or with workers the
    :class:`~llmgw.workers.pool.WorkerPool` in front of this process's router; it is
    what the controller publishes endpoints to, reads demand from and tells, after each
-   pass, why a model cannot be placed;
+   pass, why a model cannot be placed; the endpoint sources over it (the
+   configuration's, the store's runtime ones, the discovery file's: one set, applied);
 4. with deployable models, the control plane: on a shared PostgreSQL store first the
    leadership, the shared endpoints (the controller's sink) and the shared demand,
    then the :class:`~llmgw.control.controller.Controller`;
@@ -42,6 +43,7 @@ from llmgw.control.leadership import Leadership, wall_clock
 from llmgw.control.scaler import router_demand
 from llmgw.domain.usage import UsageSink
 from llmgw.domain.wakes import Wakes
+from llmgw.endpoint_sources import EndpointSources
 from llmgw.http.asgi import App, split, under
 from llmgw.router.auth import Authenticator
 from llmgw.router.core import Router, catalog_for
@@ -57,6 +59,7 @@ from llmgw.workers.pool import WorkerPool
 if TYPE_CHECKING:
     from llmgw.admin.api import AdminApp
     from llmgw.dashboard import TrafficRing
+    from llmgw.discovery import FileDiscovery
 
 __all__ = [
     "ControlPlane",
@@ -133,6 +136,9 @@ class Gateway:
     config: Config
     store: Store | None
     models: ModelRegistry
+    # Where the endpoints come from: the configuration, the admin API, the discovery file.
+    endpoints: EndpointSources
+    discovery: FileDiscovery | None
     # With workers this process's router serves no client: it scrapes the engines for
     # the views and puts idle ones to sleep, and `pool` is the data plane.
     router: Router
@@ -264,6 +270,16 @@ async def _parts(
         else None
     )
     models.subscribe((pool or router).set_catalog)
+    endpoints = EndpointSources(
+        config.endpoints,
+        pool or router,
+        router.endpoints,
+        models=models,
+        store=store,
+        drain_timeout=config.router.drain_timeout,
+    )
+    await endpoints.load()  # runtime endpoints from the store; invalid ones skipped, logged
+    discovery = _discovery(config, endpoints)
     control = None
     if activity is not None and wakes is not None:
         control = _control_plane(
@@ -271,12 +287,14 @@ async def _parts(
         )
         models.subscribe(control.controller.set_catalog)
     admin, admin_app, client_app = await _apps(
-        config, store, models, router, pool, control, traffic, admin_sockets
+        config, store, models, endpoints, router, pool, control, traffic, admin_sockets
     )
     return Gateway(
         config=config,
         store=store,
         models=models,
+        endpoints=endpoints,
+        discovery=discovery,
         router=router,
         pool=pool,
         workers=workers,
@@ -289,6 +307,19 @@ async def _parts(
         client_sockets=client,
         admin_sockets=admin_sockets,
     )
+
+
+def _discovery(config: Config, endpoints: EndpointSources) -> FileDiscovery | None:
+    """The discovery file's watcher, its first look taken (the set is there before the
+    first request; a file missing or invalid now is logged, and looked at again)."""
+    from llmgw.discovery import FileDiscovery
+
+    d = config.discovery
+    if not d.file:
+        return None
+    discovery = FileDiscovery(d.file, d.interval, endpoints)
+    discovery.poll()
+    return discovery
 
 
 def _keys(
@@ -311,6 +342,7 @@ async def _apps(
     config: Config,
     store: Store | None,
     models: ModelRegistry,
+    endpoints: EndpointSources,
     router: Router,
     pool: WorkerPool | None,
     control: ControlPlane | None,
@@ -331,6 +363,7 @@ async def _apps(
         controller=control.controller if control is not None else None,
         store=store,
         models=models,
+        endpoint_sources=endpoints,
         # Off loopback, the admin API wants an admin key.
         admin_auth=not loopback,
         # The whole body, not each chunk: the login is on the public client port.

@@ -12,13 +12,16 @@ import ssl
 import tempfile
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
+from llmgw import config as cfg
 from llmgw import extras, units
 from llmgw.assembly import Gateway
 from llmgw.catalog.live import ModelRegistry
+from llmgw.config import Config, ConfigError
+from llmgw.endpoint_sources import EndpointSources
 from llmgw.http.server import serve_listeners
 from llmgw.router.core import Router
 from llmgw.router.listener import client_listener_config, hypercorn_listener_config
@@ -46,10 +49,15 @@ async def serve(
     on_listening: Callable[[Listening], None] | None = None,
     shutdown: trio.Event | None = None,
     handle_signals: bool = True,
+    reload_config: Callable[[], Config] | None = None,
     task_status: trio.TaskStatus[Router] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `gateway` (:func:`llmgw.assembly.assemble`) until SIGINT/SIGTERM (or
     `shutdown`); in-flight streams get `router.drain_timeout` to finish.
+
+    SIGHUP reads the listeners' TLS files again and, with `reload_config` (what reads
+    the configuration the gateway was made from, again), applies its [[endpoints]]
+    and logs the other keys that changed, which take a restart.
 
     Once every listener is bound, `on_listening` gets their addresses
     (:data:`Listening`), then `task_status` the router."""
@@ -80,7 +88,9 @@ async def serve(
                 # Even with nothing to reload: SIGHUP's default action would end the
                 # process, and service managers send it to reload (systemd's ExecReload
                 # in deploy/systemd).
-                background.start_soon(_reload_on_sighup, tls, gateway.pool)
+                background.start_soon(
+                    _reload_on_sighup, tls, gateway.pool, partial(_reload, gateway, reload_config)
+                )
             await _start_listeners(gateway, listeners, background, stop, tls, listening)
             log.info("client API listening on %s", ", ".join(listening["listen"]))
             log.info(
@@ -107,6 +117,12 @@ async def _start_background(
     await background.start(gateway.traffic.run, (pool or router).admission_view)
     if gateway.batcher is not None:
         await background.start(gateway.batcher.run)
+    await background.start(gateway.endpoints.run)
+    if gateway.discovery is not None:
+        await background.start(gateway.discovery.run)
+    if gateway.store is not None and _postgres(gateway.config):
+        # Instances on one PostgreSQL: what another added or removed reaches this one.
+        background.start_soon(_refresh_endpoints, gateway.endpoints)
     if control is None:
         return
     await background.start(control.controller.run, control.agents)
@@ -209,6 +225,24 @@ async def _refresh_models(registry: ModelRegistry) -> None:
 MODELS_EVERY = 2.0
 
 
+async def _refresh_endpoints(sources: EndpointSources) -> None:
+    """Runtime endpoints changed through another instance: read every ENDPOINTS_EVERY."""
+    while True:
+        await trio.sleep(ENDPOINTS_EVERY)
+        try:
+            await sources.refresh()
+        except StoreError as exc:
+            log.warning("runtime endpoints not read again: %s", exc)
+
+
+#: Seconds between reads of the runtime endpoints when instances share a PostgreSQL.
+ENDPOINTS_EVERY = 2.0
+
+
+def _postgres(config: Config) -> bool:
+    return config.store.url.startswith(("postgres://", "postgresql://"))
+
+
 def background_dir(nursery: trio.Nursery) -> str:
     """A private directory (mode 0700) removed when `nursery`'s scope ends."""
     path = tempfile.mkdtemp(prefix="llmgw-")
@@ -234,18 +268,63 @@ async def _unix_listener(path: str) -> trio.SocketListener:
     return trio.SocketListener(sock)
 
 
+def _reload(gateway: Gateway, read: Callable[[], Config] | None) -> None:
+    """The configuration read again: its [[endpoints]] applied (llmgw.endpoint_sources),
+    the other keys that changed since the start logged as taking a restart. A
+    configuration that does not load changes nothing, logged."""
+    if read is None:
+        log.info("SIGHUP: no configuration file to read again (a library caller's gateway)")
+        return
+    try:
+        config = read()
+    except ConfigError as exc:
+        log.error(
+            "SIGHUP: the configuration not reloaded, nothing changed: %s", "; ".join(exc.problems)
+        )
+        return
+    gateway.endpoints.set_configured(config.endpoints)
+    log.info(
+        "SIGHUP: [[endpoints]] reloaded (%s)",
+        ", ".join(e.id for e in config.endpoints) or "none",
+    )
+    changed = changed_keys(gateway.config, config) - {"endpoints"}
+    if changed:
+        log.warning(
+            "SIGHUP: these changed keys take a restart to apply: %s", ", ".join(sorted(changed))
+        )
+
+
+def changed_keys(old: Config, new: Config) -> set[str]:
+    """The dotted keys whose values differ between two configurations (a list, such as
+    [[endpoints]] or [[models]], counts as one key)."""
+    return set(_differ(cfg.converter.unstructure(old), cfg.converter.unstructure(new), ""))
+
+
+def _differ(old: Any, new: Any, key: str) -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            found
+            for name in sorted(set(old) | set(new))
+            for found in _differ(old.get(name), new.get(name), f"{key}.{name}" if key else name)
+        ]
+    return [] if old == new else [key]
+
+
 async def _reload_on_sighup(
-    contexts: dict[str, ReloadableTls], pool: WorkerPool | None = None
+    contexts: dict[str, ReloadableTls],
+    pool: WorkerPool | None = None,
+    reload: Callable[[], None] = lambda: None,
 ) -> None:
     """SIGHUP: read every listener's certificate and key again (renewed certificates
     without a restart); a file that does not load keeps the old one, logged. Workers
-    are told to do the same."""
+    are told to do the same. Then `reload` (the configuration's endpoints)."""
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
         async for _ in signals:
+            reload()
             if pool is not None:
                 pool.reload()
             if not contexts:
-                log.info("SIGHUP: no TLS listener, nothing to reload")
+                log.info("SIGHUP: no TLS listener to reload")
             for name, tls in contexts.items():
                 try:
                     tls.reload()

@@ -1,12 +1,13 @@
 """`llmgw-ctl`: the admin client (thin JSON-API calls) and the `bench` workload driver.
 
 Listings (`nodes`, `models`, `keys`, `usage`, ...) print readable tables, or the admin
-API's JSON with `--json`. `nodes`, `keys` and `models` also change things: `nodes
-drain|cordon|uncordon|forget`, `keys create`, `keys revoke`, `models add`, `models
-set-replicas`, `models remove`; `drain`, `cordon` and `uncordon` also stand alone.
+API's JSON with `--json`. `nodes`, `keys`, `models` and `endpoints` also change
+things: `nodes drain|cordon|uncordon|forget`, `keys create`, `keys revoke`, `models
+add`, `models set-replicas`, `models remove`, `endpoints add`, `endpoints remove`;
+`drain`, `cordon` and `uncordon` also stand alone.
 
 This module is the command line and the listings; each command's flags and work are in
-its own module beside it (ctl_keys, ctl_models, ctl_nodes, ctl_usage, ctl_debug,
+its own module beside it (ctl_keys, ctl_models, ctl_endpoints, ctl_nodes, ctl_usage, ctl_debug,
 ctl_bench), the admin API client in ctl_admin, and the output in ctl_output and
 ctl_views.
 """
@@ -24,6 +25,7 @@ from llmgw.version import __version__
 from llmgw_cli import (
     ctl_bench,
     ctl_debug,
+    ctl_endpoints,
     ctl_keys,
     ctl_models,
     ctl_nodes,
@@ -60,6 +62,7 @@ HELP = {
     "nodes": "list nodes (GET /api/v1/nodes), or drain, cordon, uncordon or forget one",
     "keys": "API keys: list them, or create or revoke one",
     "models": "the model catalog: list it, or add, scale or remove a runtime model",
+    "endpoints": "engine endpoints: list them, or add or remove one at runtime",
     "usage": "requests, tokens and latency per API key or model (GET /api/v1/usage)",
 }
 
@@ -126,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctl_keys.add_parser(listings["keys"], common)
     ctl_usage.add_parser(listings["usage"])
     ctl_models.add_parser(listings["models"], common)
+    ctl_endpoints.add_parser(listings["endpoints"], common)
     ctl_nodes.add_parser(listings["nodes"], common)
     for verb in ("drain", "cordon", "uncordon"):
         sp = sub.add_parser(verb, parents=[common], help=f"the same as 'nodes {verb}'")
@@ -163,6 +167,8 @@ ACTIONS: dict[tuple[str, str | None], Callable[[argparse.Namespace], int]] = {
     ("models", "add"): ctl_models.cmd_add,
     ("models", "set-replicas"): ctl_models.cmd_set_replicas,
     ("models", "remove"): ctl_models.cmd_remove,
+    ("endpoints", "add"): ctl_endpoints.cmd_add,
+    ("endpoints", "remove"): ctl_endpoints.cmd_remove,
     **{("nodes", verb): partial(ctl_nodes.run, verb=verb) for verb in ctl_nodes.NODE_ACTIONS},
 }
 

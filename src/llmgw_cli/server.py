@@ -229,7 +229,10 @@ async def _serve(config: cfg.Config, args: argparse.Namespace) -> None:
         ) as gateway,
     ):
         await server.serve(
-            gateway, on_listening=partial(write_ready_file, ready) if ready else None
+            gateway,
+            on_listening=partial(write_ready_file, ready) if ready else None,
+            # SIGHUP: the same files and flags read again (their [[endpoints]] applied).
+            reload_config=partial(load_config, args),
         )
 
 
@@ -299,12 +302,17 @@ def _main(args: argparse.Namespace, weights: Path | None) -> None:
     if args.print_config:
         sys.stdout.write(cfg.dump_toml(config))
         raise SystemExit(EXIT_OK)
-    if not config.endpoints and not config.control_plane and not args.demo:
+    # Runtime endpoints (the store's) are read later, when the gateway is assembled: a
+    # fleet made only of them says so with discovery.start_empty.
+    d = config.discovery
+    if not (config.endpoints or config.control_plane or d.file or d.start_empty or args.demo):
         fail(
             PROG,
             "nothing to serve: declare [[endpoints]] (or --endpoint id=URL=model) for a "
-            "router in front of running engines, or [[models]] with [[models.profiles]] for "
-            "the control plane to deploy; try --demo",
+            "router in front of running engines, [discovery] file for endpoints another "
+            "program lists, or [[models]] with [[models.profiles]] for the control plane to "
+            "deploy; to start empty and add endpoints at runtime (POST /api/v1/endpoints), "
+            "set discovery.start_empty = true; try --demo",
             EXIT_USAGE,
         )
     setup_logging(args)

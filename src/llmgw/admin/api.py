@@ -40,7 +40,16 @@ from quart import Blueprint, Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
-from llmgw.admin import debug, fleet_api, health, keys, models_api, openapi, usage
+from llmgw.admin import (
+    debug,
+    endpoints_api,
+    fleet_api,
+    health,
+    keys,
+    models_api,
+    openapi,
+    usage,
+)
 from llmgw.admin.context import Traffic
 from llmgw.admin.contract import (
     API_PREFIX,
@@ -57,6 +66,7 @@ from llmgw.admin.inputs import check_query
 from llmgw.admin.views import (
     AdmissionView,
     EndpointList,
+    EndpointView,
     HealthView,
     NodeList,
     PlacementList,
@@ -65,6 +75,7 @@ from llmgw.admin.views import (
 )
 from llmgw.admin.web import TRUSTED, asgi, build_app
 from llmgw.catalog.rules import Catalog
+from llmgw.config import EndpointConfig
 from llmgw.control import views
 from llmgw.domain.catalog import ModelConfig
 from llmgw.http.asgi import Receive, Scope, Send
@@ -74,6 +85,7 @@ from llmgw.store.base import Store
 if TYPE_CHECKING:
     from llmgw.catalog.live import ModelRegistry
     from llmgw.control.controller import Controller
+    from llmgw.endpoint_sources import EndpointSources
 
 __all__ = ["API_PREFIX", "ROUTER_ONLY", "AdminApp"]
 
@@ -99,7 +111,8 @@ _ERROR_TEXT = {
 
 class AdminApp:
     """The admin ASGI app. `controller` is None in router-only mode; `store` and
-    `models` are None when no store is configured or the caller wires none."""
+    `models` are None when no store is configured or the caller wires none, and
+    `endpoint_sources` when the caller wires none (endpoints cannot be changed then)."""
 
     def __init__(
         self,
@@ -108,6 +121,7 @@ class AdminApp:
         controller: Controller | None = None,
         store: Store | None = None,
         models: ModelRegistry | None = None,
+        endpoint_sources: EndpointSources | None = None,
         admin_auth: bool = False,
         ready: Callable[[], bool] = lambda: True,
         max_body_bytes: int = MAX_BODY_BYTES,
@@ -124,6 +138,7 @@ class AdminApp:
         self.controller = controller
         self.store = store
         self.models = models
+        self.endpoint_sources = endpoint_sources
         self.admin_auth = admin_auth
         self.ready = ready
         self.max_body_bytes = max_body_bytes
@@ -189,6 +204,57 @@ class AdminApp:
                 "Endpoints with their live numbers and scores",
                 "routing",
                 {200: Out("every endpoint the router knows", EndpointList)},
+            ),
+            Route(
+                "POST",
+                "/api/v1/endpoints",
+                partial(endpoints_api.create_endpoint, self),
+                "createEndpoint",
+                "Add an endpoint at runtime (checked, stored, then routed to)",
+                "routing",
+                {
+                    201: Out(
+                        "added: the endpoint as the router sees it",
+                        EndpointView,
+                        headers={"location": "the endpoint's URL"},
+                    ),
+                    **_errors(400),
+                    409: Out(
+                        "no store is configured, or an endpoint has that id (the "
+                        "configuration file's, the discovery file's, a runtime one or a "
+                        "control-plane replica; code endpoint_exists)",
+                        ErrorBody,
+                    ),
+                    **_errors(503),
+                },
+                body=Body(
+                    EndpointConfig,
+                    "an endpoint, as the configuration file's [[endpoints]] writes it",
+                    "config",
+                ),
+                uses_store=True,
+            ),
+            Route(
+                "DELETE",
+                "/api/v1/endpoints/{id}",
+                partial(endpoints_api.delete_endpoint, self),
+                "deleteEndpoint",
+                "Remove a runtime endpoint: it drains (requests in flight finish), then goes",
+                "routing",
+                {
+                    204: Out("removed from the store; draining"),
+                    404: Out("no runtime endpoint by that id", ErrorBody),
+                    409: Out(
+                        "no store is configured, or the configuration file or the discovery "
+                        "file gives the endpoint (code endpoint_in_config, "
+                        "endpoint_discovered): edit that file",
+                        ErrorBody,
+                    ),
+                    **_errors(503),
+                },
+                greedy=True,
+                description="the endpoint's id; percent-encode a '/'",
+                uses_store=True,
             ),
             Route(
                 "GET",

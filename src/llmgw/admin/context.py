@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from llmgw.catalog.live import ModelRegistry
     from llmgw.catalog.rules import Catalog
     from llmgw.control.controller import Controller
+    from llmgw.endpoint_sources import EndpointSources
     from llmgw.router.core import Router
     from llmgw.store.base import Store
 
@@ -37,13 +38,15 @@ class Traffic(Protocol):
 
 class AdminContext(Protocol):
     """The admin app: what it serves from, how it is guarded, its routes. `controller`
-    is None in router-only mode; `store` and `models` without a store."""
+        is None in router-only mode; `store` and `models` without a store; `endpoint_sources`
+    when the caller wires none (then endpoints cannot be changed)."""
 
     router: Router
     traffic: Traffic
     controller: Controller | None
     store: Store | None
     models: ModelRegistry | None
+    endpoint_sources: EndpointSources | None
     admin_auth: bool
     ready: Callable[[], bool]
     max_body_bytes: int

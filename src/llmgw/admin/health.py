@@ -7,7 +7,7 @@ trio-owned state without locks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Response
@@ -44,8 +44,21 @@ async def readyz(app: AdminContext) -> Response:
     return json_reply(200 if ok else 503, unstructure(view))
 
 
+def endpoint_views(app: AdminContext) -> list[dict[str, Any]]:
+    """Every endpoint's live view, with where it comes from."""
+    sources = app.endpoint_sources
+    views = app.router.endpoint_views()
+    for view in views:
+        found = sources.source_of(view["id"]) if sources is not None else None
+        if found is None and sources is None:
+            configured = {e.id for e in app.router.config.endpoints}
+            found = "config" if view["id"] in configured else None
+        view["source"] = found or "control_plane"
+    return views
+
+
 async def endpoints(app: AdminContext) -> Response:
-    view = from_dict({"endpoints": app.router.endpoint_views()}, EndpointList)
+    view = from_dict({"endpoints": endpoint_views(app)}, EndpointList)
     return json_reply(200, unstructure(view))
 
 

@@ -86,6 +86,14 @@ class EndpointView:
     saturation: float
     # Routing profile name -> this endpoint's score for a request without affinity.
     scores: dict[str, float]
+    source: Literal["config", "runtime", "discovery", "control_plane"] = attrs.field(
+        default="config",
+        metadata={
+            "description": "where it comes from: the configuration file's [[endpoints]], "
+            "the admin API (stored), the discovery file, or a replica the control plane "
+            "placed"
+        },
+    )
 
 
 @attrs.frozen

@@ -78,6 +78,18 @@ class ModelRegistry:
         """Call `listener` with every catalog published from now on."""
         self._listeners.append(listener)
 
+    def set_endpoint_models(self, names: Collection[str]) -> None:
+        """The models endpoints name now (every source: llmgw.endpoint_sources); one no
+        model or alias of the catalog's is becomes a bare entry, so that requests for it
+        resolve. Publishes only when that set changed."""
+        defined = [*self.configured.values(), *self.runtime.values()]
+        known = {m.name for m in defined} | {a for m in defined for a in m.aliases}
+        extra = tuple(ModelConfig(name=n) for n in sorted(set(names) - known))
+        if {m.name for m in extra} == {m.name for m in self.extra}:
+            return
+        self.extra = extra
+        self._publish(self.runtime)
+
     def _models(self, runtime: Mapping[str, ModelConfig]) -> list[ModelConfig]:
         names = set(self.configured) | set(runtime)
         models = [*self.configured.values(), *runtime.values()]

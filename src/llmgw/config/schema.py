@@ -34,6 +34,7 @@ __all__ = [
     "Band",
     "Config",
     "ControlConfig",
+    "DiscoveryConfig",
     "EndpointConfig",
     "LogConfig",
     "RouterConfig",
@@ -492,37 +493,60 @@ class EndpointConfig:
                 address.startswith(("tcp://", "ipc://")) and "*" not in address
             ):
                 found.append(
-                    f"{key}.{name}: must be a tcp:// or ipc:// address to connect to, "
+                    f"{at(key, name)}: must be a tcp:// or ipc:// address to connect to, "
                     f"got {address!r}"
                 )
         if self.kv_events_replay is not None and self.kv_events is None:
-            found.append(f"{key}.kv_events_replay: needs kv_events")
+            found.append(f"{at(key, 'kv_events_replay')}: needs kv_events")
         if not self.id:
-            found.append(f"{key}.id: must not be empty")
+            found.append(f"{at(key, 'id')}: must not be empty")
         if not self.url.startswith(("http://", "https://")):
-            found.append(f"{key}.url: must start with http:// or https://, got {self.url!r}")
+            found.append(f"{at(key, 'url')}: must start with http:// or https://, got {self.url!r}")
         if not self.models:
-            found.append(f"{key}.models: must name at least one model")
-        positive(found, f"{key}.weight", self.weight)
+            found.append(f"{at(key, 'models')}: must name at least one model")
+        positive(found, at(key, "weight"), self.weight)
         if self.priority < 0:
-            found.append(f"{key}.priority: must be 0 or more, got {self.priority}")
+            found.append(f"{at(key, 'priority')}: must be 0 or more, got {self.priority}")
         if self.capacity is not None and self.capacity < 1:
-            found.append(f"{key}.capacity: must be at least 1, got {self.capacity}")
+            found.append(f"{at(key, 'capacity')}: must be at least 1, got {self.capacity}")
         if self.api_key is not None and not _HEADER_VALUE.fullmatch(self.api_key):
-            found.append(f"{key}.api_key: must be printable ASCII without spaces")
+            found.append(f"{at(key, 'api_key')}: must be printable ASCII without spaces")
         if HIDDEN in (self.api_key, *self.headers.values()):
             found.append(
-                f"{key}: {HIDDEN!r} is what --print-config writes in place of a secret; "
-                "give the secret itself"
+                f"{key or 'endpoint'}: {HIDDEN!r} is what --print-config writes in place of "
+                "a secret; give the secret itself"
             )
         for name, value in self.headers.items():
             if not _HEADER_NAME.fullmatch(name) or name.lower() in _OWN_HEADERS:
                 found.append(
-                    f"{key}.headers: {name!r} is not a header name llmgw may send "
+                    f"{at(key, 'headers')}: {name!r} is not a header name llmgw may send "
                     f"(a token, not one of {', '.join(sorted(_OWN_HEADERS))})"
                 )
             elif not _HEADER_VALUE_SPACES.fullmatch(value):
-                found.append(f"{key}.headers.{name}: must be printable ASCII")
+                found.append(f"{at(key, 'headers')}.{name}: must be printable ASCII")
+        return found
+
+
+@attrs.frozen
+class DiscoveryConfig:
+    """Endpoints from a file another program writes (docs/router.md, "Where endpoints
+    come from"), beside [[endpoints]] and those added through the admin API."""
+
+    # A TOML file of [[endpoints]] tables, as this file writes them (JSON when its name
+    # ends in .json: {"endpoints": [...]}); read again whenever it changes. "": none.
+    file: str = ""
+    # How often the file is looked at (its size, time and content).
+    interval: Seconds = Seconds(2.0)
+    # Start in router-only mode with no endpoint yet: they come later through the admin
+    # API (POST /api/v1/endpoints, llmgw-ctl endpoints add) or the file. Without it a
+    # server with nothing to serve refuses to start.
+    start_empty: bool = False
+
+    def problems(self, key: str) -> list[str]:
+        found: list[str] = []
+        positive(found, at(key, "interval"), self.interval)
+        if self.file and Path(self.file).is_dir():
+            found.append(f"{at(key, 'file')}: is a directory, not a file: {self.file}")
         return found
 
 
@@ -681,6 +705,7 @@ class Config:
     # machine's host name and FQDN, and on a wildcard bind its interfaces' addresses.
     admin_hosts: tuple[str, ...] = ()
     endpoints: tuple[EndpointConfig, ...] = ()
+    discovery: DiscoveryConfig = DiscoveryConfig()
     models: tuple[ModelConfig, ...] = ()
 
     @property

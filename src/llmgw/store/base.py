@@ -34,6 +34,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "StoredCordon",
+    "StoredEndpoint",
     "StoredModel",
     "TimedUsage",
     "UnsupportedStoreURL",
@@ -127,6 +128,14 @@ class StoredCordon(NamedTuple):
 
 class StoredModel(NamedTuple):
     """A model added at runtime: its catalog entry in the config's own shape, and when."""
+
+    config: dict[str, Any]
+    updated_at: float
+
+
+class StoredEndpoint(NamedTuple):
+    """An endpoint added at runtime: its [[endpoints]] table in the config's own shape
+    (its api_key too: the engine's, as a configuration file holds it), and when."""
 
     config: dict[str, Any]
     updated_at: float
@@ -248,6 +257,17 @@ class Store(Protocol):
 
     async def list_models(self) -> list[StoredModel]:
         """Every runtime model as a config dict with its update time, by name."""
+
+    # -- endpoints added at runtime -------------------------------------------------
+
+    async def put_endpoint(self, endpoint_id: str, config: dict[str, Any]) -> None:
+        """Add or replace an endpoint by id (not validated here: llmgw.endpoint_sources)."""
+
+    async def delete_endpoint(self, endpoint_id: str) -> bool:
+        """Forget a runtime endpoint; False when there was none by that id."""
+
+    async def list_endpoints(self) -> list[StoredEndpoint]:
+        """Every runtime endpoint as a config dict with its update time, by id."""
 
     # -- dashboard sessions ----------------------------------------------------------
 

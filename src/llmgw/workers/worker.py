@@ -113,6 +113,12 @@ class Worker:
         )
         for endpoint in hello.endpoints:
             self.router.upsert(endpoint)
+        # The control process's set is the whole truth: a configured endpoint a reload
+        # (SIGHUP) removed is still in the configuration the router was made with.
+        known = {e.id for e in hello.endpoints}
+        for state in self.router.endpoints.all():
+            if state.endpoint.id not in known:
+                self.router.remove(state.endpoint.id)
         for endpoint_id in hello.draining:
             self.router.drain(endpoint_id)
         self.stop = trio.Event()

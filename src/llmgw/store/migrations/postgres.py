@@ -153,4 +153,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        7,
+        "endpoints added at runtime through the admin API (llmgw.endpoint_sources)",
+        (
+            """
+            CREATE TABLE runtime_endpoints (
+                id TEXT PRIMARY KEY,
+                config TEXT NOT NULL,
+                updated_at DOUBLE PRECISION NOT NULL
+            )
+            """,
+        ),
+    ),
 )

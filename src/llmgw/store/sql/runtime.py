@@ -1,5 +1,5 @@
-"""What operators change at run time: models added by the admin API
-(runtime_models) and node cordons (node_cordons).
+"""What operators change at run time: models and endpoints added by the admin API
+(runtime_models, runtime_endpoints) and node cordons (node_cordons).
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import json
 
 from llmgw.store.base import (
     StoredCordon,
+    StoredEndpoint,
     StoredModel,
 )
 from llmgw.store.sql.db import DB
@@ -32,6 +33,29 @@ def list_models(db: DB) -> list[StoredModel]:
     return [
         StoredModel(json.loads(r[0]), float(r[1]))
         for r in db.rows("SELECT config, updated_at FROM runtime_models ORDER BY name")
+    ]
+
+
+# -- runtime endpoints ------------------------------------------------------------------
+
+
+def put_endpoint(db: DB, endpoint_id: str, config_json: str, now: float) -> None:
+    db.run(
+        "INSERT INTO runtime_endpoints (id, config, updated_at) VALUES (?, ?, ?)"
+        " ON CONFLICT (id) DO UPDATE SET config = excluded.config,"
+        " updated_at = excluded.updated_at",
+        (endpoint_id, config_json, now),
+    )
+
+
+def delete_endpoint(db: DB, endpoint_id: str) -> bool:
+    return db.run("DELETE FROM runtime_endpoints WHERE id = ?", (endpoint_id,)) > 0
+
+
+def list_endpoints(db: DB) -> list[StoredEndpoint]:
+    return [
+        StoredEndpoint(json.loads(r[0]), float(r[1]))
+        for r in db.rows("SELECT config, updated_at FROM runtime_endpoints ORDER BY id")
     ]
 
 

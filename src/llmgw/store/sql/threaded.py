@@ -19,6 +19,7 @@ from llmgw.store.base import (
     GroupBy,
     Session,
     StoredCordon,
+    StoredEndpoint,
     StoredModel,
     TimedUsage,
     UsageRow,
@@ -50,10 +51,13 @@ from llmgw.store.sql.keys import (
 from llmgw.store.sql.rates import add_rate, prune_rate, take_rate, used_rate
 from llmgw.store.sql.runtime import (
     delete_cordon,
+    delete_endpoint,
     delete_model,
     list_cordons,
+    list_endpoints,
     list_models,
     put_cordon,
+    put_endpoint,
     put_model,
 )
 from llmgw.store.sql.schema import migrate, schema_version
@@ -224,6 +228,20 @@ class ThreadedStore:
 
     async def list_models(self) -> list[StoredModel]:
         return await self._read(list_models)
+
+    # runtime endpoints
+
+    async def put_endpoint(self, endpoint_id: str, config: dict[str, Any]) -> None:
+        text = json.dumps(config)
+        await self._write(
+            partial(put_endpoint, endpoint_id=endpoint_id, config_json=text, now=self._clock())
+        )
+
+    async def delete_endpoint(self, endpoint_id: str) -> bool:
+        return await self._write(partial(delete_endpoint, endpoint_id=endpoint_id))
+
+    async def list_endpoints(self) -> list[StoredEndpoint]:
+        return await self._read(list_endpoints)
 
     # node cordons
 
