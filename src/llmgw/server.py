@@ -10,7 +10,7 @@ import signal
 import socket
 import ssl
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +19,7 @@ import trio
 from llmgw import config as cfg
 from llmgw import extras, units
 from llmgw.assembly import Gateway
-from llmgw.catalog.live import ModelRegistry
 from llmgw.config import Config, ConfigError
-from llmgw.endpoint_sources import EndpointSources
 from llmgw.http.server import serve_listeners
 from llmgw.router.core import Router
 from llmgw.router.listener import client_listener_config, hypercorn_listener_config
@@ -122,7 +120,7 @@ async def _start_background(
         await background.start(gateway.discovery.run)
     if gateway.store is not None and _postgres(gateway.config):
         # Instances on one PostgreSQL: what another added or removed reaches this one.
-        background.start_soon(_refresh_endpoints, gateway.endpoints)
+        background.start_soon(_refresh_stored, "runtime endpoints", gateway.endpoints.refresh)
     if control is None:
         return
     await background.start(control.controller.run, control.agents)
@@ -136,7 +134,7 @@ async def _start_background(
         await background.start(control.shared.leadership.run)
         await background.start(control.shared.endpoints.run)
         await background.start(control.shared.demand.run)
-        background.start_soon(_refresh_models, gateway.models)
+        background.start_soon(_refresh_stored, "runtime models", gateway.models.refresh)
 
 
 async def _start_listeners(
@@ -211,32 +209,19 @@ def _addresses(listeners: Sequence[trio.SocketListener]) -> list[str]:
     return [str(units.Address(*listener.socket.getsockname()[:2])) for listener in listeners]
 
 
-async def _refresh_models(registry: ModelRegistry) -> None:
-    """Runtime models changed through another instance: read every MODELS_EVERY."""
+async def _refresh_stored(what: str, refresh: Callable[[], Awaitable[bool]]) -> None:
+    """`what` (runtime models, runtime endpoints) changed through another instance
+    sharing the store: read again every STORED_EVERY."""
     while True:
-        await trio.sleep(MODELS_EVERY)
+        await trio.sleep(STORED_EVERY)
         try:
-            await registry.refresh()
+            await refresh()
         except StoreError as exc:
-            log.warning("runtime models not read again: %s", exc)
+            log.warning("%s not read again: %s", what, exc)
 
 
-#: Seconds between reads of the runtime models when instances share a store.
-MODELS_EVERY = 2.0
-
-
-async def _refresh_endpoints(sources: EndpointSources) -> None:
-    """Runtime endpoints changed through another instance: read every ENDPOINTS_EVERY."""
-    while True:
-        await trio.sleep(ENDPOINTS_EVERY)
-        try:
-            await sources.refresh()
-        except StoreError as exc:
-            log.warning("runtime endpoints not read again: %s", exc)
-
-
-#: Seconds between reads of the runtime endpoints when instances share a PostgreSQL.
-ENDPOINTS_EVERY = 2.0
+#: Seconds between reads of what instances sharing a store change at runtime.
+STORED_EVERY = 2.0
 
 
 def _postgres(config: Config) -> bool:
