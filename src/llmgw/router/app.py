@@ -398,16 +398,20 @@ class ClientApp:
         tracked = watch.track(send)
         session = header(scope, self.session_header)
         # An OpenAI-shaped stream may begin before its replica answers (a cold start).
+        responses = route.path == RESPONSES
         early = (
-            EarlyStream(tracked, [(b"x-request-id", scope[REQUEST_ID])])
+            EarlyStream(
+                tracked,
+                [(b"x-request-id", scope[REQUEST_ID])],
+                partial(self._id_tap, progress) if responses else lambda send: send,
+            )
             if body.stream and route.streams and native is None
             else None
         )
-        relay = early.send if early is not None else tracked
         request = Request(
             scope,
             route,
-            self._id_tap(progress, relay) if route.path == RESPONSES else relay,
+            self._id_tap(progress, tracked) if responses else tracked,
             body,
             tuple(chain),
             started,

@@ -135,8 +135,11 @@ class Attempt:
             (b"x-llmgw-endpoint", state.public.encode()),
             (b"x-request-id", request.scope[REQUEST_ID]),
         ]
+        early = request.early
+        # A stream whose answer began while its model woke is fitted into it.
+        relay = early.relay if early is not None and early.begun else request.send
         for natively in tries:
-            send, path, final = request.send, request.route.path, request.route.final
+            send, path, final = relay, request.route.path, request.route.final
             strip, body = not request.wants_usage, at.payload
             if natively:
                 assert native is not None

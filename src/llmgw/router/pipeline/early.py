@@ -11,7 +11,7 @@ shape, which the official clients raise as an API error.
 from __future__ import annotations
 
 import json
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -35,14 +35,26 @@ _SSE_HEADERS = [
 
 
 class EarlyStream:
-    """Wraps a streaming request's `send`; :meth:`keep_alive` begins the answer."""
+    """A streaming request's answer begun before its replica's; :meth:`keep_alive`
+    begins it. Until then nothing passes through here: the relay sends as usual, and
+    only a begun answer's events go through :attr:`relay` (no cost per event for the
+    streams that never wait)."""
 
-    def __init__(self, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
+    def __init__(
+        self,
+        send: Send,
+        headers: list[tuple[bytes, bytes]],
+        wrap: Callable[[Send], Send] = lambda send: send,
+    ) -> None:
+        """`send` is the client's; `wrap` puts what the request's own send chain adds
+        (a Responses id tap) around :attr:`relay`."""
         self._send = send
         self._headers = headers
         self.begun = False
         # The replica's error answer, collected to be sent as one event.
         self._error: bytearray | None = None
+        #: Where the relay sends once the answer has begun.
+        self.relay: Send = wrap(self._fitted)
 
     async def keep_alive(self, comment: bytes) -> None:
         """Until cancelled: after FIRST seconds begin the answer, then send `comment`
@@ -65,11 +77,8 @@ class EarlyStream:
             scope.deadline = trio.current_time() + EVERY
             await self._send(message)
 
-    async def send(self, message: MutableMapping[str, Any]) -> None:
-        """The relay's send: as is until the answer has begun, then fitted into it."""
-        if not self.begun:
-            await self._send(message)
-            return
+    async def _fitted(self, message: MutableMapping[str, Any]) -> None:
+        """The relay's message fitted into the begun answer."""
         if message["type"] == "http.response.start":
             if message["status"] != 200:
                 self._error = bytearray()

@@ -99,18 +99,16 @@ class Request:
     expected_tokens: int = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        body, route = self.body, self.route
+        body, route, scope = self.body, self.route, self.scope
         stream = body.stream and route.streams
-        derived = {
-            "request_id": bytes(self.scope[REQUEST_ID]).decode("ascii"),
-            "trace": [(k, v) for k, v in self.scope["headers"] if k in _TRACE_HEADERS],
-            "stream": stream,
-            "wants_usage": stream and (body.include_usage or not route.usage_option),
-            "prompt_tokens": estimate_prompt_tokens(len(body.raw)),
-            "expected_tokens": expected_tokens(len(body.raw), body.max_tokens),
-        }
-        for name, value in derived.items():
-            object.__setattr__(self, name, value)
+        size = len(body.raw)
+        put = object.__setattr__  # frozen: the derived fields are set once, here
+        put(self, "request_id", bytes(scope[REQUEST_ID]).decode("ascii"))
+        put(self, "trace", [(k, v) for k, v in scope["headers"] if k in _TRACE_HEADERS])
+        put(self, "stream", stream)
+        put(self, "wants_usage", stream and (body.include_usage or not route.usage_option))
+        put(self, "prompt_tokens", estimate_prompt_tokens(size))
+        put(self, "expected_tokens", expected_tokens(size, body.max_tokens))
 
     @property
     def model(self) -> ModelConfig:
