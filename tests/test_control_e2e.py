@@ -87,19 +87,20 @@ async def test_a_lost_node_is_unreachable_first_then_its_replica_moves() -> None
         )
         assert r.status_code == 200
 
-        # Lost after 3 s: the replica is placed on the other node.
+        # Lost after 3 s: the replica is placed on the other node, and routed (routes
+        # are derived on the pass after the report that made it ready).
         def moved() -> bool:
             replicas = list(f.controller.reconciler.replicas.values())
             return (
                 len(replicas) == 1
                 and replicas[0].placement.nodes != (victim,)
                 and replicas[0].state is ReplicaState.READY
+                and f.ready("m") == 1
             )
 
         with trio.fail_after(20):
             await until(moved)
         assert state_of(f, victim) is NodeState.LOST
-        assert f.ready("m") == 1
 
 
 async def test_an_unplaceable_model_is_explained() -> None:

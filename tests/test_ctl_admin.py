@@ -246,7 +246,7 @@ def test_admin_key_off_loopback(tmp_path: Path) -> None:
     config.write_text(CONFIG.format(path=db) + endpoint)
     with server("--config", str(config)) as loopback:
         created = json.loads(ok(loopback.admin, "--json", "keys", "create", "--name", "ops",
-                                "--admin"))  # fmt: skip
+                                "--role", "admin"))  # fmt: skip
     argv = ("--config", str(config), "--listen", "127.0.0.1:0", "--admin-listen", "0.0.0.0:0")
     with running("llmgw-server", *argv, ready=True) as proc:
         (bound,) = proc.ready["admin_listen"]
