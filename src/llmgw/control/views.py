@@ -38,7 +38,7 @@ Shapes (``GET /api/v1/...``):
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -327,9 +327,10 @@ def nodes_json(
     """``GET /api/v1/nodes``. `now` is on the controller's clock (default: its
     current time), `wall` the matching Unix time (default: ``time.time()``)."""
     now, wall = _clocks(controller, now, wall)
-    held = gpu_holders(controller.reconciler.snapshot())
+    replicas = controller.reconciler.snapshot()
+    held = gpu_holders(replicas)
     nodes = [
-        node_detail(r, held.get(r.node_id, {}), now, wall, _drain_blocked(controller, r))
+        node_detail(r, held.get(r.node_id, {}), now, wall, _drain_blocked(controller, r, replicas))
         for r in controller.inventory.nodes()
     ]
     return {"nodes": unstructure(nodes)}
@@ -343,30 +344,28 @@ def node_json(
     if record is None:
         return None
     now, wall = _clocks(controller, now, wall)
-    held = gpu_holders(controller.reconciler.snapshot())
-    blocked = _drain_blocked(controller, record)
+    replicas = controller.reconciler.snapshot()
+    held = gpu_holders(replicas)
+    blocked = _drain_blocked(controller, record, replicas)
     detail = node_detail(record, held.get(node_id, {}), now, wall, blocked)
     result: dict[str, Any] = unstructure(detail)
     return result
 
 
-def _drain_blocked(controller: Controller, record: NodeRecord) -> str | None:
+def _drain_blocked(
+    controller: Controller, record: NodeRecord, replicas: Sequence[ReplicaInfo]
+) -> str | None:
     """Why a draining node's replicas stay: the models whose replacements the last pass
-    could not place, each with its first reason."""
+    could not place, each with its first reason (`replicas`: the view's snapshot)."""
     if not record.draining:
         return None
     node_id = record.info.node_id
-    reconciler = controller.reconciler
     models = sorted(
-        {
-            r.model
-            for r in reconciler.snapshot()
-            if r.state in _SERVING and node_id in r.placement.nodes
-        }
+        {r.model for r in replicas if r.state in _SERVING and node_id in r.placement.nodes}
     )
     reasons = []
     for model in models:
-        explanations = _explanations(reconciler.unplaced.get(model, ())[:1])
+        explanations = _explanations(controller.reconciler.unplaced.get(model, ())[:1])
         if explanations:
             reasons.append(f"{model}: {explanations[0].summary}")
     if not reasons:

@@ -403,7 +403,7 @@ class ClientApp:
             EarlyStream(
                 tracked,
                 [(b"x-request-id", scope[REQUEST_ID])],
-                partial(self._id_tap, progress) if responses else lambda send: send,
+                partial(self._id_tap, progress) if responses else None,
             )
             if body.stream and route.streams and native is None
             else None

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Account", "Refusal"]
 
-NOBODY = Caller()
-
 
 class Refusal:
     """Where a refusal came from, when no :class:`Request` was made yet (the route,

@@ -44,17 +44,17 @@ class EarlyStream:
         self,
         send: Send,
         headers: list[tuple[bytes, bytes]],
-        wrap: Callable[[Send], Send] = lambda send: send,
+        wrap: Callable[[Send], Send] | None = None,
     ) -> None:
-        """`send` is the client's; `wrap` puts what the request's own send chain adds
-        (a Responses id tap) around :attr:`relay`."""
+        """`send` is the client's; `wrap`, if given, puts what the request's own send
+        chain adds (a Responses id tap) around :attr:`relay`."""
         self._send = send
         self._headers = headers
         self.begun = False
         # The replica's error answer, collected to be sent as one event.
         self._error: bytearray | None = None
         #: Where the relay sends once the answer has begun.
-        self.relay: Send = wrap(self._fitted)
+        self.relay: Send = self._fitted if wrap is None else wrap(self._fitted)
 
     async def keep_alive(self, comment: bytes) -> None:
         """Until cancelled: after FIRST seconds begin the answer, then send `comment`
